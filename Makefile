@@ -1,0 +1,47 @@
+# kafka-eos: the two commands a new user needs are `make demo` and `make test`.
+# Each installs what it needs on first use (virtualenv, pinned requirements, the JVM jars) and
+# reuses it afterwards.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+JARS   := .local/jars
+MVN    := mvn -q -B -s jvm/settings.xml -f jvm/pom.xml
+
+.PHONY: demo test install jars kafka-start kafka-stop clean
+
+demo: install jars
+	$(VENV)/bin/kafka-eos demo
+
+test: install jars
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+jars: $(JARS)/kafka/.resolved $(JARS)/spark/.resolved
+
+$(JARS)/kafka/.resolved: jvm/pom.xml
+	rm -rf $(JARS)/kafka
+	$(MVN) -P broker dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=../$(JARS)/kafka
+	touch $@
+
+$(JARS)/spark/.resolved: jvm/pom.xml
+	rm -rf $(JARS)/spark
+	$(MVN) -P spark dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=../$(JARS)/spark
+	touch $@
+
+kafka-start: install jars
+	$(VENV)/bin/kafka-eos kafka start
+
+kafka-stop:
+	-test -x $(VENV)/bin/kafka-eos && $(VENV)/bin/kafka-eos kafka stop
+
+clean: kafka-stop
+	rm -rf .local spark-warehouse metastore_db derby.log

@@ -1,0 +1,47 @@
+"""One error hierarchy for kafka-eos. Every message is one line that names the thing."""
+
+from __future__ import annotations
+
+
+class KafkaEosError(Exception):
+    """Base of every error kafka-eos raises on purpose."""
+
+
+class SpecError(KafkaEosError):
+    """A pipeline spec is malformed (names the file and the field)."""
+
+
+class TopicMissing(KafkaEosError):
+    """A source, sink or dead-letter topic does not exist."""
+
+
+class DataLossError(KafkaEosError):
+    """A checkpoint points below the partition's log start: records were deleted unread."""
+
+
+class TopicRecreated(KafkaEosError):
+    """A checkpoint points beyond the partition's high watermark."""
+
+
+class CheckpointConflict(KafkaEosError):
+    """The committed offset is neither the plan's expected checkpoint nor its end."""
+
+
+class CheckpointDrift(KafkaEosError):
+    """The Kafka mirror of a SQL sink's checkpoint is ahead of the sink."""
+
+
+class TransactionFailed(KafkaEosError):
+    """A Kafka transaction was aborted or could not be committed; nothing of it is visible."""
+
+
+class ProducerFenced(TransactionFailed):
+    """A newer attempt of the same work called init_transactions(): this attempt must stop."""
+
+
+class BrokerError(KafkaEosError):
+    """The local broker cannot be started, or a Kafka call failed (keeps the Kafka error code)."""
+
+
+class PlanError(KafkaEosError):
+    """A stored plan cannot be used (missing, malformed, or for another pipeline)."""

@@ -1,0 +1,100 @@
+"""The run manifest: a compacted topic of JSON records keyed ``<pipeline>:<run id>`` (the run's
+plan and summary) and ``<pipeline>:<run id>:<topic>-<p>`` (one per source partition, written
+inside that partition's transaction in per_partition scope). It is the audit trail.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timezone
+from typing import Iterator
+
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, admin_client, ensure_compacted_topic
+from kafka_eos.plan import Plan
+from kafka_eos.settings import KafkaSettings
+
+PLANNED, COMMITTED, NOOP, FAILED = "planned", "committed", "noop", "failed"
+
+
+def run_key(pipeline: str, run_id: str) -> str:
+    return f"{pipeline}:{run_id}"
+
+
+def partition_key(pipeline: str, run_id: str, topic: str, partition: int) -> str:
+    return f"{pipeline}:{run_id}:{topic}-{partition}"
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+class ManifestStore:
+    """Reads and writes run manifest records.
+
+    Writes outside a transaction use an idempotent producer; records that belong to a commit are
+    produced by the commit protocol on its transactional producer (see :mod:`kafka_eos.txn`).
+    """
+
+    def __init__(self, settings: KafkaSettings, topic: str) -> None:
+        self.settings = settings
+        self.topic = topic
+
+    def ensure_topic(self) -> None:
+        ensure_compacted_topic(admin_client(self.settings), self.topic)
+
+    def put(self, key: str, record: dict) -> None:
+        producer = Producer(self.settings.client_config(**{"enable.idempotence": True}))
+        producer.produce(self.topic, key=key.encode(), value=json.dumps(record, sort_keys=True).encode())
+        if producer.flush(ADMIN_TIMEOUT_S) != 0:
+            raise TimeoutError(f"manifest record {key!r} not delivered to {self.topic!r}")
+
+    def put_plan(self, plan: Plan) -> None:
+        self.put(run_key(plan.pipeline, plan.run_id),
+                 {"status": PLANNED, "plan": json.loads(plan.to_json()), "updated_at": now_iso()})
+
+    def scan(self, prefix: str = "") -> Iterator[tuple[str, dict]]:
+        """Every committed record whose key starts with ``prefix``, oldest first (read_committed)."""
+        consumer = Consumer(self.settings.client_config(**{
+            # A throwaway group id: the consumer never joins or commits (assign, not subscribe).
+            "group.id": f"kafka-eos.manifest-reader.{uuid.uuid4()}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+        }))
+        try:
+            md = consumer.list_topics(self.topic, timeout=ADMIN_TIMEOUT_S).topics.get(self.topic)
+            if md is None or md.error is not None:
+                return
+            ends = {}
+            for p in md.partitions:
+                _low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=ADMIN_TIMEOUT_S)
+                ends[p] = high
+            todo = {p for p, high in ends.items() if high > 0}
+            consumer.assign([TopicPartition(self.topic, p, 0) for p in todo])
+            while todo:
+                msg = consumer.poll(1.0)
+                if msg is None:
+                    continue
+                if msg.error():
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        todo.discard(msg.partition())
+                        continue
+                    raise RuntimeError(f"reading manifest {self.topic!r}: {msg.error().str()}")
+                if msg.offset() + 1 >= ends[msg.partition()]:
+                    todo.discard(msg.partition())
+                key = (msg.key() or b"").decode()
+                if key.startswith(prefix) and msg.value() is not None:
+                    yield key, json.loads(msg.value())
+        finally:
+            consumer.close()
+
+    def latest(self, key: str) -> dict | None:
+        """The newest record under exactly ``key``, or None."""
+        found = None
+        for k, rec in self.scan(key):
+            if k == key:
+                found = rec
+        return found

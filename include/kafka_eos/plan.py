@@ -1,0 +1,125 @@
+"""Plans: the unit of work of one run (DESIGN.md §3).
+
+``plan_ranges`` is a pure function of the spec, the partitions' offsets and the checkpoints, so
+every rule is testable without a broker; :func:`make_plan` gathers that state from Kafka.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Mapping
+
+from kafka_eos.errors import DataLossError, PlanError, TopicRecreated
+from kafka_eos.kafka_admin import TP, PartitionOffsets
+from kafka_eos.spec import PipelineSpec
+
+
+@dataclass(frozen=True)
+class PartitionRange:
+    """Half-open ``[from_offset, until)`` of one source partition.
+
+    ``expected`` is the committed checkpoint the commit checks (None: the group has none). It
+    differs from ``from_offset`` for a new partition and after a ``skip``.
+    """
+
+    topic: str
+    partition: int
+    from_offset: int
+    until: int
+    expected: int | None
+
+    @property
+    def tp(self) -> TP:
+        return (self.topic, self.partition)
+
+    @property
+    def empty(self) -> bool:
+        return self.from_offset == self.until
+
+
+@dataclass(frozen=True)
+class SkippedRange:
+    """Records lost to retention before they were read (``on_data_loss: skip``)."""
+
+    topic: str
+    partition: int
+    from_offset: int
+    until: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    pipeline: str
+    run_id: str
+    ranges: tuple[PartitionRange, ...]
+    skipped: tuple[SkippedRange, ...] = ()
+    created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+
+    @property
+    def active(self) -> tuple[PartitionRange, ...]:
+        """Ranges that take part in the run (non-empty, or moving the checkpoint after a skip)."""
+        return tuple(r for r in self.ranges if not r.empty or r.expected != r.until)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.active
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "plan") -> "Plan":
+        try:
+            raw = json.loads(text)
+            return cls(
+                pipeline=raw["pipeline"], run_id=raw["run_id"], created_at=raw["created_at"],
+                ranges=tuple(PartitionRange(**r) for r in raw["ranges"]),
+                skipped=tuple(SkippedRange(**r) for r in raw.get("skipped", [])),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PlanError(f"{where}: not a kafka-eos plan ({exc.__class__.__name__}: {exc})") from None
+
+
+def plan_ranges(spec: PipelineSpec, run_id: str, offsets: Mapping[TP, PartitionOffsets],
+                checkpoints: Mapping[TP, int | None]) -> Plan:
+    """Compute the next plan of ``spec`` from the partitions' offsets and the checkpoints.
+
+    :param offsets: log start, LSO and high watermark of every source partition.
+    :param checkpoints: the committed next offset of every source partition (None: no checkpoint).
+    :raises DataLossError: a checkpoint below the log start with ``on_data_loss: fail``.
+    :raises TopicRecreated: a checkpoint beyond the high watermark.
+    """
+    first_run = all(checkpoints.get(tp) is None for tp in offsets)
+    cap = spec.source.max_records_per_partition
+    ranges, skipped = [], []
+    for tp in sorted(offsets):
+        topic, partition = tp
+        off = offsets[tp]
+        ck = checkpoints.get(tp)
+        if ck is None:
+            # A pipeline's first run follows its starting policy; a partition added later
+            # is read from its log start, so nothing written to it is missed.
+            if first_run and spec.source.starting_offsets == "latest":
+                start = off.lso
+            else:
+                start = off.log_start
+        elif ck > off.high_watermark:
+            raise TopicRecreated(
+                f"{topic}-{partition}: checkpoint {ck} is beyond the high watermark {off.high_watermark} "
+                f"(topic recreated or truncated?); reset group {spec.source.group_id!r} to go on")
+        elif ck < off.log_start:
+            if spec.source.on_data_loss == "fail":
+                raise DataLossError(
+                    f"{topic}-{partition}: checkpoint {ck} is below the log start {off.log_start}: "
+                    f"{off.log_start - ck} offsets were deleted unread (on_data_loss: fail)")
+            skipped.append(SkippedRange(topic, partition, ck, off.log_start))
+            start = off.log_start
+        else:
+            start = ck
+        # The end is the LSO seen now: read_committed readers stop there, and an end beyond
+        # it makes Spark's executors poll until timeout. The cap is an offset span.
+        until = max(start, min(off.lso, start + cap))
+        ranges.append(PartitionRange(topic, partition, start, until, ck))
+    return Plan(pipeline=spec.name, run_id=run_id, ranges=tuple(ranges), skipped=tuple(skipped))

@@ -1,0 +1,86 @@
+"""Frozen connection settings. Built from CLI flags, the environment or an Airflow Connection.
+
+Only :meth:`KafkaSettings.from_environ` reads the environment, and only when it is called by an
+entry point (CLI, Spark app); no module reads ``os.environ`` deep inside.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from kafka_eos.errors import KafkaEosError
+
+#: Environment variable with the bootstrap servers (DESIGN.md §6).
+BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
+#: Environment variable with extra librdkafka settings as a JSON object (security, SASL ...).
+#: Secrets travel here, never on a command line.
+CLIENT_CONFIG_ENV = "KAFKA_EOS_CLIENT_CONFIG"
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    """Where the cluster is and how to talk to it.
+
+    :param bootstrap_servers: ``host:port[,host:port]``.
+    :param extra: further librdkafka settings (``security.protocol``, ``sasl.*`` ...).
+    """
+
+    bootstrap_servers: str
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    def client_config(self, **overrides: object) -> dict:
+        """The librdkafka configuration dict for confluent-kafka clients."""
+        conf: dict = {"bootstrap.servers": self.bootstrap_servers, **self.extra}
+        conf.update(overrides)
+        return conf
+
+    def spark_options(self) -> dict:
+        """The ``kafka.*`` options for Spark's Kafka connector (Java client names)."""
+        opts = {"kafka.bootstrap.servers": self.bootstrap_servers}
+        extra = dict(self.extra)
+        user, password = extra.pop("sasl.username", None), extra.pop("sasl.password", None)
+        if user is not None:
+            mech = extra.get("sasl.mechanism", "PLAIN").upper()
+            module = (
+                "org.apache.kafka.common.security.plain.PlainLoginModule"
+                if mech == "PLAIN"
+                else "org.apache.kafka.common.security.scram.ScramLoginModule"
+            )
+            opts["kafka.sasl.jaas.config"] = (
+                f'{module} required username="{user}" password="{password}";'
+            )
+        for key, value in extra.items():
+            if key in ("security.protocol", "sasl.mechanism", "ssl.ca.location"):
+                java_key = "ssl.truststore.location" if key == "ssl.ca.location" else key
+                opts[f"kafka.{java_key}"] = value
+        return opts
+
+    def to_environ(self) -> dict:
+        """Environment variables that carry these settings to a child process (e.g. spark-submit)."""
+        env = {BOOTSTRAP_ENV: self.bootstrap_servers}
+        if self.extra:
+            env[CLIENT_CONFIG_ENV] = json.dumps(dict(self.extra))
+        return env
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str], bootstrap: str | None = None,
+                     default_bootstrap: str | None = None) -> "KafkaSettings":
+        """Settings from an explicit ``bootstrap``, else the environment, else ``default_bootstrap``.
+
+        :raises KafkaEosError: when no bootstrap servers are known or the extra config is not JSON.
+        """
+        servers = bootstrap or environ.get(BOOTSTRAP_ENV) or default_bootstrap
+        if not servers:
+            raise KafkaEosError(f"no Kafka bootstrap servers: pass --bootstrap or set {BOOTSTRAP_ENV}")
+        extra: dict = {}
+        raw = environ.get(CLIENT_CONFIG_ENV)
+        if raw:
+            try:
+                extra = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise KafkaEosError(f"{CLIENT_CONFIG_ENV} is not a JSON object: {exc}") from None
+            if not isinstance(extra, dict):
+                raise KafkaEosError(f"{CLIENT_CONFIG_ENV} is not a JSON object")
+        return cls(bootstrap_servers=servers, extra={str(k): str(v) for k, v in extra.items()})

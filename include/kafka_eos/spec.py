@@ -1,0 +1,215 @@
+"""Pipeline specs (DESIGN.md §7): YAML files loaded into frozen settings.
+
+Every problem is a one-line :class:`SpecError` naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from kafka_eos.errors import SpecError
+from kafka_eos.paths import pipelines_dir
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+#: The compacted topic that holds every pipeline's run manifests (DESIGN.md §3).
+DEFAULT_MANIFEST_TOPIC = "kafka-eos.manifest"
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    topics: tuple[str, ...]
+    group_id: str
+    starting_offsets: str = "earliest"  # earliest | latest
+    max_records_per_partition: int = 100_000
+    on_data_loss: str = "fail"  # fail | skip
+
+
+@dataclass(frozen=True)
+class SinkSpec:
+    kind: str  # kafka | sql
+    commit: str = "atomic"  # atomic | per_partition
+    topic: str | None = None  # kafka
+    dlq_topic: str | None = None  # kafka (and optional for sql: dead letters also to a table)
+    table: str | None = None  # sql
+    key_columns: tuple[str, ...] = ()  # sql: the upsert key
+    merge: str = "replace"  # sql: replace | add (add sums the non-key columns on conflict)
+    url: str | None = None  # sql: SQLAlchemy URL; default a SQLite file under .local/
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    name: str
+    source: SourceSpec
+    transform: str
+    sink: SinkSpec
+    schedule: str | None = None
+    manifest_topic: str = DEFAULT_MANIFEST_TOPIC
+    path: str = "<inline>"
+
+    def transactional_id(self, topic: str | None = None, partition: int | None = None) -> str:
+        """The stable transactional.id of this pipeline's work (DESIGN.md §4 step 1)."""
+        base = f"kafka-eos.{self.name}"
+        return base if topic is None else f"{base}.{topic}-{partition}"
+
+    def load_transform(self) -> Callable:
+        """Import the transform function (``module:function`` or ``identity``)."""
+        return resolve_transform(self.transform, self.path)
+
+
+def resolve_transform(ref: str, where: str = "<inline>") -> Callable:
+    """Import ``module:function``; ``identity`` is kafka-eos's own copy transform.
+
+    :raises SpecError: naming the file, the field and what failed to import.
+    """
+    if ref == "identity":
+        from kafka_eos.transforms import identity
+
+        return identity
+    module_name, _, func_name = ref.partition(":")
+    if not module_name or not func_name:
+        raise SpecError(f"{where}: transform: {ref!r} is not 'module:function' or 'identity'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SpecError(f"{where}: transform: cannot import module {module_name!r} ({exc})") from None
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise SpecError(f"{where}: transform: module {module_name!r} has no function {func_name!r}")
+    return func
+
+
+def load_spec(name_or_path: str) -> PipelineSpec:
+    """Load a spec by name (a file under include/pipelines/) or by path.
+
+    :raises SpecError: the file is missing or any field is wrong.
+    """
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = pipelines_dir() / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise SpecError(f"{path}: no such pipeline spec")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
+        raise SpecError(f"{path}: not valid YAML ({first})") from None
+    spec = parse_spec(raw, str(path))
+    spec.load_transform()  # a transform that does not import is a spec error, found up front
+    return spec
+
+
+def parse_spec(raw: Any, where: str = "<inline>") -> PipelineSpec:
+    """Validate a parsed YAML document into a :class:`PipelineSpec` (the transform is not imported)."""
+    top = _mapping(raw, where, "")
+    _known(top, where, "", {"name", "source", "transform", "sink", "schedule", "manifest_topic"})
+    name = _str(top, where, "name")
+    if not _NAME_RE.match(name):
+        raise SpecError(f"{where}: name: {name!r} must be letters, digits, '.', '_' or '-'")
+
+    src = _mapping(top.get("source"), where, "source")
+    _known(src, where, "source.", {"topics", "group_id", "starting_offsets",
+                                   "max_records_per_partition", "on_data_loss"})
+    topics = src.get("topics")
+    if not isinstance(topics, list) or not topics:
+        raise SpecError(f"{where}: source.topics: a non-empty list of topic names is required")
+    for i, topic in enumerate(topics):
+        _topic_name(topic, where, f"source.topics[{i}]")
+    source = SourceSpec(
+        topics=tuple(topics),
+        group_id=_str(src, where, "group_id", f"kafka-eos.{name}", "source."),
+        starting_offsets=_choice(src, where, "starting_offsets", ("earliest", "latest"), "source."),
+        max_records_per_partition=_positive_int(src, where, "max_records_per_partition", 100_000),
+        on_data_loss=_choice(src, where, "on_data_loss", ("fail", "skip"), "source."),
+    )
+
+    transform = top.get("transform", "identity")
+    if not isinstance(transform, str) or not transform:
+        raise SpecError(f"{where}: transform: must be 'module:function' or 'identity'")
+
+    snk = _mapping(top.get("sink"), where, "sink")
+    _known(snk, where, "sink.", {"kind", "topic", "dlq_topic", "commit", "table",
+                                 "key_columns", "merge", "url"})
+    kind = _choice(snk, where, "kind", ("kafka", "sql"), "sink.", required=True)
+    commit = _choice(snk, where, "commit", ("atomic", "per_partition"), "sink.")
+    key_columns = snk.get("key_columns", [])
+    if not isinstance(key_columns, list) or not all(isinstance(c, str) for c in key_columns):
+        raise SpecError(f"{where}: sink.key_columns: must be a list of column names")
+    sink = SinkSpec(
+        kind=kind, commit=commit,
+        topic=_opt_topic(snk, where, "topic"),
+        dlq_topic=_opt_topic(snk, where, "dlq_topic"),
+        table=snk.get("table"), key_columns=tuple(key_columns),
+        merge=_choice(snk, where, "merge", ("replace", "add"), "sink."),
+        url=snk.get("url"),
+    )
+    if kind == "kafka":
+        if not sink.topic:
+            raise SpecError(f"{where}: sink.topic: required for a kafka sink")
+        if not sink.dlq_topic:
+            raise SpecError(f"{where}: sink.dlq_topic: required for a kafka sink")
+    else:
+        if not sink.table or not isinstance(sink.table, str):
+            raise SpecError(f"{where}: sink.table: required for a sql sink")
+        if commit != "atomic":
+            raise SpecError(f"{where}: sink.commit: a sql sink commits on the driver: use 'atomic'")
+    manifest = top.get("manifest_topic", DEFAULT_MANIFEST_TOPIC)
+    _topic_name(manifest, where, "manifest_topic")
+    schedule = top.get("schedule")
+    if schedule is not None and not isinstance(schedule, str):
+        raise SpecError(f"{where}: schedule: must be a cron string")
+    return PipelineSpec(name=name, source=source, transform=transform, sink=sink,
+                        schedule=schedule, manifest_topic=manifest, path=where)
+
+
+def _mapping(value: Any, where: str, field: str) -> dict:
+    if not isinstance(value, dict):
+        raise SpecError(f"{where}: {field or 'top level'}: must be a mapping")
+    return value
+
+
+def _known(mapping: dict, where: str, prefix: str, allowed: set[str]) -> None:
+    for key in mapping:
+        if key not in allowed:
+            raise SpecError(f"{where}: {prefix}{key}: unknown field (known: {', '.join(sorted(allowed))})")
+
+
+def _str(mapping: dict, where: str, field: str, default: str | None = None, prefix: str = "") -> str:
+    value = mapping.get(field, default)
+    if not isinstance(value, str) or not value:
+        raise SpecError(f"{where}: {prefix}{field}: a non-empty string is required")
+    return value
+
+
+def _choice(mapping: dict, where: str, field: str, choices: tuple[str, ...], prefix: str = "",
+            required: bool = False) -> str:
+    if field not in mapping and required:
+        raise SpecError(f"{where}: {prefix}{field}: required (one of {', '.join(choices)})")
+    value = mapping.get(field, choices[0])
+    if value not in choices:
+        raise SpecError(f"{where}: {prefix}{field}: {value!r} is not one of {', '.join(choices)}")
+    return value
+
+
+def _positive_int(mapping: dict, where: str, field: str, default: int) -> int:
+    value = mapping.get(field, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise SpecError(f"{where}: source.{field}: must be a positive integer, got {value!r}")
+    return value
+
+
+def _topic_name(value: Any, where: str, field: str) -> str:
+    if not isinstance(value, str) or not _TOPIC_RE.match(value):
+        raise SpecError(f"{where}: {field}: {value!r} is not a valid topic name")
+    return value
+
+
+def _opt_topic(mapping: dict, where: str, field: str) -> str | None:
+    value = mapping.get(field)
+    return None if value is None else _topic_name(value, where, f"sink.{field}")

@@ -1,0 +1,206 @@
+"""The commit protocol (DESIGN.md §4), in one place for every Kafka sink and scope.
+
+One :class:`TransactionalCommit` is one transaction of one unit of work: the whole plan
+(``atomic``) or one source partition (``per_partition``). The sequence, step by step:
+
+1. ``init_transactions()`` under a transactional.id derived from the work: fences every older
+   attempt of the same work and aborts its open transaction.
+2. Read the group's committed offsets (require_stable): equal to the plan's expected checkpoint
+   -> go on; equal to ``until`` -> an earlier attempt committed -> no-op; else -> conflict.
+3. Produce results and dead letters, flush, ``send_offsets_to_transaction({tp: until})``,
+   produce the manifest record, ``commit_transaction()``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from kafka_eos.errors import CheckpointConflict, ProducerFenced, TransactionFailed
+from kafka_eos.kafka_admin import admin_client, committed_offsets
+from kafka_eos.plan import PartitionRange
+from kafka_eos.settings import KafkaSettings
+
+#: Upper bound of one transaction. A killed attempt's transaction is aborted by the next
+#: init_transactions() at once; this only matters when nobody retries. Must stay at or below
+#: the broker's transaction.max.timeout.ms (15 min by default).
+TRANSACTION_TIMEOUT_MS = 300_000
+#: Timeout of one blocking transactional call (init, offsets, commit, abort).
+CALL_TIMEOUT_S = 60.0
+#: How often a retriable error of one call is retried before the attempt fails.
+MAX_CALL_RETRIES = 5
+
+#: One output record: (topic, key, value, headers). key/value are bytes, str or None.
+OutRecord = tuple[str, object, object, list | None]
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """What one transaction did. ``status`` is ``committed`` or ``noop`` (already committed)."""
+
+    status: str
+    records_out: int = 0
+    dead_letters: int = 0
+
+
+def _bytes(value: object) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, bytearray):
+        return bytes(value)
+    return str(value).encode()
+
+
+class TransactionalCommit:
+    """One transaction of one unit of work; lazy (no network until :meth:`run`)."""
+
+    def __init__(self, settings: KafkaSettings, transactional_id: str, group_id: str,
+                 ranges: Sequence[PartitionRange], dlq_topic: str | None = None) -> None:
+        self.settings = settings
+        self.transactional_id = transactional_id
+        self.group_id = group_id
+        self.ranges = tuple(ranges)
+        self.dlq_topic = dlq_topic
+        self._producer: Producer | None = None
+        self._delivery_error: KafkaError | None = None
+
+    # -- the one retry routine ------------------------------------------------------------
+    def _call(self, what: str, fn: Callable[[], object]) -> object:
+        """Run one transactional call: retry retriable errors, abort on txn_requires_abort,
+        stop on fencing and fatal errors (never rebuild a fenced producer)."""
+        for attempt in range(MAX_CALL_RETRIES + 1):
+            try:
+                return fn()
+            except KafkaException as exc:
+                err: KafkaError = exc.args[0]
+                where = f"{what} ({self.transactional_id})"
+                if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                                  KafkaError.INVALID_PRODUCER_EPOCH):
+                    raise ProducerFenced(f"{where}: fenced by a newer attempt of the same work: {err.str()}") from None
+                if err.fatal():
+                    raise TransactionFailed(f"{where}: fatal {err.name()}: {err.str()}") from None
+                if err.txn_requires_abort():
+                    self._abort()
+                    raise TransactionFailed(f"{where}: aborted after {err.name()}: {err.str()}") from None
+                if not err.retriable() or attempt == MAX_CALL_RETRIES:
+                    self._abort()
+                    raise TransactionFailed(f"{where}: {err.name()}: {err.str()}") from None
+                time.sleep(min(0.1 * 2 ** attempt, 2.0))
+        raise AssertionError("unreachable")
+
+    def _abort(self) -> None:
+        try:
+            if self._producer is not None:
+                self._producer.abort_transaction(CALL_TIMEOUT_S)
+        except KafkaException:
+            pass  # the next init_transactions() of this transactional.id aborts it anyway
+
+    def _on_delivery(self, err: KafkaError | None, _msg) -> None:
+        if err is not None and self._delivery_error is None:
+            self._delivery_error = err
+
+    def _produce(self, topic: str, key, value, headers) -> None:
+        while True:
+            try:
+                self._producer.produce(topic, key=_bytes(key), value=_bytes(value),
+                                       headers=headers or None, on_delivery=self._on_delivery)
+                return
+            except BufferError:
+                self._producer.poll(0.1)  # local queue full: let deliveries drain
+
+    # -- the protocol ---------------------------------------------------------------------
+    def run(self, records: Iterable[OutRecord],
+            manifest: Callable[[int, int], Iterable[tuple[str, str, dict]]] = lambda n, d: ()) -> CommitResult:
+        """Commit ``records`` with the ranges' offsets in one transaction.
+
+        :param records: output records; those to the DLQ topic are counted as dead letters.
+        :param manifest: called with (records out, dead letters) once all are produced; returns
+            (topic, key, record) manifest entries to write inside the transaction.
+        :raises CheckpointConflict: the committed offsets are neither expected nor the end.
+        :raises ProducerFenced: a newer attempt took over.
+        :raises TransactionFailed: the transaction was aborted; nothing of it is visible.
+        """
+        conf = self.settings.client_config(**{
+            "transactional.id": self.transactional_id,
+            "enable.idempotence": True,
+            "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+            # Keys land where Java producers put them.
+            "partitioner": "murmur2_random",
+            # Batch for throughput; a transaction flushes before it commits anyway.
+            "linger.ms": 20,
+            "compression.type": "lz4",
+        })
+        self._producer = Producer(conf)
+        # 1. Fence older attempts of the same work; their open transaction is aborted.
+        self._call("init_transactions", lambda: self._producer.init_transactions(CALL_TIMEOUT_S))
+
+        # 2. Check the checkpoint, now that no older attempt can commit any more.
+        tps = [r.tp for r in self.ranges]
+        committed = committed_offsets(admin_client(self.settings), self.group_id, tps)
+        if all(committed[r.tp] == r.until for r in self.ranges):
+            return CommitResult("noop")
+        for r in self.ranges:
+            if committed[r.tp] != r.expected:
+                raise CheckpointConflict(
+                    f"{r.topic}-{r.partition}: group {self.group_id!r} is at {committed[r.tp]}, the plan "
+                    f"expected {r.expected} (ends at {r.until}): a concurrent or stale plan")
+
+        # 3. Produce, then offsets and manifest into the same transaction, then commit.
+        self._call("begin_transaction", self._producer.begin_transaction)
+        out = dead = 0
+        try:
+            for topic, key, value, headers in records:
+                self._produce(topic, key, value, headers)
+                if topic == self.dlq_topic:
+                    dead += 1
+                else:
+                    out += 1
+        except Exception:
+            self._abort()
+            raise
+        # 3a. Every record acknowledged (or the first delivery error) before offsets go in.
+        self._call("flush", lambda: self._flush())
+        if self._delivery_error is not None:
+            err = self._delivery_error
+            self._abort()
+            raise TransactionFailed(f"delivery failed ({self.transactional_id}): {err.name()}: {err.str()}")
+        # 3b. The consumed offsets: the next offset to read is each range's end.
+        offsets = [TopicPartition(r.topic, r.partition, r.until) for r in self.ranges]
+        group_md = _group_metadata(self.settings, self.group_id)
+        self._call("send_offsets_to_transaction",
+                   lambda: self._producer.send_offsets_to_transaction(offsets, group_md, CALL_TIMEOUT_S))
+        # 3c. The manifest record(s), inside the transaction.
+        for topic, key, record in manifest(out, dead):
+            self._produce(topic, key, json.dumps(record, sort_keys=True), None)
+        # 3d. Commit. A retriable failure here is retried by _call; commit is idempotent.
+        self._call("commit_transaction", lambda: self._producer.commit_transaction(CALL_TIMEOUT_S))
+        return CommitResult("committed", out, dead)
+
+    def _flush(self) -> None:
+        remaining = self._producer.flush(CALL_TIMEOUT_S)
+        if remaining:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"{remaining} records not delivered"))
+
+
+def _group_metadata(settings: KafkaSettings, group_id: str):
+    """Group metadata for send_offsets_to_transaction, from a consumer that never joins the group
+    (generation -1): the pipeline's group is reserved for kafka-eos and has no members."""
+    consumer = Consumer(settings.client_config(**{"group.id": group_id, "enable.auto.commit": False}))
+    try:
+        return consumer.consumer_group_metadata()
+    finally:
+        consumer.close()
+
+
+def dead_letter_headers(reason: str, topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:
+    """Headers a dead letter carries: the reason and its source coordinates."""
+    return [
+        ("kafka-eos.reason", reason.encode()),
+        ("kafka-eos.source.topic", topic.encode()),
+        ("kafka-eos.source.partition", str(partition).encode()),
+        ("kafka-eos.source.offset", str(offset).encode()),
+    ]

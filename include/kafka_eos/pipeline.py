@@ -1,0 +1,124 @@
+"""Planning and checking a pipeline against the cluster: the steps around the batch step.
+
+``prepare_plan`` computes a run's plan once and stores it in the run manifest; a retried task
+gets the stored plan back while it still applies. ``verify`` is the final check of a run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from kafka_eos.errors import CheckpointConflict, KafkaEosError
+from kafka_eos.kafka_admin import TP, admin_client, committed_offsets, partition_offsets, partitions_of
+from kafka_eos.manifest import ManifestStore, run_key
+from kafka_eos.plan import Plan, plan_ranges
+from kafka_eos.settings import KafkaSettings
+from kafka_eos.spec import PipelineSpec
+
+
+@dataclass(frozen=True)
+class Drift:
+    """The Kafka mirror of a SQL sink's checkpoint differs from the sink (the sink is ahead)."""
+
+    topic: str
+    partition: int
+    sink: int | None
+    kafka: int | None
+
+
+def source_partitions(spec: PipelineSpec, settings: KafkaSettings) -> list[TP]:
+    """Every partition of the source topics, after checking every topic the run needs exists.
+
+    :raises TopicMissing: naming the missing topic and its role.
+    """
+    admin = admin_client(settings)
+    counts = partitions_of(admin, spec.source.topics, "source")
+    if spec.sink.kind == "kafka":
+        partitions_of(admin, [spec.sink.topic], "sink")
+    if spec.sink.dlq_topic:
+        partitions_of(admin, [spec.sink.dlq_topic], "dead-letter")
+    return [(t, p) for t, n in counts.items() for p in range(n)]
+
+
+def checkpoints(spec: PipelineSpec, settings: KafkaSettings, tps: list[TP]) -> tuple[dict[TP, int | None], list[Drift]]:
+    """The pipeline's checkpoints, and for a SQL sink the drift of its Kafka mirror.
+
+    Kafka sinks: the group offsets. SQL sinks: the sink's offsets table is the truth; its Kafka
+    mirror may lag behind (a crash between the DB commit and the mirror) but never lead.
+
+    :raises CheckpointConflict: the Kafka mirror is ahead of the SQL sink.
+    """
+    kafka = committed_offsets(admin_client(settings), spec.source.group_id, tps)
+    if spec.sink.kind == "kafka":
+        return kafka, []
+    from kafka_eos.sinks.sql import SqlSink
+
+    sink = SqlSink(spec).checkpoints(tps)
+    drift = []
+    for tp in tps:
+        s, k = sink.get(tp), kafka.get(tp)
+        if s == k:
+            continue
+        if k is not None and (s is None or k > s):
+            raise CheckpointConflict(
+                f"{tp[0]}-{tp[1]}: group {spec.source.group_id!r} is at {k} but the SQL sink "
+                f"{spec.sink.table!r} is at {s}: the Kafka checkpoint is ahead of the sink; "
+                "reset the group to the sink's offsets")
+        drift.append(Drift(tp[0], tp[1], s, k))
+    return sink, drift
+
+
+def compute_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> tuple[Plan, list[Drift]]:
+    """The next plan, with no side effects (``kafka-eos plan``)."""
+    tps = source_partitions(spec, settings)
+    cks, drift = checkpoints(spec, settings, tps)
+    offsets = partition_offsets(admin_client(settings), tps)
+    return plan_ranges(spec, run_id, offsets, cks), drift
+
+
+def repair_drift(spec: PipelineSpec, settings: KafkaSettings, drift: list[Drift]) -> None:
+    """Republish the SQL sink's checkpoint to the Kafka group offsets."""
+    from kafka_eos.kafka_admin import alter_group_offsets
+
+    alter_group_offsets(admin_client(settings), spec.source.group_id,
+                        {(d.topic, d.partition): d.sink for d in drift if d.sink is not None})
+
+
+def prepare_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> Plan:
+    """The plan of run ``run_id``: the stored one while it still applies, else a new one, stored.
+
+    A stored plan applies while every active range's checkpoint is still its expected
+    checkpoint (not run yet) or its end (committed: the re-run is a no-op).
+    """
+    manifest = ManifestStore(settings, spec.manifest_topic)
+    manifest.ensure_topic()
+    tps = source_partitions(spec, settings)
+    cks, drift = checkpoints(spec, settings, tps)
+    if drift:
+        repair_drift(spec, settings, drift)
+    stored = manifest.latest(run_key(spec.name, run_id))
+    if stored is not None:
+        plan = Plan.from_json(json.dumps(stored["plan"]), f"manifest {run_key(spec.name, run_id)}")
+        if all(cks.get(r.tp) in (r.expected, r.until) for r in plan.active):
+            return plan
+    plan = plan_ranges(spec, run_id, partition_offsets(admin_client(settings), tps), cks)
+    manifest.put_plan(plan)
+    return plan
+
+
+def verify(spec: PipelineSpec, settings: KafkaSettings, plan: Plan) -> dict[TP, int | None]:
+    """Check that every active range of the plan is committed (checkpoint == until).
+
+    :raises KafkaEosError: naming the first partition whose checkpoint is not at the plan's end.
+    """
+    tps = [r.tp for r in plan.active]
+    cks, drift = checkpoints(spec, settings, tps) if tps else ({}, [])
+    for r in plan.active:
+        if cks.get(r.tp) != r.until:
+            raise KafkaEosError(f"{r.topic}-{r.partition}: checkpoint is {cks.get(r.tp)}, the plan of run "
+                                f"{plan.run_id!r} ends at {r.until}: the commit did not land")
+    if drift:
+        raise KafkaEosError(f"{drift[0].topic}-{drift[0].partition}: Kafka mirror at {drift[0].kafka}, "
+                            f"sink at {drift[0].sink}: the mirror was not updated")
+    return cks

@@ -1,0 +1,1 @@
+"""Sinks: where a run's results go, each committing through one transaction protocol."""

@@ -1,0 +1,122 @@
+"""Kafka sink: results and dead letters written transactionally with the consumed offsets.
+
+``atomic``: one transaction on the driver; rows stream to it with ``toLocalIterator`` (one
+Spark partition at a time), never collected whole. ``per_partition``: one transaction per source
+partition, on the executors, under that partition's own transactional.id.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable, Iterator
+
+from kafka_eos.errors import SpecError
+from kafka_eos.manifest import COMMITTED, now_iso, partition_key, run_key
+from kafka_eos.plan import PartitionRange, Plan
+from kafka_eos.settings import KafkaSettings
+from kafka_eos.spec import PipelineSpec
+from kafka_eos.transforms import DLQ_REASON
+from kafka_eos.txn import CommitResult, OutRecord, TransactionalCommit, dead_letter_headers
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame
+
+#: Columns a Kafka-sink transform must return (kafka_eos.transforms documents the contract).
+REQUIRED_COLUMNS = ("key", "value", "topic", "partition", "offset", DLQ_REASON)
+
+
+def check_output(df: "DataFrame", spec: PipelineSpec) -> None:
+    """Reject a transform output the Kafka sink cannot commit exactly once.
+
+    :raises SpecError: naming the missing column, or the shuffle in per_partition scope.
+    """
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise SpecError(f"{spec.path}: transform: {spec.transform} output lacks column(s) "
+                        f"{', '.join(missing)} (see kafka_eos.transforms)")
+    if spec.sink.commit == "per_partition":
+        physical = df._jdf.queryExecution().executedPlan().toString()
+        if "Exchange" in physical:
+            raise SpecError(f"{spec.path}: transform: {spec.transform} shuffles (an Exchange in its plan); "
+                            "per_partition scope needs a row-wise transform: use commit: atomic")
+
+
+def to_records(rows: Iterable, sink_topic: str, dlq_topic: str) -> Iterator[OutRecord]:
+    """Rows of a transform's output -> records for the sink or the dead-letter topic."""
+    for row in rows:
+        carried = row["headers"] if "headers" in row.__fields__ else None
+        headers = [(h["key"], h["value"]) for h in carried or ()]
+        reason = row[DLQ_REASON]
+        if reason is None:
+            yield sink_topic, row["key"], row["value"], headers
+        else:
+            yield (dlq_topic, row["key"], row["value"],
+                   headers + dead_letter_headers(reason, row["topic"], row["partition"], row["offset"]))
+
+
+def write_atomic(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
+                 summary: dict) -> CommitResult:
+    """One transaction for the whole plan, on the driver."""
+    rows = df.toLocalIterator(prefetchPartitions=True) if df is not None else ()
+    commit = TransactionalCommit(settings, spec.transactional_id(), spec.source.group_id,
+                                 plan.active, spec.sink.dlq_topic)
+
+    def manifest(out: int, dead: int):
+        record = {**summary, "status": COMMITTED, "records_out": out, "dead_letters": dead,
+                  "records_in": out + dead, "committed_at": now_iso()}
+        return [(spec.manifest_topic, run_key(plan.pipeline, plan.run_id), record)]
+
+    return commit.run(to_records(rows, spec.sink.topic, spec.sink.dlq_topic), manifest)
+
+
+def commit_partition(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
+                     r: PartitionRange, rows: Iterable) -> CommitResult:
+    """The transaction of one source partition (on an executor, or on the driver when the
+    partition produced no rows at all)."""
+    commit = TransactionalCommit(settings, spec.transactional_id(r.topic, r.partition),
+                                 spec.source.group_id, [r], spec.sink.dlq_topic)
+
+    def manifest(out: int, dead: int):
+        record = {"status": COMMITTED, "records_out": out, "dead_letters": dead, "records_in": out + dead,
+                  "from": r.from_offset, "until": r.until, "committed_at": now_iso()}
+        return [(spec.manifest_topic, partition_key(plan.pipeline, plan.run_id, r.topic, r.partition), record)]
+
+    return commit.run(to_records(rows, spec.sink.topic, spec.sink.dlq_topic), manifest)
+
+
+def _commit_spark_partition(spec: PipelineSpec, plan: Plan, settings: KafkaSettings):
+    ranges = {r.tp: r for r in plan.active}
+
+    def run(rows: Iterator) -> Iterator[tuple]:
+        rows = iter(rows)
+        first = next(rows, None)
+        if first is None:
+            return  # nothing tells an empty task its partition: the driver commits it
+        r = ranges[(first["topic"], first["partition"])]
+
+        def all_rows():
+            yield first
+            for row in rows:
+                if (row["topic"], row["partition"]) != r.tp:
+                    raise RuntimeError(f"rows of {row['topic']}-{row['partition']} in the task of "
+                                       f"{r.topic}-{r.partition}: the transform moved rows across partitions")
+                yield row
+
+        res = commit_partition(spec, plan, settings, r, all_rows())
+        yield (r.topic, r.partition, res.status, res.records_out, res.dead_letters)
+
+    return run
+
+
+def write_per_partition(df: "DataFrame | None", spec: PipelineSpec, plan: Plan,
+                        settings: KafkaSettings) -> dict[tuple[str, int], CommitResult]:
+    """One transaction per source partition; then offsets-only transactions, from the driver,
+    for every planned partition whose task had no rows (empty ranges, all filtered out)."""
+    results: dict[tuple[str, int], CommitResult] = {}
+    if df is not None:
+        for topic, partition, status, out, dead in df.rdd.mapPartitions(
+                _commit_spark_partition(spec, plan, settings)).collect():
+            results[(topic, partition)] = CommitResult(status, out, dead)
+    for r in plan.active:
+        if r.tp not in results:
+            results[r.tp] = commit_partition(spec, plan, settings, r, ())
+    return results

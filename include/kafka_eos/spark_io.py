@@ -1,0 +1,93 @@
+"""Spark side of a run: the session (with Spark's own Kafka connector) and the exact-range read."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from kafka_eos.errors import KafkaEosError
+from kafka_eos.paths import jars_dir
+from kafka_eos.plan import PartitionRange
+from kafka_eos.settings import KafkaSettings
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+
+#: Comma-separated jar paths, or a folder of jars, holding Spark's Kafka connector.
+SPARK_JARS_ENV = "KAFKA_EOS_SPARK_JARS"
+
+
+def connector_jars(environ=os.environ) -> list[str]:
+    """Jars of spark-sql-kafka-0-10 and its dependencies (``make jars`` resolves them)."""
+    raw = environ.get(SPARK_JARS_ENV)
+    if raw and not Path(raw).is_dir():
+        return [j for j in raw.split(",") if j]
+    folder = Path(raw) if raw else jars_dir("spark")
+    jars = sorted(str(p) for p in folder.glob("*.jar"))
+    if not any("spark-sql-kafka" in j for j in jars):
+        raise KafkaEosError(f"no spark-sql-kafka jar in {folder}: run `make jars` or set {SPARK_JARS_ENV}")
+    return jars
+
+
+def session_conf() -> dict[str, str]:
+    """Settings every kafka-eos Spark application needs, in-process or through spark-submit."""
+    return {
+        "spark.jars": ",".join(connector_jars()),
+        # A speculative copy of a per_partition task would race its twin for the same
+        # transactional.id; the fencing keeps it correct but the work is wasted.
+        "spark.speculation": "false",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.showConsoleProgress": "false",
+        # Executors run kafka_eos's commit code: same interpreter as the driver.
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+    }
+
+
+def get_session(app_name: str = "kafka-eos", master: str | None = None) -> "SparkSession":
+    """The SparkSession of this process (``local[2]`` unless a master is given or configured)."""
+    from pyspark.sql import SparkSession
+
+    # PySpark reads the workers' interpreter from PYSPARK_PYTHON when the context starts in
+    # this process (spark.pyspark.python only reaches spark-submit): they run kafka_eos code.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(app_name)
+    if master or not os.environ.get("SPARK_MASTER"):
+        builder = builder.master(master or os.environ.get("SPARK_MASTER") or "local[2]")
+    for key, value in session_conf().items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def read_ranges(spark: "SparkSession", settings: KafkaSettings,
+                ranges: Sequence[PartitionRange]) -> "DataFrame":
+    """Read exactly ``[from, until)`` of each non-empty range, committed records only.
+
+    ``assign`` (not ``subscribe``) and no ``minPartitions``: one Spark task holds one source
+    partition, which per_partition scope relies on.
+    """
+    ranges = [r for r in ranges if not r.empty]
+    if not ranges:
+        raise ValueError("read_ranges needs at least one non-empty range")
+    assign: dict[str, list[int]] = {}
+    starting: dict[str, dict[str, int]] = {}
+    ending: dict[str, dict[str, int]] = {}
+    for r in ranges:
+        assign.setdefault(r.topic, []).append(r.partition)
+        starting.setdefault(r.topic, {})[str(r.partition)] = r.from_offset
+        ending.setdefault(r.topic, {})[str(r.partition)] = r.until
+    reader = spark.read.format("kafka")
+    for key, value in settings.spark_options().items():
+        reader = reader.option(key, value)
+    return (reader
+            .option("kafka.isolation.level", "read_committed")
+            .option("assign", json.dumps(assign))
+            .option("startingOffsets", json.dumps(starting))
+            .option("endingOffsets", json.dumps(ending))
+            .option("includeHeaders", "true")
+            # Records vanishing between planning and reading is data loss: fail the run.
+            .option("failOnDataLoss", "true")
+            .load())

@@ -37,20 +37,21 @@ class RunSummary:
 def transformed(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: KafkaSettings):
     """The transform's output for the plan's non-empty ranges, or None when there are none.
 
-    :returns: ``(results, dead_letters)``; for a one-DataFrame transform ``dead_letters`` is None
-        and the rows carry ``dlq_reason``.
+    :returns: ``(source, results, dead_letters)``; for a one-DataFrame transform
+        ``dead_letters`` is None and the rows carry ``dlq_reason``.
     """
     from pyspark.sql import DataFrame
 
     from kafka_eos.spark_io import read_ranges
 
     if all(r.empty for r in plan.active):
-        return None, None
-    out = spec.load_transform()(read_ranges(spark, settings, plan.active))
+        return None, None, None
+    source = read_ranges(spark, settings, plan.active)
+    out = spec.load_transform()(source)
     if isinstance(out, DataFrame):
-        return out, None
+        return source, out, None
     if isinstance(out, tuple) and len(out) == 2 and all(isinstance(d, DataFrame) for d in out):
-        return out
+        return source, out[0], out[1]
     raise SpecError(f"{spec.path}: transform: {spec.transform} must return a DataFrame or "
                     f"(results, dead_letters), got {type(out).__name__}")
 
@@ -67,7 +68,7 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
     if plan.is_empty:
         return RunSummary(spec.name, plan.run_id, "empty", spec.sink.kind, 0, 0, 0, 0,
                           round(time.monotonic() - started, 3))
-    results, dead_letters = transformed(spark, spec, plan, settings)
+    source, results, dead_letters = transformed(spark, spec, plan, settings)
     if spec.sink.kind == "kafka":
         from kafka_eos.sinks import kafka as kafka_sink
 
@@ -93,7 +94,9 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
     else:
         from kafka_eos.sinks import sql as sql_sink
 
-        res = sql_sink.write(results, dead_letters, spec, plan, settings, summary)
-        status, out, dead, records_in = res.status, res.records_out, res.dead_letters, res.records_in
+        # An aggregating transform's output says nothing of its input size: count the source.
+        records_in = source.count() if source is not None else 0
+        res = sql_sink.write(results, dead_letters, spec, plan, settings, summary, records_in)
+        status, out, dead = res.status, res.records_out, res.dead_letters
     return RunSummary(spec.name, plan.run_id, status, spec.sink.kind, len(plan.active),
                       records_in, out, dead, round(time.monotonic() - started, 3))

@@ -54,9 +54,14 @@ def get_session(app_name: str = "kafka-eos", master: str | None = None) -> "Spar
     # PySpark reads the workers' interpreter from PYSPARK_PYTHON when the context starts in
     # this process (spark.pyspark.python only reaches spark-submit): they run kafka_eos code.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark import SparkConf
+
     builder = SparkSession.builder.appName(app_name)
-    if master or not os.environ.get("SPARK_MASTER"):
-        builder = builder.master(master or os.environ.get("SPARK_MASTER") or "local[2]")
+    if master:
+        builder = builder.master(master)
+    elif not SparkConf().contains("spark.master"):
+        # Under spark-submit the master is already set (--master): never override it.
+        builder = builder.master(os.environ.get("SPARK_MASTER") or "local[2]")
     for key, value in session_conf().items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

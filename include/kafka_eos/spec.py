@@ -6,10 +6,11 @@ Every problem is a one-line :class:`SpecError` naming the file and the field.
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import yaml
 
@@ -85,7 +86,7 @@ def resolve_transform(ref: str, where: str = "<inline>") -> Callable:
     return func
 
 
-def load_spec(name_or_path: str) -> PipelineSpec:
+def load_spec(name_or_path: str, environ: Mapping[str, str] | None = None) -> PipelineSpec:
     """Load a spec by name (a file under include/pipelines/) or by path.
 
     :raises SpecError: the file is missing or any field is wrong.
@@ -100,13 +101,28 @@ def load_spec(name_or_path: str) -> PipelineSpec:
     except yaml.YAMLError as exc:
         first = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
         raise SpecError(f"{path}: not valid YAML ({first})") from None
-    spec = parse_spec(raw, str(path))
+    spec = parse_spec(raw, str(path), os.environ if environ is None else environ)
     spec.load_transform()  # a transform that does not import is a spec error, found up front
     return spec
 
 
-def parse_spec(raw: Any, where: str = "<inline>") -> PipelineSpec:
-    """Validate a parsed YAML document into a :class:`PipelineSpec` (the transform is not imported)."""
+def _expand_url(value: Any, where: str, environ: Mapping[str, str]) -> str | None:
+    """Expand ``${VAR}`` in a SQL URL from the environment; a URL that expands to nothing is
+    None (the default SQLite file)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise SpecError(f"{where}: sink.url: must be a string (a SQLAlchemy URL)")
+    expanded = re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", lambda m: environ.get(m.group(1), ""), value)
+    return expanded.strip() or None
+
+
+def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | None = None) -> PipelineSpec:
+    """Validate a parsed YAML document into a :class:`PipelineSpec` (the transform is not imported).
+
+    :param environ: where ``${VAR}`` in ``sink.url`` is looked up (default: no variables).
+    """
+    environ = environ or {}
     top = _mapping(raw, where, "")
     _known(top, where, "", {"name", "source", "transform", "sink", "schedule", "manifest_topic"})
     name = _str(top, where, "name")
@@ -147,7 +163,7 @@ def parse_spec(raw: Any, where: str = "<inline>") -> PipelineSpec:
         dlq_topic=_opt_topic(snk, where, "dlq_topic"),
         table=snk.get("table"), key_columns=tuple(key_columns),
         merge=_choice(snk, where, "merge", ("replace", "add"), "sink."),
-        url=snk.get("url"),
+        url=_expand_url(snk.get("url"), where, environ),
     )
     if kind == "kafka":
         if not sink.topic:

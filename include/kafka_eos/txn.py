@@ -21,6 +21,7 @@ from typing import Callable, Iterable, Sequence
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from kafka_eos.errors import CheckpointConflict, ProducerFenced, TransactionFailed
+from kafka_eos.faults import armed, crash_point
 from kafka_eos.kafka_admin import admin_client, committed_offsets
 from kafka_eos.plan import PartitionRange
 from kafka_eos.settings import KafkaSettings
@@ -159,6 +160,9 @@ class TransactionalCommit:
                     dead += 1
                 else:
                     out += 1
+                if out + dead == 100 and armed("after_produce"):
+                    self._producer.flush(CALL_TIMEOUT_S)  # part of the output is on the broker
+                    crash_point("after_produce")
         except Exception:
             self._abort()
             raise

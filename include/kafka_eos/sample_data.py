@@ -1,0 +1,95 @@
+"""Sample orders for the demo and the tests, produced by a transactional producer with some
+transactions aborted and some orders malformed, so exactly-once can be judged against a known
+ground truth: which orders were committed, which were aborted, which are poison."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+from confluent_kafka import Producer
+
+from kafka_eos.settings import KafkaSettings
+
+CURRENCIES = ("EUR", "USD", "GBP", "CHF", "JPY")
+CATEGORIES = ("books", "games", "garden", "music", "tools")
+#: Poison records of each kind the orders transform must dead-letter.
+MALFORMED = (
+    b"{not json",
+    json.dumps({"order_id": "x", "customer_id": "c-1", "currency": "EUR", "category": "books",
+                "ts": "2026-11-22T10:00:00Z"}).encode(),  # missing amount
+    None,  # filled per order: a negative amount
+    None,  # filled per order: an unknown currency
+)
+
+
+@dataclass
+class Produced:
+    """Ground truth of what a :func:`produce_orders` call wrote."""
+
+    committed: list[dict] = field(default_factory=list)  # valid orders in committed transactions
+    malformed: int = 0  # poison records in committed transactions
+    aborted: list[str] = field(default_factory=list)  # order ids (valid or not) in aborted ones
+
+
+def make_order(seq: int, rng: random.Random, start: datetime) -> dict:
+    return {
+        "order_id": f"o-{seq}",
+        "customer_id": f"c-{rng.randrange(1, 500)}",
+        "amount": f"{rng.uniform(1, 400):.2f}",
+        "currency": rng.choice(CURRENCIES),
+        "category": rng.choice(CATEGORIES),
+        "ts": (start + timedelta(seconds=seq % 600)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def _poison(kind: int, order: dict) -> bytes:
+    if kind == 2:
+        return json.dumps({**order, "amount": "-5.00"}).encode()
+    if kind == 3:
+        return json.dumps({**order, "currency": "XXX"}).encode()
+    return MALFORMED[kind]
+
+
+def produce_orders(settings: KafkaSettings, topic: str, count: int, *, first_seq: int = 0,
+                   per_transaction: int = 50, abort_every: int = 4, malformed_every: int = 17,
+                   seed: int = 7, transactional_id: str | None = None) -> Produced:
+    """Produce ``count`` records to ``topic`` in transactions of ``per_transaction``.
+
+    Every ``abort_every``-th transaction is aborted; every ``malformed_every``-th record is
+    poison. Keys are customer ids, so one customer's orders stay in one partition.
+    """
+    rng = random.Random(seed + first_seq)
+    start = datetime(2026, 11, 22, 10, 0, tzinfo=timezone.utc)
+    producer = Producer(settings.client_config(**{
+        "transactional.id": transactional_id or f"kafka-eos.sample.{topic}",
+        "partitioner": "murmur2_random", "linger.ms": 5}))
+    producer.init_transactions(30)
+    truth = Produced()
+    seq, txn = first_seq, 0
+    while seq < first_seq + count:
+        txn += 1
+        abort = abort_every > 0 and txn % abort_every == 0
+        producer.begin_transaction()
+        batch_valid, batch_malformed, batch_ids = [], 0, []
+        for _ in range(min(per_transaction, first_seq + count - seq)):
+            order = make_order(seq, rng, start)
+            if malformed_every and seq % malformed_every == malformed_every - 1:
+                value = _poison(seq % len(MALFORMED), order)
+                batch_malformed += 1
+            else:
+                value = json.dumps(order).encode()
+                batch_valid.append(order)
+            batch_ids.append(order["order_id"])
+            producer.produce(topic, key=order["customer_id"].encode(), value=value)
+            seq += 1
+        if abort:
+            producer.abort_transaction(30)
+            truth.aborted.extend(batch_ids)
+        else:
+            producer.commit_transaction(30)
+            truth.committed.extend(batch_valid)
+            truth.malformed += batch_malformed
+    return truth

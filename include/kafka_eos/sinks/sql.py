@@ -1,0 +1,284 @@
+"""SQL sink through SQLAlchemy, on the driver (DESIGN.md §4).
+
+One database transaction holds the result rows (upserted), the dead-letter rows and an offsets
+row per (pipeline, topic, partition) moved by compare-and-set. After the DB commit the
+checkpoint is mirrored to the Kafka group offsets; the planner repairs a mirror left behind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Iterable, Iterator
+
+from sqlalchemy import (BigInteger, Boolean, Column, Date, DateTime, Float, Integer, LargeBinary,
+                        MetaData, Numeric, String, Table, Text, create_engine, event, select, update)
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+
+from kafka_eos.errors import CheckpointConflict, SpecError
+from kafka_eos.faults import crash_point
+from kafka_eos.kafka_admin import TP, admin_client, alter_group_offsets
+from kafka_eos.manifest import COMMITTED, NOOP, ManifestStore, now_iso, run_key
+from kafka_eos.paths import local_dir
+from kafka_eos.plan import Plan
+from kafka_eos.settings import KafkaSettings
+from kafka_eos.spec import PipelineSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame
+
+#: Rows per INSERT statement: large enough to amortise round trips, small enough for SQLite's
+#: limit on bound parameters (32766) with a dozen columns.
+BATCH_ROWS = 1000
+
+OFFSETS_TABLE = "kafka_eos_offsets"
+DEAD_LETTERS_TABLE = "kafka_eos_dead_letters"
+
+
+@dataclass(frozen=True)
+class SqlResult:
+    status: str
+    records_in: int
+    records_out: int
+    dead_letters: int
+
+
+def default_url(spec: PipelineSpec) -> str:
+    folder = local_dir() / "sql"
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / (spec.name + '.db')}"
+
+
+def make_engine(url: str) -> Engine:
+    """An engine; SQLite gets WAL mode and ``BEGIN IMMEDIATE`` (take the write lock up front,
+    so two writers serialise instead of failing at commit)."""
+    if not url.startswith("sqlite"):
+        return create_engine(url, pool_pre_ping=True)
+    engine = create_engine(url, connect_args={"timeout": 60})
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_conn, _record):
+        dbapi_conn.isolation_level = None  # let SQLAlchemy's begin event emit BEGIN itself
+        dbapi_conn.execute("PRAGMA journal_mode=WAL")
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn):
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def _sql_type(spark_type):
+    from pyspark.sql import types as T
+
+    if isinstance(spark_type, T.StringType):
+        return Text()
+    if isinstance(spark_type, (T.LongType,)):
+        return BigInteger()
+    if isinstance(spark_type, (T.IntegerType, T.ShortType, T.ByteType)):
+        return Integer()
+    if isinstance(spark_type, (T.DoubleType, T.FloatType)):
+        return Float()
+    if isinstance(spark_type, T.DecimalType):
+        return Numeric(spark_type.precision, spark_type.scale)
+    if isinstance(spark_type, (T.TimestampType, T.TimestampNTZType)):
+        return DateTime()
+    if isinstance(spark_type, T.DateType):
+        return Date()
+    if isinstance(spark_type, T.BooleanType):
+        return Boolean()
+    if isinstance(spark_type, T.BinaryType):
+        return LargeBinary()
+    raise SpecError(f"SQL sink: column type {spark_type.simpleString()} is not supported")
+
+
+class SqlSink:
+    """The SQL sink of one pipeline."""
+
+    def __init__(self, spec: PipelineSpec, url: str | None = None) -> None:
+        self.spec = spec
+        self.engine = make_engine(url or spec.sink.url or default_url(spec))
+        self.metadata = MetaData()
+        self.offsets = Table(
+            OFFSETS_TABLE, self.metadata,
+            Column("pipeline", String(255), primary_key=True),
+            Column("topic", String(255), primary_key=True),
+            Column("partition", Integer, primary_key=True),
+            Column("next_offset", BigInteger, nullable=False),
+            Column("run_id", String(255)),
+            Column("updated_at", String(64)),
+        )
+        self.dead_letters = Table(
+            DEAD_LETTERS_TABLE, self.metadata,
+            Column("pipeline", String(255), primary_key=True),
+            Column("topic", String(255), primary_key=True),
+            Column("partition", Integer, primary_key=True),
+            Column("offset", BigInteger, primary_key=True),
+            Column("key", LargeBinary),
+            Column("value", LargeBinary),
+            Column("reason", Text, nullable=False),
+            Column("run_id", String(255)),
+        )
+        self.metadata.create_all(self.engine)
+
+    def checkpoints(self, tps: Iterable[TP]) -> dict[TP, int | None]:
+        """The sink's checkpoint (next offset) per partition; None where it has none."""
+        o = self.offsets
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(o.c.topic, o.c.partition, o.c.next_offset)
+                                .where(o.c.pipeline == self.spec.name)).all()
+        have = {(t, p): n for t, p, n in rows}
+        return {tp: have.get(tp) for tp in tps}
+
+    def results_table(self, df: "DataFrame") -> Table:
+        """The results table, created from the DataFrame's schema when missing."""
+        keys = set(self.spec.sink.key_columns)
+        missing = keys - set(df.columns)
+        if missing:
+            raise SpecError(f"{self.spec.path}: sink.key_columns: {', '.join(sorted(missing))} not in the "
+                            f"transform's output ({', '.join(df.columns)})")
+        table = self.metadata.tables.get(self.spec.sink.table)
+        if table is None:
+            table = Table(self.spec.sink.table, self.metadata,
+                          *[Column(f.name, _sql_type(f.dataType), primary_key=f.name in keys)
+                            for f in df.schema.fields])
+            table.create(self.engine, checkfirst=True)
+        return table
+
+    def _upsert(self, conn, table: Table, rows: list[dict], merge: str) -> None:
+        if conn.dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        elif conn.dialect.name == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert
+        else:
+            raise SpecError(f"{self.spec.path}: sink.url: dialect {conn.dialect.name!r} is not supported "
+                            "(sqlite, postgresql)")
+        stmt = insert(table)
+        keys = list(self.spec.sink.key_columns)
+        values = [c.name for c in table.columns if c.name not in keys]
+        if not keys:
+            conn.execute(stmt, rows)
+            return
+        if merge == "add":
+            sets = {c: table.c[c] + stmt.excluded[c] for c in values}
+        else:
+            sets = {c: stmt.excluded[c] for c in values}
+        conn.execute(stmt.on_conflict_do_update(index_elements=keys, set_=sets) if sets
+                     else stmt.on_conflict_do_nothing(index_elements=keys), rows)
+
+    def _move_checkpoints(self, conn, plan: Plan) -> bool:
+        """Compare-and-set every active range's offsets row from expected to until.
+
+        :returns: False when all were already at ``until`` (an earlier attempt committed).
+        :raises CheckpointConflict: a row is neither expected nor the end.
+        """
+        o, now = self.offsets, now_iso()
+        current = self.checkpoints_in(conn, [r.tp for r in plan.active])
+        if all(current[r.tp] == r.until for r in plan.active):
+            return False
+        for r in plan.active:
+            where = (o.c.pipeline == self.spec.name) & (o.c.topic == r.topic) & (o.c.partition == r.partition)
+            if r.expected is None:
+                try:
+                    with conn.begin_nested():
+                        conn.execute(o.insert().values(pipeline=self.spec.name, topic=r.topic, partition=r.partition,
+                                                       next_offset=r.until, run_id=plan.run_id, updated_at=now))
+                    continue
+                except IntegrityError:
+                    pass  # someone else created it: reported below
+            else:
+                res = conn.execute(update(o).where(where & (o.c.next_offset == r.expected))
+                                   .values(next_offset=r.until, run_id=plan.run_id, updated_at=now))
+                if res.rowcount == 1:
+                    continue
+            raise CheckpointConflict(
+                f"{r.topic}-{r.partition}: SQL sink {self.spec.sink.table!r} is at {current[r.tp]}, the plan of "
+                f"run {plan.run_id!r} expected {r.expected} (ends at {r.until}): a concurrent or stale plan")
+        return True
+
+    def checkpoints_in(self, conn, tps: list[TP]) -> dict[TP, int | None]:
+        o = self.offsets
+        rows = conn.execute(select(o.c.topic, o.c.partition, o.c.next_offset)
+                            .where(o.c.pipeline == self.spec.name)).all()
+        have = {(t, p): n for t, p, n in rows}
+        return {tp: have.get(tp) for tp in tps}
+
+    def commit(self, plan: Plan, results: Iterator[dict] | None, table: Table | None,
+               dead_letters: Iterator[dict]) -> tuple[str, int, int]:
+        """The database transaction: offsets CAS, dead letters, results. Returns (status, out, dead)."""
+        out = dead = 0
+        with self.engine.begin() as conn:
+            if not self._move_checkpoints(conn, plan):
+                return NOOP, 0, 0
+            for batch in _batches(dead_letters):
+                dead += len(batch)
+                if conn.dialect.name == "postgresql":
+                    from sqlalchemy.dialects.postgresql import insert
+                else:
+                    from sqlalchemy.dialects.sqlite import insert
+                conn.execute(insert(self.dead_letters).on_conflict_do_nothing(), batch)
+            if results is not None:
+                for batch in _batches(results):
+                    out += len(batch)
+                    self._upsert(conn, table, batch, self.spec.sink.merge)
+        return COMMITTED, out, dead
+
+
+def _batches(rows: Iterator[dict]) -> Iterator[list[dict]]:
+    batch: list[dict] = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) == BATCH_ROWS:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _bytes(v):
+    if v is None or isinstance(v, bytes):
+        return v
+    return bytes(v) if isinstance(v, bytearray) else str(v).encode()
+
+
+def write(results: "DataFrame | None", dead_letters: "DataFrame | None", spec: PipelineSpec, plan: Plan,
+          settings: KafkaSettings, summary: dict, records_in: int | None = None) -> SqlResult:
+    """Commit a run to the SQL sink, then mirror the checkpoint to Kafka.
+
+    ``results`` may be a one-DataFrame transform output (rows with ``dlq_reason``) when
+    ``dead_letters`` is None.
+    """
+    from pyspark.sql import functions as F
+
+    from kafka_eos.transforms import DLQ_REASON
+
+    sink = SqlSink(spec)
+    if results is not None and dead_letters is None and DLQ_REASON in results.columns:
+        dead_letters = results.where(F.col(DLQ_REASON).isNotNull())
+        results = results.where(F.col(DLQ_REASON).isNull()).drop(DLQ_REASON)
+    table = sink.results_table(results) if results is not None else None
+
+    def result_rows():
+        for row in results.toLocalIterator(prefetchPartitions=True):
+            yield row.asDict()
+
+    def dead_rows():
+        if dead_letters is None:
+            return
+        for row in dead_letters.toLocalIterator(prefetchPartitions=True):
+            yield {"pipeline": spec.name, "topic": row["topic"], "partition": row["partition"],
+                   "offset": row["offset"], "key": _bytes(row["key"]), "value": _bytes(row["value"]),
+                   "reason": row[DLQ_REASON], "run_id": plan.run_id}
+
+    status, out, dead = sink.commit(plan, result_rows() if results is not None else None, table, dead_rows())
+    crash_point("after_sql_commit")
+    # The mirror: standard lag tools see progress; the planner repairs it if this is lost.
+    alter_group_offsets(admin_client(settings), spec.source.group_id, {r.tp: r.until for r in plan.active})
+    if status == COMMITTED:
+        ManifestStore(settings, spec.manifest_topic).put(
+            run_key(spec.name, plan.run_id),
+            {**summary, "status": COMMITTED, "records_in": records_in, "records_out": out,
+             "dead_letters": dead, "committed_at": now_iso(),
+             "finished_at": datetime.now(timezone.utc).isoformat()})
+    return SqlResult(status, records_in if records_in is not None else 0, out, dead)

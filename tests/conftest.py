@@ -1,0 +1,49 @@
+"""Session fixtures: one real Kafka broker, one SparkSession, unique names per test.
+
+The broker is ``$KAFKA_BOOTSTRAP_SERVERS`` when set, else the local single-node KRaft broker
+under .local/ (started here if it is not running, and stopped at the end if this session
+started it).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def kafka_settings():
+    from kafka_eos.local_kafka import LocalBroker
+    from kafka_eos.settings import BOOTSTRAP_ENV, KafkaSettings
+
+    if os.environ.get(BOOTSTRAP_ENV):
+        yield KafkaSettings.from_environ(os.environ)
+        return
+    broker = LocalBroker.default()
+    started_here = not broker.is_running()
+    broker.start()
+    yield KafkaSettings(broker.bootstrap)
+    if started_here and os.environ.get("KAFKA_EOS_KEEP_BROKER") != "1":
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One ``local[2]`` SparkSession (with Spark's Kafka connector) for every in-process test."""
+    from kafka_eos.spark_io import get_session
+
+    session = get_session("kafka-eos-tests", master="local[2]")
+    # Tiny test data: 2 shuffle partitions instead of 200 keep aggregations quick.
+    session.conf.set("spark.sql.shuffle.partitions", "2")
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def unique(request) -> str:
+    """A short name unique to this test, for its topics, groups and pipelines."""
+    base = request.node.name.replace("[", "-").replace("]", "").replace("_", "-")[:30]
+    return f"{base}-{uuid.uuid4().hex[:8]}"

@@ -1,0 +1,153 @@
+"""docker-compose.yml stays complete, consistent with .env.example, and free of literal secrets.
+
+There is no Docker engine on the development machine, so the deployment itself is not started here:
+the structural tests read the file with PyYAML, and ``docker compose config`` runs only where the
+compose plugin exists.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+ENV_EXAMPLE = ROOT / ".env.example"
+
+REQUIRED_SERVICES = {
+    "kafka", "spark-master", "spark-worker",
+    "airflow-init", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor",
+    "airflow-triggerer", "airflow-db", "sink-db",
+}
+AIRFLOW_SERVICES = sorted(s for s in REQUIRED_SERVICES if s.startswith("airflow-") and s != "airflow-db")
+
+#: ``${NAME`` interpolations; ``$${`` is compose's escape for a literal ``$`` and is skipped.
+VARIABLE = re.compile(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)")
+#: ``${NAME:?message}`` / ``${NAME?message}``: compose fails when NAME is missing.
+REQUIRED_VARIABLE = re.compile(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*):?\?")
+#: Environment keys whose value is a secret.
+SECRET_KEY = re.compile(r"(PASSWORD|SECRET|_KEY|TOKEN)$")
+#: The password part of a ``scheme://user:password@host`` URL.
+URL_PASSWORD = re.compile(r"://[^:/@\s]+:([^@]+)@")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+def _strings(node):
+    """Every string value in the parsed file (comments are not part of it)."""
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, dict):
+        for value in node.values():
+            yield from _strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _strings(value)
+
+
+def _environment(service: dict) -> dict:
+    env = service.get("environment") or {}
+    if isinstance(env, list):  # the KEY=VALUE list form
+        env = dict(item.partition("=")[::2] for item in env)
+    return env
+
+
+def _env_example() -> tuple[set[str], set[str]]:
+    """(names set on an uncommented line, names mentioned anywhere) in .env.example."""
+    text = ENV_EXAMPLE.read_text()
+    assigned = set(re.findall(r"^([A-Za-z_][A-Za-z0-9_]*)=", text, re.MULTILINE))
+    mentioned = set(re.findall(r"^#\s*([A-Za-z_][A-Za-z0-9_]*)=", text, re.MULTILINE)) | assigned
+    return assigned, mentioned
+
+
+def test_every_service_is_defined(compose):
+    assert REQUIRED_SERVICES <= set(compose["services"])
+
+
+def test_every_service_has_an_image(compose):
+    for name, service in compose["services"].items():
+        assert service.get("image") or service.get("build"), name
+    # Spark and Airflow run the project's own image, built from docker/Dockerfile.
+    for name in ["spark-master", "spark-worker", *AIRFLOW_SERVICES]:
+        service = compose["services"][name]
+        assert service["build"]["dockerfile"] == "docker/Dockerfile", name
+        assert (ROOT / service["build"]["context"] / service["build"]["dockerfile"]).is_file()
+        assert service["command"], name
+
+
+def test_dependencies_exist_and_wait_for_a_condition(compose):
+    services = compose["services"]
+    for name, service in services.items():
+        for target, spec in (service.get("depends_on") or {}).items():
+            assert target in services, f"{name} depends on unknown service {target}"
+            if spec["condition"] == "service_healthy":
+                assert "healthcheck" in services[target], f"{name} waits for {target}, which has no healthcheck"
+    for name in AIRFLOW_SERVICES:
+        if name != "airflow-init":
+            assert services[name]["depends_on"]["airflow-init"]["condition"] == "service_completed_successfully"
+
+
+def test_airflow_services_share_one_configuration(compose):
+    envs = [_environment(compose["services"][name]) for name in AIRFLOW_SERVICES]
+    assert all(env == envs[0] for env in envs), "Airflow services must agree on secrets and connections"
+    env = envs[0]
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql")
+    assert "@airflow-db:" in env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+    assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://airflow-api-server:8080/execution/"
+    assert "@sink-db:" in env["KAFKA_EOS_SQL_URL"]
+    for conn in ("AIRFLOW_CONN_KAFKA_EOS_KAFKA", "AIRFLOW_CONN_SPARK_DEFAULT"):
+        assert conn in env
+
+
+def test_required_variables_are_documented_in_env_example(compose):
+    assigned, mentioned = _env_example()
+    values = list(_strings(compose))
+    required = {name for value in values for name in REQUIRED_VARIABLE.findall(value)}
+    used = {name for value in values for name in VARIABLE.findall(value)}
+    assert required, "secrets are expected to be required variables"
+    assert required <= assigned, f"add to .env.example: {sorted(required - assigned)}"
+    assert used <= mentioned, f"document in .env.example: {sorted(used - mentioned)}"
+
+
+def test_no_literal_secrets(compose):
+    for name, service in compose["services"].items():
+        for key, value in _environment(service).items():
+            value = str(value)
+            if SECRET_KEY.search(key):
+                assert value.startswith("${"), f"{name}: {key} must come from the environment"
+            for password in URL_PASSWORD.findall(value):
+                assert password.startswith("${"), f"{name}: literal password in {key}"
+    # The example file ships no secret values either.
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not key.startswith("#") and SECRET_KEY.search(key):
+            assert value == "", f".env.example must not carry a value for {key}"
+
+
+def _compose_plugin() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    probe = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=30)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _compose_plugin(), reason="`docker compose` is not available on this machine")
+def test_docker_compose_config_accepts_the_file(tmp_path):
+    assigned, _ = _env_example()
+    env_file = tmp_path / "compose.env"
+    env_file.write_text("".join(f"{name}=placeholder-{name.lower()}\n" for name in sorted(assigned)))
+    result = subprocess.run(
+        ["docker", "compose", "--project-directory", str(ROOT), "-f", str(COMPOSE_FILE),
+         "--env-file", str(env_file), "config", "-q"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,37 @@
+"""DESIGN.md §1: imports flow dags -> plugins -> include <- spark_apps; include never imports airflow."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _imports(folder: Path) -> list[tuple[Path, str]]:
+    found = []
+    for path in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found += [(path, a.name) for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                found.append((path, node.module))
+    return found
+
+
+def test_library_never_imports_airflow_dags_or_plugins():
+    bad = [(str(p.relative_to(ROOT)), m) for p, m in _imports(ROOT / "include")
+           if m.split(".")[0] in ("airflow", "dags", "plugins", "kafka_eos_airflow")]
+    assert bad == []
+
+
+def test_spark_apps_import_only_the_library():
+    bad = [(str(p.relative_to(ROOT)), m) for p, m in _imports(ROOT / "spark_apps")
+           if m.split(".")[0] in ("airflow", "dags", "plugins", "kafka_eos_airflow")]
+    assert bad == []
+
+
+def test_at_least_once_spark_kafka_sink_is_never_used():
+    for path in list((ROOT / "include").rglob("*.py")) + list((ROOT / "spark_apps").rglob("*.py")):
+        text = path.read_text().replace(" ", "")
+        assert '.write.format("kafka")' not in text and ".writeStream.format(\"kafka\")" not in text, path

@@ -1,0 +1,78 @@
+"""Planner rules (DESIGN.md §3) on given offsets and checkpoints; Kafka-backed cases live in
+tests/integration/test_planner.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from kafka_eos.errors import DataLossError, PlanError, TopicRecreated
+from kafka_eos.kafka_admin import PartitionOffsets
+from kafka_eos.plan import Plan, plan_ranges
+from kafka_eos.spec import parse_spec
+
+
+def spec(**source):
+    return parse_spec({"name": "p", "source": {"topics": ["t"], **source}, "transform": "identity",
+                       "sink": {"kind": "kafka", "topic": "o", "dlq_topic": "d"}}, "p.yaml")
+
+
+def off(start, lso, hw=None):
+    return PartitionOffsets(start, lso, lso if hw is None else hw)
+
+
+def test_first_run_earliest_reads_from_log_start_to_lso():
+    plan = plan_ranges(spec(), "r", {("t", 0): off(5, 20, 23)}, {("t", 0): None})
+    (r,) = plan.ranges
+    assert (r.from_offset, r.until, r.expected) == (5, 20, None)
+
+
+def test_first_run_latest_starts_at_lso_and_pins_the_checkpoint():
+    plan = plan_ranges(spec(starting_offsets="latest"), "r", {("t", 0): off(0, 20)}, {("t", 0): None})
+    (r,) = plan.ranges
+    assert (r.from_offset, r.until) == (20, 20)
+    assert plan.active == (r,)  # committing offset 20 makes the next run start there
+
+
+def test_checkpoint_is_from_and_cap_is_an_offset_span():
+    plan = plan_ranges(spec(max_records_per_partition=10), "r", {("t", 0): off(0, 100)}, {("t", 0): 42})
+    (r,) = plan.ranges
+    assert (r.from_offset, r.until, r.expected) == (42, 52, 42)
+
+
+def test_partition_added_later_reads_from_its_log_start_even_with_latest():
+    plan = plan_ranges(spec(starting_offsets="latest"), "r",
+                       {("t", 0): off(0, 10), ("t", 1): off(3, 7)}, {("t", 0): 10, ("t", 1): None})
+    new = plan.ranges[1]
+    assert (new.from_offset, new.until, new.expected) == (3, 7, None)
+    assert [r.tp for r in plan.active] == [("t", 1)]
+
+
+def test_data_loss_fails_by_default_naming_partition_and_offsets():
+    with pytest.raises(DataLossError, match=r"t-0: checkpoint 4 is below the log start 9"):
+        plan_ranges(spec(), "r", {("t", 0): off(9, 30)}, {("t", 0): 4})
+
+
+def test_data_loss_skip_records_the_gap_and_moves_on():
+    plan = plan_ranges(spec(on_data_loss="skip"), "r", {("t", 0): off(9, 30)}, {("t", 0): 4})
+    (r,) = plan.ranges
+    assert (r.from_offset, r.until, r.expected) == (9, 30, 4)
+    (gap,) = plan.skipped
+    assert (gap.from_offset, gap.until) == (4, 9)
+
+
+def test_checkpoint_beyond_high_watermark_means_recreated_topic():
+    with pytest.raises(TopicRecreated, match=r"t-0: checkpoint 50 is beyond the high watermark 12"):
+        plan_ranges(spec(), "r", {("t", 0): off(0, 12)}, {("t", 0): 50})
+
+
+def test_nothing_new_is_an_empty_plan():
+    plan = plan_ranges(spec(), "r", {("t", 0): off(0, 12, 15)}, {("t", 0): 12})
+    assert plan.is_empty
+
+
+def test_plan_round_trips_through_json_and_rejects_garbage():
+    plan = plan_ranges(spec(on_data_loss="skip"), "r7", {("t", 0): off(9, 30)}, {("t", 0): 4})
+    again = Plan.from_json(plan.to_json())
+    assert again == plan
+    with pytest.raises(PlanError, match=r"plan.json: not a kafka-eos plan"):
+        Plan.from_json('{"pipeline": "p"}', "plan.json")

@@ -1,0 +1,107 @@
+"""Pipeline specs: every malformed field is a one-line error naming the file and the field."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from kafka_eos.errors import SpecError
+from kafka_eos.spec import load_spec, parse_spec
+
+GOOD = {
+    "name": "p1",
+    "source": {"topics": ["orders"]},
+    "transform": "identity",
+    "sink": {"kind": "kafka", "topic": "out", "dlq_topic": "dlq"},
+}
+
+
+def _with(path: str, value) -> dict:
+    import copy
+
+    doc = copy.deepcopy(GOOD)
+    node = doc
+    *parents, leaf = path.split(".")
+    for p in parents:
+        node = node[p]
+    if value is KeyError:
+        del node[leaf]
+    else:
+        node[leaf] = value
+    return doc
+
+
+def test_defaults_follow_the_design():
+    spec = parse_spec(GOOD, "p1.yaml")
+    assert spec.source.group_id == "kafka-eos.p1"
+    assert spec.source.starting_offsets == "earliest"
+    assert spec.source.on_data_loss == "fail"
+    assert spec.sink.commit == "atomic"
+    assert spec.transactional_id() == "kafka-eos.p1"
+    assert spec.transactional_id("orders", 3) == "kafka-eos.p1.orders-3"
+
+
+@pytest.mark.parametrize("path,value,needle", [
+    ("source.colour", "red", "source.colour: unknown field"),
+    ("sinks", {}, "sinks: unknown field"),
+    ("source.topics", [], "source.topics: a non-empty list"),
+    ("source.topics", ["bad topic!"], "source.topics[0]: 'bad topic!' is not a valid topic name"),
+    ("sink.topic", KeyError, "sink.topic: required for a kafka sink"),
+    ("sink.dlq_topic", KeyError, "sink.dlq_topic: required"),
+    ("sink.kind", "s3", "sink.kind: 's3' is not one of kafka, sql"),
+    ("sink.commit", "sometimes", "sink.commit: 'sometimes' is not one of atomic, per_partition"),
+    ("source.max_records_per_partition", 0, "source.max_records_per_partition: must be a positive integer"),
+    ("source.on_data_loss", "ignore", "source.on_data_loss: 'ignore' is not one of fail, skip"),
+    ("name", "has space", "name: 'has space' must be"),
+])
+def test_malformed_field_names_file_and_field(path, value, needle):
+    with pytest.raises(SpecError) as err:
+        parse_spec(_with(path, value), "/x/p1.yaml")
+    message = str(err.value)
+    assert message.startswith("/x/p1.yaml: ")
+    assert needle in message
+    assert "\n" not in message
+
+
+def test_sql_sink_needs_a_table_and_atomic_scope():
+    doc = {**GOOD, "sink": {"kind": "sql"}}
+    with pytest.raises(SpecError, match=r"sink.table: required"):
+        parse_spec(doc, "s.yaml")
+    doc = {**GOOD, "sink": {"kind": "sql", "table": "t", "commit": "per_partition"}}
+    with pytest.raises(SpecError, match=r"sink.commit: a sql sink commits on the driver"):
+        parse_spec(doc, "s.yaml")
+
+
+def test_sql_url_expands_environment_variables():
+    doc = {**GOOD, "sink": {"kind": "sql", "table": "t", "url": "${DB_URL}"}}
+    assert parse_spec(doc, "s.yaml", {"DB_URL": "postgresql://h/db"}).sink.url == "postgresql://h/db"
+    assert parse_spec(doc, "s.yaml", {}).sink.url is None
+
+
+def test_unknown_transform_is_a_spec_error(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({**GOOD, "transform": "no_such_module_xyz:f"}))
+    with pytest.raises(SpecError, match=r"p.yaml: transform: cannot import module 'no_such_module_xyz'"):
+        load_spec(str(path))
+    path.write_text(yaml.safe_dump({**GOOD, "transform": "json:no_such_function"}))
+    with pytest.raises(SpecError, match=r"transform: module 'json' has no function 'no_such_function'"):
+        load_spec(str(path))
+    path.write_text(yaml.safe_dump({**GOOD, "transform": "nocolon"}))
+    with pytest.raises(SpecError, match=r"transform: 'nocolon' is not 'module:function'"):
+        load_spec(str(path))
+
+
+def test_malformed_yaml_and_missing_file(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: [unclosed\n")
+    with pytest.raises(SpecError, match=r"broken.yaml: not valid YAML"):
+        load_spec(str(path))
+    with pytest.raises(SpecError, match=r"no such pipeline spec"):
+        load_spec("no_such_pipeline_name")
+
+
+def test_bundled_specs_load():
+    assert load_spec("orders_enriched").sink.commit == "per_partition"
+    revenue = load_spec("revenue_per_minute", environ={})
+    assert revenue.sink.kind == "sql" and revenue.sink.merge == "add"
+    assert revenue.sink.key_columns == ("minute", "category")

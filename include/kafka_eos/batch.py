@@ -62,8 +62,10 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
     Safe to call again with the same plan (an Airflow retry): committed work is a no-op.
     """
     started = time.monotonic()
+    # Every run record in the manifest carries its plan: the latest record under the run's key
+    # is what a retried task reuses (compaction keeps only that one).
     summary = {"pipeline": spec.name, "run_id": plan.run_id, "sink": spec.sink.kind,
-               "started_at": now_iso(), "plan_created_at": plan.created_at,
+               "started_at": now_iso(), "plan": asdict(plan),
                "skipped": [asdict(s) for s in plan.skipped]}
     if plan.is_empty:
         return RunSummary(spec.name, plan.run_id, "empty", spec.sink.kind, 0, 0, 0, 0,

@@ -86,6 +86,9 @@ def produce_orders(settings: KafkaSettings, topic: str, count: int, *, first_seq
             producer.produce(topic, key=order["customer_id"].encode(), value=value)
             seq += 1
         if abort:
+            # Flush first: librdkafka can fail an abort with INVALID_TXN_STATE while the
+            # transaction's partitions are still being added (librdkafka issue #4849).
+            producer.flush(30)
             producer.abort_transaction(30)
             truth.aborted.extend(batch_ids)
         else:

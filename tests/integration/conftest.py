@@ -1,0 +1,112 @@
+"""Integration fixtures: topics on the real broker, example pipelines, a real PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from kafka_eos import kafka_admin
+from kafka_eos.spec import PipelineSpec, parse_spec
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def admin(kafka_settings):
+    return kafka_admin.admin_client(kafka_settings)
+
+
+@pytest.fixture
+def make_spec(admin, unique, tmp_path):
+    """Build a spec over fresh topics: ``make_spec(transform, sink_kind, commit, partitions=3, **sink)``."""
+
+    def build(transform: str = "identity", kind: str = "kafka", commit: str = "atomic",
+              partitions: int = 3, source: dict | None = None, **sink) -> PipelineSpec:
+        src, out, dlq = f"in-{unique}", f"out-{unique}", f"dlq-{unique}"
+        kafka_admin.create_topics(admin, {src: partitions, out: 3, dlq: 1})
+        if kind == "kafka":
+            sink = {"topic": out, "dlq_topic": dlq, **sink}
+        else:
+            sink = {"table": "results", "url": f"sqlite:///{tmp_path / 'sink.db'}", **sink}
+        doc = {"name": unique, "source": {"topics": [src], **(source or {})}, "transform": transform,
+               "sink": {"kind": kind, "commit": commit, **sink}}
+        return parse_spec(doc, str(tmp_path / f"{unique}.yaml"))
+
+    return build
+
+
+def write_spec_file(spec: PipelineSpec, path: Path) -> Path:
+    """The YAML file of ``spec`` (for spark-submit, which takes a spec path)."""
+    import yaml
+
+    s = spec.sink
+    sink = {"kind": s.kind, "commit": s.commit}
+    if s.kind == "kafka":
+        sink.update(topic=s.topic, dlq_topic=s.dlq_topic)
+    else:
+        sink.update(table=s.table, key_columns=list(s.key_columns), merge=s.merge, url=s.url)
+    doc = {"name": spec.name, "transform": spec.transform, "sink": sink,
+           "source": {"topics": list(spec.source.topics), "group_id": spec.source.group_id,
+                      "starting_offsets": spec.source.starting_offsets,
+                      "max_records_per_partition": spec.source.max_records_per_partition,
+                      "on_data_loss": spec.source.on_data_loss}}
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pg_bin() -> Path:
+    for base in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (base / "initdb").exists():
+            return base
+    raise RuntimeError("PostgreSQL server binaries not found under /usr/lib/postgresql: "
+                       "run `make postgres` (installs Debian's postgresql package)")
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """A throwaway PostgreSQL cluster on 127.0.0.1 (it refuses to run as root: runs as postgres)."""
+    bin_dir = _pg_bin()
+    # Not under pytest's tmp folder: that is private to root, and the server runs as postgres.
+    base = Path(tempfile.mkdtemp(prefix="kafka-eos-pg-"))
+    base.chmod(0o755)
+    data = base / "data"
+    as_pg = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    if as_pg:
+        shutil.chown(base, "postgres")
+    subprocess.run([*as_pg, str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "kafka_eos"],
+                   check=True, capture_output=True)
+    port = _free_port()
+    log = base / "pg.log"
+    subprocess.run([*as_pg, str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-o",
+                    f"-p {port} -k {data.parent} -c listen_addresses=127.0.0.1", "start"],
+                   check=True, capture_output=True)
+    url = f"postgresql+psycopg2://kafka_eos@127.0.0.1:{port}/postgres"
+    deadline = time.monotonic() + 30
+    from sqlalchemy import create_engine, text
+
+    while True:
+        try:
+            with create_engine(url).connect() as conn:
+                conn.execute(text("select 1"))
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    yield url
+    subprocess.run([*as_pg, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "stop"],
+                   capture_output=True)
+    shutil.rmtree(base, ignore_errors=True)

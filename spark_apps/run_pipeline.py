@@ -1,6 +1,9 @@
 """spark-submit entry point: run one stored plan of one pipeline to its transactional commit.
 
-    spark-submit spark_apps/run_pipeline.py --spec orders_enriched --plan /path/plan.json
+    spark-submit --jars <Spark's Kafka connector jars> spark_apps/run_pipeline.py \
+        --spec orders_enriched --plan /path/plan.json
+
+(``make jars`` resolves the connector into .local/jars/spark/; Airflow's operator passes them.)
 
 The plan arrives verbatim as a file (never on the command line); Kafka settings and secrets
 arrive through the environment (KAFKA_BOOTSTRAP_SERVERS, KAFKA_EOS_CLIENT_CONFIG).

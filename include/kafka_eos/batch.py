@@ -15,7 +15,7 @@ from kafka_eos.spec import PipelineSpec
 from kafka_eos.transforms import DLQ_REASON
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
 
 @dataclass(frozen=True)
@@ -97,8 +97,15 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
         from kafka_eos.sinks import sql as sql_sink
 
         # An aggregating transform's output says nothing of its input size: count the source.
-        records_in = source.count() if source is not None else 0
-        res = sql_sink.write(results, dead_letters, spec, plan, settings, summary, records_in)
+        # Results, dead letters and the count each read it: persist it so Kafka is read once.
+        if source is not None:
+            source.persist()
+        try:
+            records_in = source.count() if source is not None else 0
+            res = sql_sink.write(results, dead_letters, spec, plan, settings, summary, records_in)
+        finally:
+            if source is not None:
+                source.unpersist()
         status, out, dead = res.status, res.records_out, res.dead_letters
     return RunSummary(spec.name, plan.run_id, status, spec.sink.kind, len(plan.active),
                       records_in, out, dead, round(time.monotonic() - started, 3))

@@ -12,6 +12,7 @@ from typing import Iterator
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
+from kafka_eos.errors import PlanError
 from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, admin_client, ensure_compacted_topic
 from kafka_eos.plan import Plan
 from kafka_eos.settings import KafkaSettings
@@ -90,6 +91,20 @@ class ManifestStore:
                     yield key, json.loads(msg.value())
         finally:
             consumer.close()
+
+    def stored_plan(self, pipeline: str, run_id: str) -> Plan | None:
+        """The plan stored for run ``run_id`` (every run record carries it), or None.
+
+        :raises PlanError: the stored plan is malformed or belongs to another pipeline.
+        """
+        key = run_key(pipeline, run_id)
+        record = self.latest(key)
+        if record is None or "plan" not in record:
+            return None
+        plan = Plan.from_json(json.dumps(record["plan"]), f"manifest {self.topic!r} key {key!r}")
+        if plan.pipeline != pipeline:
+            raise PlanError(f"manifest {self.topic!r} key {key!r}: plan of pipeline {plan.pipeline!r}")
+        return plan
 
     def latest(self, key: str) -> dict | None:
         """The newest record under exactly ``key``, or None."""

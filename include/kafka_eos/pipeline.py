@@ -6,12 +6,11 @@ gets the stored plan back while it still applies. ``verify`` is the final check 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from kafka_eos.errors import CheckpointConflict, KafkaEosError
 from kafka_eos.kafka_admin import TP, admin_client, committed_offsets, partition_offsets, partitions_of
-from kafka_eos.manifest import ManifestStore, run_key
+from kafka_eos.manifest import ManifestStore
 from kafka_eos.plan import Plan, plan_ranges
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
@@ -97,11 +96,9 @@ def prepare_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> Pl
     cks, drift = checkpoints(spec, settings, tps)
     if drift:
         repair_drift(spec, settings, drift)
-    stored = manifest.latest(run_key(spec.name, run_id))
-    if stored is not None:
-        plan = Plan.from_json(json.dumps(stored["plan"]), f"manifest {run_key(spec.name, run_id)}")
-        if all(cks.get(r.tp) in (r.expected, r.until) for r in plan.active):
-            return plan
+    stored = manifest.stored_plan(spec.name, run_id)
+    if stored is not None and all(cks.get(r.tp) in (r.expected, r.until) for r in stored.active):
+        return stored
     plan = plan_ranges(spec, run_id, partition_offsets(admin_client(settings), tps), cks)
     manifest.put_plan(plan)
     return plan

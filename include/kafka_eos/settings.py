@@ -52,9 +52,11 @@ class KafkaSettings:
                 f'{module} required username="{user}" password="{password}";'
             )
         for key, value in extra.items():
-            if key in ("security.protocol", "sasl.mechanism", "ssl.ca.location"):
-                java_key = "ssl.truststore.location" if key == "ssl.ca.location" else key
-                opts[f"kafka.{java_key}"] = value
+            if key in ("security.protocol", "sasl.mechanism"):
+                opts[f"kafka.{key}"] = value
+            elif key == "ssl.ca.location":  # a PEM file, which Java reads as a PEM truststore
+                opts["kafka.ssl.truststore.location"] = value
+                opts["kafka.ssl.truststore.type"] = "PEM"
         return opts
 
     def to_environ(self) -> dict:

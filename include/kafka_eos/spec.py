@@ -64,6 +64,26 @@ class PipelineSpec:
         return resolve_transform(self.transform, self.path)
 
 
+def spec_document(spec: PipelineSpec) -> dict:
+    """The YAML document of ``spec`` (what :func:`parse_spec` reads back to the same spec)."""
+    s = spec.sink
+    sink = {"kind": s.kind, "commit": s.commit}
+    for key in ("topic", "dlq_topic", "table", "url"):
+        if getattr(s, key) is not None:
+            sink[key] = getattr(s, key)
+    if s.kind == "sql":
+        sink.update(key_columns=list(s.key_columns), merge=s.merge)
+    src = spec.source
+    doc = {"name": spec.name, "transform": spec.transform, "sink": sink, "manifest_topic": spec.manifest_topic,
+           "source": {"topics": list(src.topics), "group_id": src.group_id,
+                      "starting_offsets": src.starting_offsets,
+                      "max_records_per_partition": src.max_records_per_partition,
+                      "on_data_loss": src.on_data_loss}}
+    if spec.schedule is not None:
+        doc["schedule"] = spec.schedule
+    return doc
+
+
 def resolve_transform(ref: str, where: str = "<inline>") -> Callable:
     """Import ``module:function``; ``identity`` is kafka-eos's own copy transform.
 

@@ -76,8 +76,11 @@ class TransactionalCommit:
         for attempt in range(MAX_CALL_RETRIES + 1):
             try:
                 return fn()
-            except KafkaException as exc:
-                err: KafkaError = exc.args[0]
+            except (KafkaException, SystemError) as exc:
+                kafka_exc = _kafka_exception(exc)
+                if kafka_exc is None:
+                    raise
+                err: KafkaError = kafka_exc.args[0]
                 where = f"{what} ({self.transactional_id})"
                 if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
                                   KafkaError.INVALID_PRODUCER_EPOCH):
@@ -188,6 +191,15 @@ class TransactionalCommit:
         remaining = self._producer.flush(CALL_TIMEOUT_S)
         if remaining:
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"{remaining} records not delivered"))
+
+
+def _kafka_exception(exc: BaseException) -> KafkaException | None:
+    """The KafkaException behind ``exc``. confluent-kafka 2.16 raises a SystemError from flush()
+    when a fatal error (e.g. fencing) arrives while delivery callbacks run; the KafkaException
+    is its cause."""
+    while exc is not None and not isinstance(exc, KafkaException):
+        exc = exc.__cause__ or exc.__context__
+    return exc
 
 
 def _group_metadata(settings: KafkaSettings, group_id: str):

@@ -42,25 +42,6 @@ def make_spec(admin, unique, tmp_path):
     return build
 
 
-def write_spec_file(spec: PipelineSpec, path: Path) -> Path:
-    """The YAML file of ``spec`` (for spark-submit, which takes a spec path)."""
-    import yaml
-
-    s = spec.sink
-    sink = {"kind": s.kind, "commit": s.commit}
-    if s.kind == "kafka":
-        sink.update(topic=s.topic, dlq_topic=s.dlq_topic)
-    else:
-        sink.update(table=s.table, key_columns=list(s.key_columns), merge=s.merge, url=s.url)
-    doc = {"name": spec.name, "transform": spec.transform, "sink": sink,
-           "source": {"topics": list(spec.source.topics), "group_id": spec.source.group_id,
-                      "starting_offsets": spec.source.starting_offsets,
-                      "max_records_per_partition": spec.source.max_records_per_partition,
-                      "on_data_loss": spec.source.on_data_loss}}
-    path.write_text(yaml.safe_dump(doc))
-    return path
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

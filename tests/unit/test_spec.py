@@ -105,3 +105,12 @@ def test_bundled_specs_load():
     revenue = load_spec("revenue_per_minute", environ={})
     assert revenue.sink.kind == "sql" and revenue.sink.merge == "add"
     assert revenue.sink.key_columns == ("minute", "category")
+
+
+def test_spec_document_round_trips():
+    from kafka_eos.spec import spec_document
+
+    for doc in (GOOD, {**GOOD, "sink": {"kind": "sql", "table": "t", "key_columns": ["a"], "merge": "add",
+                                        "url": "sqlite:///x.db"}, "schedule": "@hourly"}):
+        spec = parse_spec(doc, "p.yaml")
+        assert parse_spec(spec_document(spec), "p.yaml") == spec

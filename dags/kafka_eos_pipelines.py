@@ -1,0 +1,114 @@
+"""One DAG per pipeline spec in include/pipelines/*.yaml: plan >> spark >> verify.
+
+Parse time only reads the YAML files (``kafka_eos.spec.parse_spec``): no transform import (that
+would import pyspark), no Kafka, no metadata DB, no Variables. Everything else happens when the
+tasks run. A spec that does not parse is logged and skipped, so one bad file never takes the
+other pipelines' DAGs down.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import yaml
+
+from airflow.sdk import DAG, CronDataIntervalTimetable
+
+from kafka_eos.errors import SpecError
+from kafka_eos.paths import pipelines_dir
+from kafka_eos.spec import PipelineSpec, parse_spec
+from kafka_eos_airflow.hooks import KafkaEosHook
+from kafka_eos_airflow.operators import (KafkaEosPlanOperator, KafkaEosSparkSubmitOperator,
+                                         KafkaEosVerifyOperator)
+
+log = logging.getLogger(__name__)
+
+DAG_ID_PREFIX = "kafka_eos__"
+#: A fixed start: with catchup off only the latest interval runs; a moving start (``now()``)
+#: would make every parse a different DAG.
+START_DATE = datetime(2026, 1, 1, tzinfo=timezone.utc)
+#: Tasks are idempotent (a retry reuses the stored plan and no-ops a landed commit), so retrying
+#: is safe; 30 s lets a coordinator move or a leader election settle.
+DEFAULT_ARGS = {"owner": "kafka-eos", "retries": 2, "retry_delay": timedelta(seconds=30)}
+
+
+def _doc_md(spec: PipelineSpec) -> str:
+    src = spec.source
+    sink = spec.sink
+    if sink.kind == "kafka":
+        target = f"Kafka topic `{sink.topic}` (dead letters: topic `{sink.dlq_topic}`)"
+    else:
+        dead = f"; also topic `{sink.dlq_topic}`" if sink.dlq_topic else ""
+        target = f"SQL table `{sink.table}` (merge `{sink.merge}`; dead letters: table `kafka_eos_dead_letters`{dead})"
+    return "\n".join([
+        f"### kafka-eos pipeline `{spec.name}`",
+        "",
+        f"Reads the committed records of {', '.join(f'`{t}`' for t in src.topics)} by explicit offset "
+        f"ranges (checkpoint: consumer group `{src.group_id}`, at most {src.max_records_per_partition} "
+        f"offsets per partition and run), applies `{spec.transform}` and writes {target} exactly once, "
+        f"commit scope `{sink.commit}`.",
+        "",
+        "| task | does |",
+        "|---|---|",
+        "| `plan` | computes the run's offset ranges once and stores them in the run manifest "
+        f"(`{spec.manifest_topic}`, key `{spec.name}:<run id>`); a retry reuses them |",
+        "| `spark` | spark-submits `spark_apps/run_pipeline.py` on the stored plan; an empty plan skips Spark |",
+        "| `verify` | checks that every checkpoint reached the plan's end and logs the run summary |",
+        "",
+        f"Schedule: `{spec.schedule or 'manual only'}` (UTC, data intervals). On data loss: "
+        f"`{src.on_data_loss}`. Spec: `{spec.path}`.",
+    ])
+
+
+def build_dag(spec: PipelineSpec, *, kafka_conn_id: str = KafkaEosHook.default_conn_name,
+              spark_conn_id: str = "spark_default") -> DAG:
+    """The DAG of one pipeline spec (``kafka_eos__<name>``): plan >> spark >> verify.
+
+    :param spec: a parsed spec; its ``path`` is what the tasks load at run time.
+    :param kafka_conn_id: the ``kafka`` connection of the cluster (see ``KafkaEosHook``).
+    :param spark_conn_id: the Spark connection spark-submit uses.
+    """
+    schedule = CronDataIntervalTimetable(spec.schedule, timezone="UTC") if spec.schedule else None
+    with DAG(
+        dag_id=DAG_ID_PREFIX + spec.name,
+        schedule=schedule,
+        start_date=START_DATE,
+        catchup=False,
+        # Runs of one pipeline must not overlap: each plan starts at the previous run's end.
+        max_active_runs=1,
+        default_args=DEFAULT_ARGS,
+        tags=["kafka-eos", spec.sink.kind, spec.sink.commit],
+        doc_md=_doc_md(spec),
+    ) as dag:
+        plan = KafkaEosPlanOperator(task_id="plan", pipeline=spec.path, kafka_conn_id=kafka_conn_id)
+        spark = KafkaEosSparkSubmitOperator(task_id="spark", pipeline=spec.path, kafka_conn_id=kafka_conn_id,
+                                            conn_id=spark_conn_id)
+        verify = KafkaEosVerifyOperator(task_id="verify", pipeline=spec.path, kafka_conn_id=kafka_conn_id)
+        plan >> spark >> verify
+    return dag
+
+
+def dags_from_folder(folder: str | Path, **kwargs) -> dict[str, DAG]:
+    """One DAG per ``*.yaml`` spec in ``folder`` (dag_id -> DAG); unparsable specs are logged and
+    skipped. ``kwargs`` go to :func:`build_dag`."""
+    dags: dict[str, DAG] = {}
+    for path in sorted(Path(folder).glob("*.yaml")):
+        try:
+            raw = yaml.safe_load(path.read_text())
+            # No environ: ${VAR} in a SQL URL stays unresolved here (the tasks resolve it), so
+            # no secret ends up in the serialized DAG.
+            spec = parse_spec(raw, str(path.resolve()))
+        except (SpecError, yaml.YAMLError, OSError) as exc:
+            log.error("kafka-eos: skipping pipeline spec %s: %s", path, str(exc).splitlines()[0])
+            continue
+        dag_id = DAG_ID_PREFIX + spec.name
+        if dag_id in dags:
+            log.error("kafka-eos: skipping pipeline spec %s: pipeline name %r is already used", path, spec.name)
+            continue
+        dags[dag_id] = build_dag(spec, **kwargs)
+    return dags
+
+
+globals().update(dags_from_folder(pipelines_dir()))

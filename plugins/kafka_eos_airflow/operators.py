@@ -1,0 +1,239 @@
+"""Thin, templated operators for one kafka-eos run: plan -> Spark -> verify (DESIGN.md §3-4).
+
+Every operator takes the pipeline (a spec name under include/pipelines/ or a YAML path) and a
+Kafka connection id, builds its hook in ``execute()`` and calls the library. The plan lives in
+the run manifest under the run id: the Spark task reads it from there (never from XCom, which
+Airflow clears when a task is retried).
+
+Library errors become task failures with the library's one-line message; the ones a retry
+cannot fix (a bad spec, data loss, a recreated topic, a missing plan) fail without retrying.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from kafka_eos.errors import DataLossError, KafkaEosError, PlanError, SpecError, TopicRecreated
+from kafka_eos.paths import PROJECT_ROOT
+from kafka_eos.settings import KafkaSettings
+from kafka_eos.spec import PipelineSpec, load_spec
+
+from kafka_eos_airflow.hooks import KafkaEosHook
+
+if TYPE_CHECKING:  # pragma: no cover
+    from airflow.sdk import Context
+
+    from kafka_eos.plan import Plan
+
+#: The spark-submit entry point that runs one stored plan to its transactional commit.
+RUN_PIPELINE_APP = str(PROJECT_ROOT / "spark_apps" / "run_pipeline.py")
+
+#: Failures a retry cannot fix: a person has to change the spec, reset a group or re-plan.
+_NOT_RETRIABLE = (SpecError, DataLossError, TopicRecreated, PlanError)
+
+
+@contextmanager
+def task_errors() -> Iterator[None]:
+    """Turn a :class:`KafkaEosError` into a task failure that carries its one-line message.
+
+    :raises AirflowFailException: for errors a retry cannot fix (no retries are spent).
+    :raises AirflowException: for every other kafka-eos error (the task is retried).
+    """
+    try:
+        yield
+    except _NOT_RETRIABLE as exc:
+        raise AirflowFailException(str(exc)) from exc
+    except KafkaEosError as exc:
+        raise AirflowException(str(exc)) from exc
+
+
+def stored_plan(settings: KafkaSettings, spec: PipelineSpec, run_id: str) -> Plan:
+    """The plan the plan task stored for ``run_id`` in the run manifest.
+
+    :raises PlanError: no plan is stored for the run.
+    """
+    from kafka_eos.manifest import ManifestStore, run_key
+
+    plan = ManifestStore(settings, spec.manifest_topic).stored_plan(spec.name, run_id)
+    if plan is None:
+        raise PlanError(f"manifest {spec.manifest_topic!r} holds no plan under "
+                        f"{run_key(spec.name, run_id)!r}: run the plan task of this run first")
+    return plan
+
+
+def plan_summary(plan: Plan) -> dict[str, Any]:
+    """A small, JSON-friendly view of a plan (the plan task's XCom, for people and the UI)."""
+    summary: dict[str, Any] = {
+        "pipeline": plan.pipeline,
+        "run_id": plan.run_id,
+        "partitions": len(plan.active),
+        "empty": plan.is_empty,
+        "ranges": [[r.topic, r.partition, r.from_offset, r.until] for r in plan.active],
+    }
+    if plan.skipped:
+        summary["skipped"] = [[s.topic, s.partition, s.from_offset, s.until] for s in plan.skipped]
+    return summary
+
+
+class KafkaEosPlanOperator(BaseOperator):
+    """Compute the run's plan once and store it in the run manifest (status ``planned``).
+
+    A retried task gets the stored plan back while it still applies
+    (:func:`kafka_eos.pipeline.prepare_plan`). Returns :func:`plan_summary`.
+
+    :param pipeline: spec name under include/pipelines/ or path to a spec YAML. (templated)
+    :param kafka_conn_id: the ``kafka`` connection (see :class:`KafkaEosHook`). (templated)
+    """
+
+    template_fields: Sequence[str] = ("pipeline", "kafka_conn_id")
+
+    def __init__(self, *, pipeline: str, kafka_conn_id: str = KafkaEosHook.default_conn_name,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+        self.kafka_conn_id = kafka_conn_id
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from kafka_eos.pipeline import prepare_plan
+
+        with task_errors():
+            spec = load_spec(self.pipeline)
+            settings = KafkaEosHook(self.kafka_conn_id).get_settings()
+            plan = prepare_plan(spec, settings, run_id=context["run_id"])
+        for r in plan.active:
+            self.log.info("%s-%d: [%d, %d) checkpoint=%s", r.topic, r.partition, r.from_offset, r.until,
+                          r.expected)
+        for s in plan.skipped:
+            self.log.warning("DATA LOSS skipped %s-%d: [%d, %d) (on_data_loss: skip)", s.topic, s.partition,
+                             s.from_offset, s.until)
+        self.log.info("pipeline %s run %s: %d partition(s) to run%s", spec.name, plan.run_id,
+                      len(plan.active), " (empty plan: Spark is skipped)" if plan.is_empty else "")
+        return plan_summary(plan)
+
+
+class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
+    """spark-submit ``spark_apps/run_pipeline.py`` on the run's stored plan.
+
+    The plan comes from the run manifest (never XCom) and reaches Spark verbatim in a file;
+    Kafka settings and secrets reach it through the environment (``env_vars``), never argv.
+    An empty plan skips Spark and the task succeeds. The plan file is local to the Airflow
+    worker: use client deploy mode (the default).
+
+    :param pipeline: spec name under include/pipelines/ or path to a spec YAML. (templated)
+    :param kafka_conn_id: the ``kafka`` connection (see :class:`KafkaEosHook`). (templated)
+    :param conn_id: the Spark connection (``spark_default``).
+    :param kwargs: any other :class:`SparkSubmitOperator` argument; ``conf`` is merged over
+        kafka-eos's session settings (connector jars, interpreter), ``env_vars`` under the Kafka
+        settings.
+    """
+
+    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "pipeline", "kafka_conn_id")
+
+    def __init__(self, *, pipeline: str, kafka_conn_id: str = KafkaEosHook.default_conn_name,
+                 application: str = RUN_PIPELINE_APP, conn_id: str = "spark_default",
+                 name: str | None = None, **kwargs: Any) -> None:
+        super().__init__(application=application, conn_id=conn_id, name=name, **kwargs)
+        self.pipeline = pipeline
+        self.kafka_conn_id = kafka_conn_id
+
+    def execute(self, context: Context) -> None:
+        from kafka_eos.spark_io import session_conf
+
+        run_id = context["run_id"]
+        with task_errors():
+            spec = load_spec(self.pipeline)
+            settings = KafkaEosHook(self.kafka_conn_id).get_settings()
+            plan = stored_plan(settings, spec, run_id)
+            spark_conf = session_conf()
+        if plan.is_empty:
+            self.log.info("pipeline %s run %s: empty plan, nothing to read: Spark is not started",
+                          spec.name, run_id)
+            return
+        self.log.info("pipeline %s run %s: %d partition(s), plan created at %s", spec.name, run_id,
+                      len(plan.active), plan.created_at)
+        self.name = self.name or f"kafka-eos-{spec.name}"
+        self.conf = {**spark_conf, **(self.conf or {})}
+        # The driver and its Python workers run kafka_eos's commit code: this interpreter.
+        self.env_vars = {**(self.env_vars or {}), "PYSPARK_PYTHON": sys.executable, **settings.to_environ()}
+        with tempfile.TemporaryDirectory(prefix="kafka-eos-plan-") as tmp:
+            plan_file = Path(tmp) / f"{spec.name}.plan.json"
+            plan_file.write_text(plan.to_json())
+            self.application_args = ["--spec", spec.path, "--plan", str(plan_file)]
+            super().execute(context)
+
+
+class KafkaEosVerifyOperator(BaseOperator):
+    """Check that the run's commit landed (every active range's checkpoint is at its end) and
+    log the run summary from the manifest. Returns the summary.
+
+    :param pipeline: spec name under include/pipelines/ or path to a spec YAML. (templated)
+    :param kafka_conn_id: the ``kafka`` connection (see :class:`KafkaEosHook`). (templated)
+    """
+
+    template_fields: Sequence[str] = ("pipeline", "kafka_conn_id")
+
+    def __init__(self, *, pipeline: str, kafka_conn_id: str = KafkaEosHook.default_conn_name,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+        self.kafka_conn_id = kafka_conn_id
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from kafka_eos.pipeline import verify
+
+        run_id = context["run_id"]
+        with task_errors():
+            spec = load_spec(self.pipeline)
+            settings = KafkaEosHook(self.kafka_conn_id).get_settings()
+            plan = stored_plan(settings, spec, run_id)
+            checkpoints = verify(spec, settings, plan)
+            record, partitions = self._manifest_records(settings, spec, run_id)
+        summary = {
+            "pipeline": spec.name,
+            "run_id": run_id,
+            "sink": spec.sink.kind,
+            "status": "empty" if plan.is_empty else record.get("status"),
+            "partitions": len(plan.active),
+            "records_in": record.get("records_in", 0),
+            "records_out": record.get("records_out", 0),
+            "dead_letters": record.get("dead_letters", 0),
+            "checkpoints": {f"{t}-{p}": offset for (t, p), offset in sorted(checkpoints.items())},
+        }
+        for name, rec in sorted(partitions.items()):
+            self.log.info("  %s: %s [%s, %s) in=%s out=%s dead letters=%s", name, rec.get("status"),
+                          rec.get("from"), rec.get("until"), rec.get("records_in"), rec.get("records_out"),
+                          rec.get("dead_letters"))
+        self.log.info("pipeline %s run %s: %s, %d partition(s), in=%s out=%s dead letters=%s", spec.name,
+                      run_id, summary["status"], summary["partitions"], summary["records_in"],
+                      summary["records_out"], summary["dead_letters"])
+        if not plan.is_empty and summary["status"] not in ("committed", "noop"):
+            # The checkpoints moved (verified above) but the summary record did not land: the
+            # data is committed; only the audit record is missing.
+            self.log.warning("manifest record of run %s is %r, not 'committed'", run_id, summary["status"])
+        return summary
+
+    @staticmethod
+    def _manifest_records(settings: KafkaSettings, spec: PipelineSpec,
+                          run_id: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+        """The run's newest summary record and, in per_partition scope, the newest record of each
+        source partition (``<topic>-<p>`` -> record), in one pass over the manifest."""
+        from kafka_eos.manifest import ManifestStore, run_key
+
+        key = run_key(spec.name, run_id)
+        record: dict[str, Any] = {}
+        partitions: dict[str, dict[str, Any]] = {}
+        for found_key, rec in ManifestStore(settings, spec.manifest_topic).scan(key):
+            if found_key == key:
+                record = rec
+            elif found_key.startswith(key + ":"):
+                partitions[found_key[len(key) + 1:]] = rec
+        return record, partitions

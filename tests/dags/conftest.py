@@ -1,0 +1,82 @@
+"""Airflow for the DAG tests: a throwaway AIRFLOW_HOME (SQLite metadata DB) per test session.
+
+Airflow reads its configuration once, when it is first imported, so the environment is set
+here at import time, before any test module imports airflow. The dags-folder bundle of
+``dag.test()`` runs is a temporary folder with one DAG file that builds, with the project's DAG
+factory, a DAG per spec the tests write to ``TEST_SPECS_DIR`` (``dag.test()`` re-parses its
+bundle and needs the DAG there). The project's own dags/ folder is parsed by explicit path.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DAGS_DIR = PROJECT_ROOT / "dags"
+PLUGINS_DIR = PROJECT_ROOT / "plugins"
+#: The venv's bin: ``spark-submit`` and ``airflow`` resolve from PATH.
+VENV_BIN = Path(sys.prefix) / "bin"
+
+AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="kafka-eos-airflow-"))
+TEST_DAGS_DIR = AIRFLOW_HOME / "dags"
+TEST_SPECS_DIR = AIRFLOW_HOME / "specs"
+TEST_DAGS_DIR.mkdir()
+TEST_SPECS_DIR.mkdir()
+
+os.environ.update({
+    "AIRFLOW_HOME": str(AIRFLOW_HOME),
+    "AIRFLOW__CORE__DAGS_FOLDER": str(TEST_DAGS_DIR),
+    "AIRFLOW__CORE__PLUGINS_FOLDER": str(PLUGINS_DIR),
+    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{AIRFLOW_HOME / 'airflow.db'}",
+})
+if str(VENV_BIN) not in os.environ.get("PATH", "").split(os.pathsep):
+    os.environ["PATH"] = f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+# What Airflow does for its plugins folder and dags folder; the tests import both directly.
+for folder in (PLUGINS_DIR, DAGS_DIR):
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+
+(TEST_DAGS_DIR / "kafka_eos_test_dags.py").write_text(f'''\
+"""airflow DAGs of the DAG tests' pipeline specs, made by the project's DAG factory."""
+import sys
+
+if {str(DAGS_DIR)!r} not in sys.path:
+    sys.path.insert(0, {str(DAGS_DIR)!r})
+
+from kafka_eos_pipelines import dags_from_folder
+
+globals().update(dags_from_folder({str(TEST_SPECS_DIR)!r}))
+''')
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _airflow_home():
+    """Remove the session's AIRFLOW_HOME at the end."""
+    yield AIRFLOW_HOME
+    shutil.rmtree(AIRFLOW_HOME, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def airflow_db():
+    """The SQLite metadata DB, created once per session with ``airflow db migrate``."""
+    # A fresh SQLite migration takes well under a minute; 10 min covers 2 busy shared cores.
+    res = subprocess.run([str(VENV_BIN / "airflow"), "db", "migrate"], env=os.environ.copy(),
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, f"airflow db migrate failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+    return AIRFLOW_HOME / "airflow.db"
+
+
+@pytest.fixture(scope="session")
+def pipelines_module():
+    """The DAG factory module (dags/kafka_eos_pipelines.py)."""
+    import kafka_eos_pipelines
+
+    return kafka_eos_pipelines

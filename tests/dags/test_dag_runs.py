@@ -1,0 +1,200 @@
+"""One real ``dag.test()`` run per example DAG: the real local broker, the real
+SparkSubmitOperator (a real ``spark-submit`` in local mode), the real commit.
+
+Each test runs a copy of a bundled spec (same transform, its own topics, group, pipeline name,
+manifest topic and SQLite file), turned into a DAG by the project's DAG factory, and asserts on
+what landed: checkpoints, a read_committed view of the output, dead letters, the manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+import yaml
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from kafka_eos import kafka_admin
+from kafka_eos.manifest import ManifestStore, run_key
+from kafka_eos.paths import pipelines_dir
+from kafka_eos.settings import KafkaSettings
+
+pytestmark = pytest.mark.integration
+
+#: The run's logical date; any fixed date works (each test has its own pipeline).
+LOGICAL_DATE = datetime(2026, 3, 1, 12, 5, tzinfo=timezone.utc)
+#: Reading a few records back from a local broker takes well under a second; 60 s is a hang.
+READ_TIMEOUT_S = 60.0
+
+VALID_ORDERS = [
+    {"order_id": f"o-{i}", "customer_id": f"c-{i % 3}", "amount": amount, "currency": currency,
+     "category": category, "ts": f"2026-03-01T12:0{i}:00Z"}
+    for i, (amount, currency, category) in enumerate(
+        [("12.50", "EUR", "books"), ("99.99", "USD", "games"), ("250.00", "GBP", "books"),
+         ("3.20", "EUR", "food"), ("40.00", "CHF", "games")])
+]
+#: A poison record: not JSON. It must end up as a dead letter, byte for byte.
+MALFORMED = b'{"order_id": "o-bad", "amount": '
+
+
+@pytest.fixture
+def connections(monkeypatch, kafka_settings: KafkaSettings):
+    """The Spark (local[2]) and Kafka connections, as Airflow reads them from the environment."""
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EOS_KAFKA", json.dumps({
+        "conn_type": "kafka",
+        "extra": {"bootstrap.servers": kafka_settings.bootstrap_servers, **kafka_settings.extra}}))
+
+
+def _specs_dir() -> Path:
+    import os
+
+    # The folder the tests' DAG file (in the dags-folder bundle) builds DAGs from; see conftest.
+    return Path(os.environ["AIRFLOW_HOME"]) / "specs"
+
+
+def write_spec(bundled: str, name: str, topics: dict[str, str], sink: dict) -> Path:
+    raw = yaml.safe_load((pipelines_dir() / f"{bundled}.yaml").read_text())
+    raw["name"] = name
+    raw["source"]["topics"] = [topics["orders"]]
+    raw["source"]["group_id"] = f"kafka-eos.{name}"
+    raw["sink"].update(sink)
+    raw["manifest_topic"] = f"{name}.manifest"
+    path = _specs_dir() / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def produce_orders(settings: KafkaSettings, topic: str) -> None:
+    producer = Producer(settings.client_config(**{"enable.idempotence": True}))
+    for order in VALID_ORDERS:
+        producer.produce(topic, key=order["order_id"].encode(), value=json.dumps(order).encode())
+    producer.produce(topic, key=b"bad-1", value=MALFORMED)
+    assert producer.flush(30) == 0
+
+
+def read_committed(settings: KafkaSettings, topic: str) -> list:
+    """Every committed record of ``topic`` (read_committed, from the beginning to the LSO)."""
+    consumer = Consumer(settings.client_config(**{
+        "group.id": f"kafka-eos-test-reader-{uuid.uuid4()}", "enable.auto.commit": False,
+        "isolation.level": "read_committed", "enable.partition.eof": True}))
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        done, records = set(), []
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        while len(done) < len(partitions):
+            assert time.monotonic() < deadline, f"reading {topic}: no end after {READ_TIMEOUT_S}s"
+            msg = consumer.poll(1.0)
+            if msg is None:
+                continue
+            if msg.error():
+                assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error().str()
+                done.add(msg.partition())
+                continue
+            records.append(msg)
+        return records
+    finally:
+        consumer.close()
+
+
+def assert_checkpoint_at_end(settings: KafkaSettings, group: str, topic: str) -> None:
+    admin = kafka_admin.admin_client(settings)
+    tps = [(topic, p) for p in range(kafka_admin.partitions_of(admin, [topic])[topic])]
+    ends = {tp: o.high_watermark for tp, o in kafka_admin.partition_offsets(admin, tps).items()}
+    assert kafka_admin.committed_offsets(admin, group, tps) == ends
+    assert sum(ends.values()) == len(VALID_ORDERS) + 1
+
+
+def returned(dag_run, task_id: str):
+    """What a task of the run returned (its ``return_value`` XCom)."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = session.scalars(XComModel.get_many(run_id=dag_run.run_id, dag_ids=dag_run.dag_id,
+                                                 task_ids=task_id, key="return_value")).first()
+        return None if row is None else XComModel.deserialize_value(row)
+
+
+def run_dag(pipelines_module, name: str, logical_date: datetime = LOGICAL_DATE):
+    """``dag.test()`` of the pipeline's DAG, made by the DAG factory from the specs folder."""
+    from airflow.sdk import DagRunState
+
+    dag = pipelines_module.dags_from_folder(_specs_dir())[f"kafka_eos__{name}"]
+    for task in dag.tasks:
+        task.retries = 0  # fail fast: a failure here is a bug, and a retry waits 30 s
+    started = time.monotonic()
+    dag_run = dag.test(logical_date=logical_date)
+    states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
+    print(f"dag.test of {dag.dag_id}: {time.monotonic() - started:.1f}s, {states}")
+    assert states == {"plan": "success", "spark": "success", "verify": "success"}
+    assert dag_run.state == DagRunState.SUCCESS
+    return dag_run
+
+
+def test_orders_enriched_dag_run(airflow_db, connections, kafka_settings, pipelines_module, unique):
+    name = f"oe-{unique}"
+    topics = {"orders": f"{name}.orders", "enriched": f"{name}.orders.enriched", "dlq": f"{name}.orders.dlq"}
+    admin = kafka_admin.admin_client(kafka_settings)
+    kafka_admin.create_topics(admin, {topics["orders"]: 3, topics["enriched"]: 3, topics["dlq"]: 1})
+    write_spec("orders_enriched", name, topics, {"topic": topics["enriched"], "dlq_topic": topics["dlq"]})
+    produce_orders(kafka_settings, topics["orders"])
+
+    dag_run = run_dag(pipelines_module, name)
+
+    assert_checkpoint_at_end(kafka_settings, f"kafka-eos.{name}", topics["orders"])
+    enriched = [json.loads(m.value()) for m in read_committed(kafka_settings, topics["enriched"])]
+    assert sorted(o["order_id"] for o in enriched) == sorted(o["order_id"] for o in VALID_ORDERS)
+    assert all(o["size"] in ("small", "medium", "large") and o["amount_eur"] is not None for o in enriched)
+    dead = read_committed(kafka_settings, topics["dlq"])
+    assert [(m.key(), m.value()) for m in dead] == [(b"bad-1", MALFORMED)]
+    assert dict(dead[0].headers())["kafka-eos.reason"] == b"malformed JSON"
+
+    manifest = ManifestStore(kafka_settings, f"{name}.manifest")
+    summary = manifest.latest(run_key(name, dag_run.run_id))
+    assert summary["status"] == "committed"
+    assert (summary["records_in"], summary["records_out"], summary["dead_letters"]) == (6, 5, 1)
+    parts = dict(manifest.scan(run_key(name, dag_run.run_id) + ":"))
+    assert sorted(parts) == [f"{run_key(name, dag_run.run_id)}:{topics['orders']}-{p}" for p in range(3)]
+    verified = returned(dag_run, "verify")
+    assert (verified["status"], verified["records_out"], verified["dead_letters"]) == ("committed", 5, 1)
+    assert returned(dag_run, "plan")["partitions"] == 3
+
+    # The next interval has no new records: an empty plan, Spark is skipped, the run succeeds
+    # and nothing is written twice.
+    next_run = run_dag(pipelines_module, name, LOGICAL_DATE + timedelta(minutes=5))
+    assert returned(next_run, "plan") == {"pipeline": name, "run_id": next_run.run_id, "partitions": 0,
+                                          "empty": True, "ranges": []}
+    assert returned(next_run, "verify")["status"] == "empty"
+    assert len(read_committed(kafka_settings, topics["enriched"])) == len(VALID_ORDERS)
+    assert len(read_committed(kafka_settings, topics["dlq"])) == 1
+    assert_checkpoint_at_end(kafka_settings, f"kafka-eos.{name}", topics["orders"])
+
+
+def test_revenue_per_minute_dag_run(airflow_db, connections, kafka_settings, pipelines_module, unique,
+                                    tmp_path):
+    name = f"rpm-{unique}"
+    topics = {"orders": f"{name}.orders"}
+    db = tmp_path / "revenue.db"
+    admin = kafka_admin.admin_client(kafka_settings)
+    kafka_admin.create_topics(admin, {topics["orders"]: 3})
+    write_spec("revenue_per_minute", name, topics, {"url": f"sqlite:///{db}"})
+    produce_orders(kafka_settings, topics["orders"])
+
+    dag_run = run_dag(pipelines_module, name)
+
+    assert_checkpoint_at_end(kafka_settings, f"kafka-eos.{name}", topics["orders"])
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("select sum(order_count) from revenue_per_minute").fetchone()[0] == len(VALID_ORDERS)
+        dead = conn.execute("select key, value, reason from kafka_eos_dead_letters where pipeline = ?",
+                            (name,)).fetchall()
+    assert dead == [(b"bad-1", MALFORMED, "malformed JSON")]
+    summary = ManifestStore(kafka_settings, f"{name}.manifest").latest(run_key(name, dag_run.run_id))
+    assert summary["status"] == "committed"
+    assert (summary["records_in"], summary["dead_letters"]) == (6, 1)

@@ -1,0 +1,173 @@
+"""The project's dags/ folder parses into one well-formed DAG per bundled pipeline spec."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DAGS_DIR = ROOT / "dags"
+PLUGINS_DIR = ROOT / "plugins"
+
+BUNDLED = ("kafka_eos__orders_enriched", "kafka_eos__revenue_per_minute")
+
+
+@pytest.fixture(scope="module")
+def dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    # Airflow 3's DagBag has no include_examples: examples are a separate bundle (load_examples).
+    # (dagbag.dags, not get_dag(): get_dag() reads the metadata DB.)
+    return DagBag(dag_folder=str(DAGS_DIR))
+
+
+def test_no_import_errors(dagbag):
+    assert dagbag.import_errors == {}
+
+
+def test_every_bundled_spec_has_a_dag(dagbag):
+    from kafka_eos.paths import pipelines_dir
+
+    specs = sorted(p.stem for p in pipelines_dir().glob("*.yaml"))
+    assert sorted(dagbag.dag_ids) == sorted(f"kafka_eos__{s}" for s in specs)
+    assert set(BUNDLED) <= set(dagbag.dag_ids)
+
+
+@pytest.mark.parametrize("dag_id", BUNDLED)
+def test_dag_is_well_formed(dagbag, dag_id):
+    from airflow.sdk import CronDataIntervalTimetable
+
+    dag = dagbag.dags[dag_id]
+    assert dag is not None
+    assert "kafka-eos" in dag.tags and len(dag.tags) == 3
+    assert dag.doc_md and dag_id.removeprefix("kafka_eos__") in dag.doc_md
+    assert dag.max_active_runs == 1
+    assert dag.catchup is False
+    # Data intervals, not CronTriggerTimetable (what a bare cron string means in Airflow 3).
+    assert isinstance(dag.timetable, CronDataIntervalTimetable)
+    assert dag.timetable == CronDataIntervalTimetable("*/5 * * * *", timezone="UTC")
+    assert [t.task_id for t in dag.topological_sort()] == ["plan", "spark", "verify"]
+    for task in dag.tasks:
+        assert task.retries >= 1, task.task_id
+        assert task.retry_delay.total_seconds() == 30
+
+
+def test_tags_name_sink_and_commit_scope(dagbag):
+    assert set(dagbag.dags["kafka_eos__orders_enriched"].tags) == {"kafka-eos", "kafka", "per_partition"}
+    assert set(dagbag.dags["kafka_eos__revenue_per_minute"].tags) == {"kafka-eos", "sql", "atomic"}
+
+
+def test_tasks_load_the_spec_by_path_and_spark_runs_the_entry_point(dagbag):
+    from kafka_eos.paths import PROJECT_ROOT, pipelines_dir
+
+    dag = dagbag.dags["kafka_eos__orders_enriched"]
+    spec_path = str(pipelines_dir() / "orders_enriched.yaml")
+    assert {t.pipeline for t in dag.tasks} == {spec_path}
+    assert {t.kafka_conn_id for t in dag.tasks} == {"kafka_eos_kafka"}
+    spark = dag.get_task("spark")
+    assert spark.application == str(PROJECT_ROOT / "spark_apps" / "run_pipeline.py")
+    assert spark._conn_id == "spark_default"
+
+
+def test_parsing_imports_neither_pyspark_nor_kafka_clients():
+    """Parse time stays light: no transform import (pyspark), no Kafka client, no network."""
+    code = (
+        "import sys, runpy; runpy.run_path(sys.argv[1]);"
+        "print(json.dumps([m for m in ('pyspark', 'confluent_kafka')"
+        " if m in sys.modules]))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PLUGINS_DIR), str(DAGS_DIR)]),
+           # Unroutable: a parse that tried to reach Kafka would hang or fail here.
+           "KAFKA_BOOTSTRAP_SERVERS": "192.0.2.1:9"}
+    res = subprocess.run([sys.executable, "-c", "import json;" + code, str(DAGS_DIR / "kafka_eos_pipelines.py")],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == []
+
+
+def test_a_bad_spec_is_skipped_and_the_others_still_get_dags(pipelines_module, tmp_path, caplog):
+    from kafka_eos.paths import pipelines_dir
+
+    good = yaml.safe_load((pipelines_dir() / "orders_enriched.yaml").read_text())
+    (tmp_path / "good.yaml").write_text(yaml.safe_dump(good))
+    (tmp_path / "bad_field.yaml").write_text(yaml.safe_dump({**good, "name": "other", "sink": {"kind": "s3"}}))
+    (tmp_path / "bad_yaml.yaml").write_text("name: [unclosed\n")
+    dags = pipelines_module.dags_from_folder(tmp_path)
+    assert list(dags) == ["kafka_eos__orders_enriched"]
+    assert "bad_field.yaml" in caplog.text and "sink.kind" in caplog.text
+    assert "bad_yaml.yaml" in caplog.text
+
+
+def test_a_spec_without_schedule_is_manual_only(pipelines_module, tmp_path):
+    from kafka_eos.spec import parse_spec
+
+    spec = parse_spec({"name": "adhoc", "source": {"topics": ["t"]},
+                       "sink": {"kind": "kafka", "topic": "o", "dlq_topic": "d"}}, str(tmp_path / "adhoc.yaml"))
+    dag = pipelines_module.build_dag(spec)
+    assert dag.dag_id == "kafka_eos__adhoc"
+    assert dag.schedule is None
+    assert not dag.timetable.can_be_scheduled
+
+
+# --- the hook: Connection -> KafkaSettings -----------------------------------------------------
+
+def _hook_with(monkeypatch, conn):
+    from kafka_eos_airflow.hooks import KafkaEosHook
+
+    hook = KafkaEosHook("some_kafka")
+
+    def get_connection(conn_id):
+        assert conn_id == "some_kafka"
+        if conn is None:
+            from airflow.sdk.exceptions import AirflowNotFoundException
+
+            raise AirflowNotFoundException(f"The conn_id `{conn_id}` isn't defined")
+        return conn
+
+    monkeypatch.setattr(hook, "get_connection", get_connection)
+    return hook
+
+
+def test_hook_reads_bootstrap_extras_and_credentials(monkeypatch):
+    from airflow.sdk import Connection
+
+    conn = Connection(conn_id="some_kafka", conn_type="kafka", login="svc", password="s3cret",
+                      extra=json.dumps({"bootstrap.servers": "b1:9092,b2:9092", "security.protocol": "SASL_SSL",
+                                        "sasl.mechanism": "SCRAM-SHA-512"}))
+    settings = _hook_with(monkeypatch, conn).get_settings()
+    assert settings.bootstrap_servers == "b1:9092,b2:9092"
+    assert dict(settings.extra) == {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+                                    "sasl.username": "svc", "sasl.password": "s3cret"}
+
+
+def test_hook_needs_bootstrap_servers(monkeypatch):
+    from airflow.sdk import Connection
+    from airflow.sdk.exceptions import AirflowException
+
+    conn = Connection(conn_id="some_kafka", conn_type="kafka", extra=json.dumps({"security.protocol": "SSL"}))
+    with pytest.raises(AirflowException, match="bootstrap.servers"):
+        _hook_with(monkeypatch, conn).get_settings()
+
+
+def test_hook_without_connection_uses_environment_then_local_broker(monkeypatch):
+    from kafka_eos.local_kafka import LocalBroker
+
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    monkeypatch.delenv("KAFKA_EOS_CLIENT_CONFIG", raising=False)
+    assert _hook_with(monkeypatch, None).get_settings().bootstrap_servers == LocalBroker.default().bootstrap
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "elsewhere:9092")
+    assert _hook_with(monkeypatch, None).get_settings().bootstrap_servers == "elsewhere:9092"
+
+
+def test_plan_file_path_is_never_needed_at_parse(dagbag):
+    """The Spark task's arguments are computed at run time from the stored plan."""
+    spark = dagbag.dags["kafka_eos__revenue_per_minute"].get_task("spark")
+    assert not spark.application_args
+    assert not spark.env_vars
+    assert Path(spark.application).is_file()

@@ -1,0 +1,138 @@
+"""Faults: a SIGKILLed Spark job, a re-run of a committed plan, two concurrent attempts, and a
+SQL sink killed between its DB commit and the Kafka mirror."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from sqlalchemy import create_engine, text
+
+from kafka_eos import kafka_admin
+from kafka_eos.batch import run_batch
+from kafka_eos.errors import ProducerFenced
+from kafka_eos.pipeline import compute_plan, prepare_plan, verify
+from kafka_eos.readers import read_committed
+from kafka_eos.sample_data import produce_orders
+from kafka_eos.txn import TransactionalCommit
+
+from kafka_eos.spark_io import connector_jars
+from kafka_eos.spec import spec_document
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write_spec_file(spec, path: Path) -> Path:
+    path.write_text(yaml.safe_dump(spec_document(spec)))
+    return path
+
+
+def spark_submit(spec_file: Path, plan_file: Path, settings, crash_at: str | None) -> subprocess.CompletedProcess:
+    """The Spark entry point in its own process, as Airflow's SparkSubmitOperator runs it."""
+    env = {**os.environ, **settings.to_environ(), "PYSPARK_PYTHON": sys.executable}
+    env.pop("KAFKA_EOS_CRASH_AT", None)
+    if crash_at:
+        env["KAFKA_EOS_CRASH_AT"] = crash_at
+    return subprocess.run(
+        # Under spark-submit the driver's classpath is fixed at launch: the connector goes in --jars.
+        [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
+         "--jars", ",".join(connector_jars()),
+         str(ROOT / "spark_apps" / "run_pipeline.py"), "--spec", str(spec_file), "--plan", str(plan_file)],
+        env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_killed_spark_job_then_same_plan_again_is_exactly_once(spark, kafka_settings, admin, make_spec, tmp_path):
+    spec = make_spec("identity", "kafka", "atomic")
+    truth = produce_orders(kafka_settings, spec.source.topics[0], 400, abort_every=4, malformed_every=0)
+    plan = prepare_plan(spec, kafka_settings, "run-1")
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(plan.to_json())
+
+    killed = spark_submit(write_spec_file(spec, tmp_path / "spec.yaml"), plan_file, kafka_settings, "after_produce")
+    assert killed.returncode != 0, killed.stdout[-2000:]
+    out_tps = [(spec.sink.topic, p) for p in range(3)]
+    offsets = kafka_admin.partition_offsets(admin, out_tps)
+    assert sum(o.high_watermark for o in offsets.values()) >= 100  # part of the output was written ...
+    assert read_committed(kafka_settings, spec.sink.topic) == []  # ... and none of it is visible
+
+    # The retry: same run id -> the stored plan -> a new attempt fences the killed one.
+    again = prepare_plan(spec, kafka_settings, "run-1")
+    assert again.ranges == plan.ranges
+    summary = run_batch(spark, spec, again, kafka_settings)
+    verify(spec, kafka_settings, again)
+    assert summary.status == "committed"
+    out = [json.loads(m.value)["order_id"] for m in read_committed(kafka_settings, spec.sink.topic)]
+    assert Counter(out) == Counter(o["order_id"] for o in truth.committed)
+
+    # A committed run re-run with the same plan is a no-op.
+    rerun = run_batch(spark, spec, again, kafka_settings)
+    assert rerun.status == "noop"
+    assert len(read_committed(kafka_settings, spec.sink.topic)) == len(out)
+
+
+def test_two_concurrent_attempts_the_older_is_fenced(kafka_settings, admin, make_spec):
+    spec = make_spec("identity", "kafka", "atomic", partitions=1)
+    produce_orders(kafka_settings, spec.source.topics[0], 20, abort_every=0, malformed_every=0)
+    plan, _ = compute_plan(spec, kafka_settings, "run-1")
+
+    def attempt():
+        return TransactionalCommit(kafka_settings, spec.transactional_id(), spec.source.group_id,
+                                   plan.active, spec.sink.dlq_topic)
+
+    newer_result = {}
+
+    def older_records():
+        for i in range(5):
+            yield spec.sink.topic, b"k", f"older-{i}".encode(), None
+        # The newer attempt starts and finishes while the older is still producing.
+        newer_result["r"] = attempt().run(iter([(spec.sink.topic, b"k", f"newer-{i}".encode(), None)
+                                                for i in range(7)]))
+        for i in range(5, 10):
+            yield spec.sink.topic, b"k", f"older-{i}".encode(), None
+
+    with pytest.raises(ProducerFenced, match=r"fenced by a newer attempt"):
+        attempt().run(older_records())
+    assert newer_result["r"].status == "committed"
+    values = sorted(m.value.decode() for m in read_committed(kafka_settings, spec.sink.topic))
+    assert values == sorted(f"newer-{i}" for i in range(7))
+    (r,) = plan.active
+    assert kafka_admin.committed_offsets(admin, spec.source.group_id, [r.tp])[r.tp] == r.until
+
+
+def test_sql_sink_killed_before_the_kafka_mirror_is_repaired(spark, kafka_settings, admin, make_spec, tmp_path):
+    url = f"sqlite:///{tmp_path / 'rev.db'}"
+    spec = make_spec("spark_apps.transforms.revenue:revenue_per_minute", "sql", "atomic",
+                     table="revenue", key_columns=["minute", "category"], merge="add", url=url)
+    truth = produce_orders(kafka_settings, spec.source.topics[0], 150, abort_every=3, malformed_every=10)
+    plan = prepare_plan(spec, kafka_settings, "run-1")
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(plan.to_json())
+
+    killed = spark_submit(write_spec_file(spec, tmp_path / "spec.yaml"), plan_file, kafka_settings,
+                          "after_sql_commit")
+    assert killed.returncode != 0
+    tps = [r.tp for r in plan.active]
+    assert set(kafka_admin.committed_offsets(admin, spec.source.group_id, tps).values()) == {None}
+
+    # `plan` reports the drift without touching anything ...
+    _, drift = compute_plan(spec, kafka_settings, "probe")
+    assert {(d.topic, d.partition): (d.sink, d.kafka) for d in drift} == {r.tp: (r.until, None) for r in plan.active}
+    assert set(kafka_admin.committed_offsets(admin, spec.source.group_id, tps).values()) == {None}
+    # ... and the retried run repairs it; the stored plan is a no-op, nothing counted twice.
+    again = prepare_plan(spec, kafka_settings, "run-1")
+    summary = run_batch(spark, spec, again, kafka_settings)
+    verify(spec, kafka_settings, again)
+    assert summary.status == "noop"
+    mirror = kafka_admin.committed_offsets(admin, spec.source.group_id, tps)
+    assert mirror == {r.tp: r.until for r in plan.active}
+    with create_engine(url).connect() as conn:
+        assert conn.execute(text("select sum(order_count) from revenue")).scalar() == len(truth.committed)
+        assert conn.execute(text("select count(*) from kafka_eos_dead_letters")).scalar() == truth.malformed

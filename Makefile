@@ -8,13 +8,20 @@ PY     := $(VENV)/bin/python
 JARS   := .local/jars
 MVN    := mvn -q -B -s jvm/settings.xml -f jvm/pom.xml
 
-.PHONY: demo test install jars kafka-start kafka-stop clean
+.PHONY: demo test install jars postgres kafka-start kafka-stop clean
 
 demo: install jars
 	$(VENV)/bin/kafka-eos demo
 
-test: install jars
+test: install jars postgres
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The SQL sink is tested on PostgreSQL too: Debian's server package (the tests start a
+# throwaway cluster of their own on 127.0.0.1).
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  echo "installing PostgreSQL from Debian's packages"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
 
 install: $(VENV)/.installed
 

@@ -84,15 +84,8 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
     return summary
 
 
-class KafkaEosPlanOperator(BaseOperator):
-    """Compute the run's plan once and store it in the run manifest (status ``planned``).
-
-    A retried task gets the stored plan back while it still applies
-    (:func:`kafka_eos.pipeline.prepare_plan`). Returns :func:`plan_summary`.
-
-    :param pipeline: spec name under include/pipelines/ or path to a spec YAML. (templated)
-    :param kafka_conn_id: the ``kafka`` connection (see :class:`KafkaEosHook`). (templated)
-    """
+class _PipelineOperator(BaseOperator):
+    """Base of the operators that act on one pipeline through one Kafka connection."""
 
     template_fields: Sequence[str] = ("pipeline", "kafka_conn_id")
 
@@ -101,6 +94,17 @@ class KafkaEosPlanOperator(BaseOperator):
         super().__init__(**kwargs)
         self.pipeline = pipeline
         self.kafka_conn_id = kafka_conn_id
+
+
+class KafkaEosPlanOperator(_PipelineOperator):
+    """Compute the run's plan once and store it in the run manifest (status ``planned``).
+
+    A retried task gets the stored plan back while it still applies
+    (:func:`kafka_eos.pipeline.prepare_plan`). Returns :func:`plan_summary`.
+
+    :param pipeline: spec name under include/pipelines/ or path to a spec YAML. (templated)
+    :param kafka_conn_id: the ``kafka`` connection (see :class:`KafkaEosHook`). (templated)
+    """
 
     def execute(self, context: Context) -> dict[str, Any]:
         from kafka_eos.pipeline import prepare_plan
@@ -171,21 +175,13 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
             super().execute(context)
 
 
-class KafkaEosVerifyOperator(BaseOperator):
+class KafkaEosVerifyOperator(_PipelineOperator):
     """Check that the run's commit landed (every active range's checkpoint is at its end) and
     log the run summary from the manifest. Returns the summary.
 
     :param pipeline: spec name under include/pipelines/ or path to a spec YAML. (templated)
     :param kafka_conn_id: the ``kafka`` connection (see :class:`KafkaEosHook`). (templated)
     """
-
-    template_fields: Sequence[str] = ("pipeline", "kafka_conn_id")
-
-    def __init__(self, *, pipeline: str, kafka_conn_id: str = KafkaEosHook.default_conn_name,
-                 **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.pipeline = pipeline
-        self.kafka_conn_id = kafka_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
         from kafka_eos.pipeline import verify

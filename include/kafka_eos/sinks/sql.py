@@ -124,12 +124,8 @@ class SqlSink:
 
     def checkpoints(self, tps: Iterable[TP]) -> dict[TP, int | None]:
         """The sink's checkpoint (next offset) per partition; None where it has none."""
-        o = self.offsets
         with self.engine.connect() as conn:
-            rows = conn.execute(select(o.c.topic, o.c.partition, o.c.next_offset)
-                                .where(o.c.pipeline == self.spec.name)).all()
-        have = {(t, p): n for t, p, n in rows}
-        return {tp: have.get(tp) for tp in tps}
+            return self.checkpoints_in(conn, list(tps))
 
     def results_table(self, df: "DataFrame") -> Table:
         """The results table, created from the DataFrame's schema when missing."""

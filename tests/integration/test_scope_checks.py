@@ -1,0 +1,50 @@
+"""per_partition scope refuses transforms that shuffle; a Kafka sink refuses a bad output shape."""
+
+from __future__ import annotations
+
+import pytest
+
+from kafka_eos.batch import run_batch
+from kafka_eos.errors import SpecError
+from kafka_eos.pipeline import prepare_plan
+from kafka_eos.sample_data import produce_orders
+
+pytestmark = pytest.mark.integration
+
+SHUFFLING = '''
+from pyspark.sql import functions as F
+
+def shuffled(df):
+    return df.repartition(4, "key").withColumn("dlq_reason", F.lit(None).cast("string"))
+
+def missing_columns(df):
+    return df.select("key", "value")
+'''
+
+
+@pytest.fixture
+def transforms_module(tmp_path, monkeypatch):
+    (tmp_path / "scope_transforms.py").write_text(SHUFFLING)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "scope_transforms"
+
+
+def test_per_partition_rejects_a_shuffling_transform_and_commits_nothing(spark, kafka_settings, admin,
+                                                                         make_spec, transforms_module):
+    from kafka_eos import kafka_admin
+
+    spec = make_spec(f"{transforms_module}:shuffled", "kafka", "per_partition")
+    produce_orders(kafka_settings, spec.source.topics[0], 30, abort_every=0, malformed_every=0)
+    plan = prepare_plan(spec, kafka_settings, "r1")
+    with pytest.raises(SpecError, match=r"shuffles \(an Exchange in its plan\).*use commit: atomic"):
+        run_batch(spark, spec, plan, kafka_settings)
+    offsets = kafka_admin.committed_offsets(admin, spec.source.group_id, [r.tp for r in plan.ranges])
+    assert set(offsets.values()) == {None}
+
+
+def test_kafka_sink_names_missing_output_columns(spark, kafka_settings, make_spec, transforms_module):
+    spec = make_spec(f"{transforms_module}:missing_columns", "kafka", "atomic")
+    produce_orders(kafka_settings, spec.source.topics[0], 10, abort_every=0, malformed_every=0)
+    plan = prepare_plan(spec, kafka_settings, "r1")
+    with pytest.raises(SpecError, match=r"output lacks column\(s\) topic, partition, offset, dlq_reason"):
+        run_batch(spark, spec, plan, kafka_settings)

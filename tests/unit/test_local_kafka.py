@@ -1,0 +1,23 @@
+"""The local broker's guard rails that need no broker: a taken port, missing jars."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from kafka_eos.errors import BrokerError
+from kafka_eos.local_kafka import LocalBroker
+
+
+def test_port_taken_by_another_process_is_a_clear_error(tmp_path):
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        with pytest.raises(BrokerError, match=rf"port 127.0.0.1:{port} is taken by another process"):
+            LocalBroker(home=tmp_path, port=port).start()
+
+
+def test_stop_when_nothing_runs_reports_false(tmp_path):
+    assert LocalBroker(home=tmp_path, port=1).stop() is False

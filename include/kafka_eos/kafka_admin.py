@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from kafka_eos.errors import BrokerError, TopicMissing
@@ -138,43 +138,65 @@ def partition_offsets(admin: AdminClient, tps: Iterable[TP]) -> dict[TP, Partiti
     return {tp: PartitionOffsets(start[tp], lso[tp], hw[tp]) for tp in tps}
 
 
-def committed_offsets(admin: AdminClient, group_id: str, tps: Iterable[TP]) -> dict[TP, int | None]:
-    """The group's committed offsets (require_stable: waits out pending transactional commits).
+def _group_client(settings: KafkaSettings, group_id: str) -> Consumer:
+    """A consumer of ``group_id`` that never joins it (no subscribe): it only fetches and commits
+    offsets. Group offsets go through a consumer rather than the AdminClient: librdkafka 2.16's
+    admin OffsetFetch/OffsetCommit path dereferences a missing consumer-group handle on
+    coordinator errors (a segfault seen while __consumer_offsets was still loading)."""
+    return Consumer(settings.client_config(**{
+        "group.id": group_id, "enable.auto.commit": False,
+        # read_committed makes librdkafka ask for stable offsets (KIP-447 require_stable):
+        # a pending transactional offset commit is waited out, never read half-done.
+        "isolation.level": "read_committed",
+    }))
+
+
+def committed_offsets(settings: KafkaSettings, group_id: str, tps: Iterable[TP]) -> dict[TP, int | None]:
+    """The group's committed offsets (stable: pending transactional commits are waited out).
 
     :returns: tp -> next offset to read, or None where the group has no offset.
     """
     tps = list(tps)
     if not tps:
         return {}
-    req = ConsumerGroupTopicPartitions(group_id, [TopicPartition(t, p) for t, p in tps])
+    consumer = _group_client(settings, group_id)
+    try:
+        def once():
+            try:
+                res = consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=ADMIN_TIMEOUT_S)
+            except KafkaException as exc:
+                raise BrokerError(f"committed offsets of group {group_id!r}: {exc.args[0].str()}") from exc
+            _raise_partition_errors(res, f"committed offset in group {group_id!r}")
+            return res
 
-    def once():
-        res = _result(admin.list_consumer_group_offsets(
-            [req], require_stable=True, request_timeout=ADMIN_TIMEOUT_S)[group_id],
-            f"committed offsets of group {group_id!r}")
-        _raise_partition_errors(res, f"committed offset in group {group_id!r}")
-        return res
-
-    res = _retrying(once)
-    return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in res.topic_partitions}
+        res = _retrying(once)
+    finally:
+        consumer.close()
+    return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in res}
 
 
-def _raise_partition_errors(res, what: str) -> None:
-    for tp in res.topic_partitions:
+def _raise_partition_errors(tps, what: str) -> None:
+    for tp in tps:
         if tp.error is not None:
             raise BrokerError(f"{what}, {tp.topic}-{tp.partition}: {tp.error.name()} ({tp.error.str()})") \
                 from KafkaException(tp.error)
 
 
-def alter_group_offsets(admin: AdminClient, group_id: str, offsets: Mapping[TP, int]) -> None:
-    """Set the group's offsets (the Kafka mirror of a SQL sink's checkpoint; the group has no members)."""
+def alter_group_offsets(settings: KafkaSettings, group_id: str, offsets: Mapping[TP, int]) -> None:
+    """Set the group's offsets (the Kafka mirror of a SQL sink's checkpoint; the group has no
+    members, so a plain offset commit outside any generation is accepted)."""
     if not offsets:
         return
-    req = ConsumerGroupTopicPartitions(group_id, [TopicPartition(t, p, o) for (t, p), o in offsets.items()])
+    consumer = _group_client(settings, group_id)
+    try:
+        def once():
+            try:
+                res = consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                                      asynchronous=False)
+            except KafkaException as exc:
+                raise BrokerError(f"mirroring checkpoint to group {group_id!r}: {exc.args[0].str()}") from exc
+            _raise_partition_errors(res or [], f"mirroring checkpoint to group {group_id!r}")
 
-    def once():
-        res = _result(admin.alter_consumer_group_offsets([req], request_timeout=ADMIN_TIMEOUT_S)[group_id],
-                      f"mirroring checkpoint to group {group_id!r}")
-        _raise_partition_errors(res, f"mirroring checkpoint to group {group_id!r}")
-
-    _retrying(once)
+        _retrying(once)
+    finally:
+        consumer.close()

@@ -48,7 +48,7 @@ def checkpoints(spec: PipelineSpec, settings: KafkaSettings, tps: list[TP]) -> t
 
     :raises CheckpointConflict: the Kafka mirror is ahead of the SQL sink.
     """
-    kafka = committed_offsets(admin_client(settings), spec.source.group_id, tps)
+    kafka = committed_offsets(settings, spec.source.group_id, tps)
     if spec.sink.kind == "kafka":
         return kafka, []
     from kafka_eos.sinks.sql import SqlSink
@@ -80,7 +80,7 @@ def repair_drift(spec: PipelineSpec, settings: KafkaSettings, drift: list[Drift]
     """Republish the SQL sink's checkpoint to the Kafka group offsets."""
     from kafka_eos.kafka_admin import alter_group_offsets
 
-    alter_group_offsets(admin_client(settings), spec.source.group_id,
+    alter_group_offsets(settings, spec.source.group_id,
                         {(d.topic, d.partition): d.sink for d in drift if d.sink is not None})
 
 

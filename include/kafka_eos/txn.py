@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from kafka_eos.errors import CheckpointConflict, ProducerFenced, TransactionFailed
 from kafka_eos.faults import armed, crash_point
-from kafka_eos.kafka_admin import admin_client, committed_offsets
+from kafka_eos.kafka_admin import committed_offsets
 from kafka_eos.plan import PartitionRange
 from kafka_eos.settings import KafkaSettings
 
@@ -144,7 +144,7 @@ class TransactionalCommit:
 
         # 2. Check the checkpoint, now that no older attempt can commit any more.
         tps = [r.tp for r in self.ranges]
-        committed = committed_offsets(admin_client(self.settings), self.group_id, tps)
+        committed = committed_offsets(self.settings, self.group_id, tps)
         if all(committed[r.tp] == r.until for r in self.ranges):
             return CommitResult("noop")
         for r in self.ranges:

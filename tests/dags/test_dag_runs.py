@@ -107,7 +107,7 @@ def assert_checkpoint_at_end(settings: KafkaSettings, group: str, topic: str) ->
     admin = kafka_admin.admin_client(settings)
     tps = [(topic, p) for p in range(kafka_admin.partitions_of(admin, [topic])[topic])]
     ends = {tp: o.high_watermark for tp, o in kafka_admin.partition_offsets(admin, tps).items()}
-    assert kafka_admin.committed_offsets(admin, group, tps) == ends
+    assert kafka_admin.committed_offsets(settings, group, tps) == ends
     assert sum(ends.values()) == len(VALID_ORDERS) + 1
 
 

@@ -51,7 +51,7 @@ def test_kafka_sink_identity_exactly_once_over_aborted_input(spark, kafka_settin
     assert not set(out) & set(truth.aborted)  # nothing from an aborted transaction
     assert s1.records_out + s2.records_out == len(expected)
 
-    checkpoints = kafka_admin.committed_offsets(admin, spec.source.group_id, [r.tp for r in plan2.ranges])
+    checkpoints = kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [r.tp for r in plan2.ranges])
     for r in plan2.ranges:
         assert checkpoints[r.tp] == r.until == lso[r.tp].lso
 
@@ -89,7 +89,7 @@ def _check_sql(spec, settings, admin, truth, url):
     assert dead == truth.malformed
     tps = list(offsets)
     lso = kafka_admin.partition_offsets(admin, tps)
-    mirror = kafka_admin.committed_offsets(admin, spec.source.group_id, tps)
+    mirror = kafka_admin.committed_offsets(settings, spec.source.group_id, tps)
     for tp in tps:
         assert offsets[tp] == lso[tp].lso == mirror[tp]
 

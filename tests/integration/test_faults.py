@@ -104,7 +104,7 @@ def test_two_concurrent_attempts_the_older_is_fenced(kafka_settings, admin, make
     values = sorted(m.value.decode() for m in read_committed(kafka_settings, spec.sink.topic))
     assert values == sorted(f"newer-{i}" for i in range(7))
     (r,) = plan.active
-    assert kafka_admin.committed_offsets(admin, spec.source.group_id, [r.tp])[r.tp] == r.until
+    assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [r.tp])[r.tp] == r.until
 
 
 def test_sql_sink_killed_before_the_kafka_mirror_is_repaired(spark, kafka_settings, admin, make_spec, tmp_path):
@@ -120,18 +120,18 @@ def test_sql_sink_killed_before_the_kafka_mirror_is_repaired(spark, kafka_settin
                           "after_sql_commit")
     assert killed.returncode != 0
     tps = [r.tp for r in plan.active]
-    assert set(kafka_admin.committed_offsets(admin, spec.source.group_id, tps).values()) == {None}
+    assert set(kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, tps).values()) == {None}
 
     # `plan` reports the drift without touching anything ...
     _, drift = compute_plan(spec, kafka_settings, "probe")
     assert {(d.topic, d.partition): (d.sink, d.kafka) for d in drift} == {r.tp: (r.until, None) for r in plan.active}
-    assert set(kafka_admin.committed_offsets(admin, spec.source.group_id, tps).values()) == {None}
+    assert set(kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, tps).values()) == {None}
     # ... and the retried run repairs it; the stored plan is a no-op, nothing counted twice.
     again = prepare_plan(spec, kafka_settings, "run-1")
     summary = run_batch(spark, spec, again, kafka_settings)
     verify(spec, kafka_settings, again)
     assert summary.status == "noop"
-    mirror = kafka_admin.committed_offsets(admin, spec.source.group_id, tps)
+    mirror = kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, tps)
     assert mirror == {r.tp: r.until for r in plan.active}
     with create_engine(url).connect() as conn:
         assert conn.execute(text("select sum(order_count) from revenue")).scalar() == len(truth.committed)

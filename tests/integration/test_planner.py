@@ -48,7 +48,7 @@ def test_range_of_only_markers_and_aborted_records_moves_the_checkpoint(spark, k
     (r,) = plan.ranges
     assert (r.from_offset, r.until) == (6, 11)  # 5 records + commit marker, then 4 + abort marker
     assert summary.records_out == 0
-    assert kafka_admin.committed_offsets(admin, spec.source.group_id, [r.tp])[r.tp] == 11
+    assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [r.tp])[r.tp] == 11
     assert len(read_committed(kafka_settings, spec.sink.topic)) == 5
 
 
@@ -98,7 +98,7 @@ def test_checkpoint_beyond_high_watermark_fails_naming_partition(kafka_settings,
     spec = make_spec(partitions=1)
     topic = spec.source.topics[0]
     produce(kafka_settings, topic, 0, 2)
-    kafka_admin.alter_group_offsets(admin, spec.source.group_id, {(topic, 0): 500})
+    kafka_admin.alter_group_offsets(kafka_settings, spec.source.group_id, {(topic, 0): 500})
     with pytest.raises(TopicRecreated, match=rf"{topic}-0: checkpoint 500 is beyond the high watermark 3"):
         compute_plan(spec, kafka_settings, "r")
 

@@ -38,7 +38,7 @@ def test_per_partition_rejects_a_shuffling_transform_and_commits_nothing(spark, 
     plan = prepare_plan(spec, kafka_settings, "r1")
     with pytest.raises(SpecError, match=r"shuffles \(an Exchange in its plan\).*use commit: atomic"):
         run_batch(spark, spec, plan, kafka_settings)
-    offsets = kafka_admin.committed_offsets(admin, spec.source.group_id, [r.tp for r in plan.ranges])
+    offsets = kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [r.tp for r in plan.ranges])
     assert set(offsets.values()) == {None}
 
 

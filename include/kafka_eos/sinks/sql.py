@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 
 from kafka_eos.errors import CheckpointConflict, SpecError
 from kafka_eos.faults import crash_point
-from kafka_eos.kafka_admin import TP, admin_client, alter_group_offsets
+from kafka_eos.kafka_admin import TP, alter_group_offsets
 from kafka_eos.manifest import COMMITTED, NOOP, ManifestStore, now_iso, run_key
 from kafka_eos.paths import local_dir
 from kafka_eos.plan import Plan
@@ -270,7 +270,7 @@ def write(results: "DataFrame | None", dead_letters: "DataFrame | None", spec: P
     status, out, dead = sink.commit(plan, result_rows() if results is not None else None, table, dead_rows())
     crash_point("after_sql_commit")
     # The mirror: standard lag tools see progress; the planner repairs it if this is lost.
-    alter_group_offsets(admin_client(settings), spec.source.group_id, {r.tp: r.until for r in plan.active})
+    alter_group_offsets(settings, spec.source.group_id, {r.tp: r.until for r in plan.active})
     if status == COMMITTED:
         ManifestStore(settings, spec.manifest_topic).put(
             run_key(spec.name, plan.run_id),

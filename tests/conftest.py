@@ -7,10 +7,17 @@ started it).
 
 from __future__ import annotations
 
+import gc
+import logging
 import os
 import uuid
 
 import pytest
+
+
+# py4j logs "Closing down clientserver connection" from __del__ at interpreter exit, after
+# pytest closed its streams ("--- Logging error ---"); that INFO line is of no use in tests.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +32,9 @@ def kafka_settings():
     started_here = not broker.is_running()
     broker.start()
     yield KafkaSettings(broker.bootstrap)
+    # Clients left for the garbage collector say goodbye while the broker is still there,
+    # not at interpreter exit (where they log connection errors to a stopped broker).
+    gc.collect()
     if started_here and os.environ.get("KAFKA_EOS_KEEP_BROKER") != "1":
         broker.stop()
 

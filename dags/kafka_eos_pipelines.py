@@ -40,8 +40,7 @@ def _doc_md(spec: PipelineSpec) -> str:
     if sink.kind == "kafka":
         target = f"Kafka topic `{sink.topic}` (dead letters: topic `{sink.dlq_topic}`)"
     else:
-        dead = f"; also topic `{sink.dlq_topic}`" if sink.dlq_topic else ""
-        target = f"SQL table `{sink.table}` (merge `{sink.merge}`; dead letters: table `kafka_eos_dead_letters`{dead})"
+        target = f"SQL table `{sink.table}` (merge `{sink.merge}`; dead letters: table `kafka_eos_dead_letters`)"
     return "\n".join([
         f"### kafka-eos pipeline `{spec.name}`",
         "",

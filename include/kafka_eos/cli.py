@@ -150,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     except KafkaEosError as exc:
         print(f"kafka-eos: {exc}", file=sys.stderr)
         return 1
+    except Exception as exc:  # noqa: BLE001 - the contract is one line; KAFKA_EOS_DEBUG=1 shows all
+        if os.environ.get("KAFKA_EOS_DEBUG") == "1":
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0]
+        print(f"kafka-eos: {type(exc).__name__}: {first} (KAFKA_EOS_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -27,10 +27,6 @@ class CheckpointConflict(KafkaEosError):
     """The committed offset is neither the plan's expected checkpoint nor its end."""
 
 
-class CheckpointDrift(KafkaEosError):
-    """The Kafka mirror of a SQL sink's checkpoint is ahead of the sink."""
-
-
 class TransactionFailed(KafkaEosError):
     """A Kafka transaction was aborted or could not be committed; nothing of it is visible."""
 

@@ -10,14 +10,14 @@ import uuid
 from datetime import datetime, timezone
 from typing import Iterator
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from kafka_eos.errors import PlanError
 from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, admin_client, ensure_compacted_topic
 from kafka_eos.plan import Plan
 from kafka_eos.settings import KafkaSettings
 
-PLANNED, COMMITTED, NOOP, FAILED = "planned", "committed", "noop", "failed"
+PLANNED, COMMITTED, NOOP = "planned", "committed", "noop"
 
 
 def run_key(pipeline: str, run_id: str) -> str:
@@ -74,7 +74,7 @@ class ManifestStore:
                 _low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=ADMIN_TIMEOUT_S)
                 ends[p] = high
             todo = {p for p, high in ends.items() if high > 0}
-            consumer.assign([TopicPartition(self.topic, p, 0) for p in todo])
+            consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in todo])
             while todo:
                 msg = consumer.poll(1.0)
                 if msg is None:

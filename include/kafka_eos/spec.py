@@ -55,9 +55,14 @@ class PipelineSpec:
     path: str = "<inline>"
 
     def transactional_id(self, topic: str | None = None, partition: int | None = None) -> str:
-        """The stable transactional.id of this pipeline's work (DESIGN.md §4 step 1)."""
-        base = f"kafka-eos.{self.name}"
-        return base if topic is None else f"{base}.{topic}-{partition}"
+        """The stable transactional.id of this pipeline's work (DESIGN.md §4 step 1).
+
+        Derived from the group id, the checkpoint the commit checks: every writer of one
+        checkpoint fences every other, whatever the pipeline is called. ``|`` cannot occur in a
+        topic name, so per-partition ids never collide with another group's.
+        """
+        base = self.source.group_id
+        return base if topic is None else f"{base}|{topic}|{partition}"
 
     def load_transform(self) -> Callable:
         """Import the transform function (``module:function`` or ``identity``)."""
@@ -195,6 +200,9 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
             raise SpecError(f"{where}: sink.table: required for a sql sink")
         if commit != "atomic":
             raise SpecError(f"{where}: sink.commit: a sql sink commits on the driver: use 'atomic'")
+        if sink.dlq_topic or sink.topic:
+            raise SpecError(f"{where}: sink.{'dlq_topic' if sink.dlq_topic else 'topic'}: not for a sql sink "
+                            "(dead letters go to the kafka_eos_dead_letters table)")
     manifest = top.get("manifest_topic", DEFAULT_MANIFEST_TOPIC)
     _topic_name(manifest, where, "manifest_topic")
     schedule = top.get("schedule")

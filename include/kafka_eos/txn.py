@@ -67,7 +67,7 @@ class TransactionalCommit:
         self.ranges = tuple(ranges)
         self.dlq_topic = dlq_topic
         self._producer: Producer | None = None
-        self._delivery_error: KafkaError | None = None
+        self._delivery_error: tuple[KafkaError, str] | None = None
 
     # -- the one retry routine ------------------------------------------------------------
     def _call(self, what: str, fn: Callable[[], object]) -> object:
@@ -81,20 +81,33 @@ class TransactionalCommit:
                 if kafka_exc is None:
                     raise
                 err: KafkaError = kafka_exc.args[0]
-                where = f"{what} ({self.transactional_id})"
-                if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
-                                  KafkaError.INVALID_PRODUCER_EPOCH):
-                    raise ProducerFenced(f"{where}: fenced by a newer attempt of the same work: {err.str()}") from None
-                if err.fatal():
-                    raise TransactionFailed(f"{where}: fatal {err.name()}: {err.str()}") from None
-                if err.txn_requires_abort():
-                    self._abort()
-                    raise TransactionFailed(f"{where}: aborted after {err.name()}: {err.str()}") from None
-                if not err.retriable() or attempt == MAX_CALL_RETRIES:
-                    self._abort()
-                    raise TransactionFailed(f"{where}: {err.name()}: {err.str()}") from None
-                time.sleep(min(0.1 * 2 ** attempt, 2.0))
+                if err.retriable() and not err.fatal() and not err.txn_requires_abort() \
+                        and attempt < MAX_CALL_RETRIES:
+                    time.sleep(min(0.1 * 2 ** attempt, 2.0))
+                    continue
+                raise self._failure(what, err) from None
         raise AssertionError("unreachable")
+
+    def _failure(self, what: str, err: KafkaError) -> TransactionFailed:
+        """The error to raise for ``err``, after aborting where that is the right move."""
+        where = f"{what} ({self.transactional_id}, {self._ranges_text()})"
+        if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED):
+            return ProducerFenced(f"{where}: fenced by a newer attempt of the same work: {err.str()}")
+        if err.fatal():
+            return TransactionFailed(f"{where}: fatal {err.name()}: {err.str()}")
+        if err.txn_requires_abort():
+            self._abort()
+            return TransactionFailed(f"{where}: aborted after {err.name()}: {err.str()}")
+        if what == "commit_transaction":
+            # The commit may have reached the coordinator: do not abort. The next attempt's
+            # init_transactions() settles it, and its checkpoint check sees which way it went.
+            return TransactionFailed(f"{where}: outcome unknown after {err.name()}: {err.str()}; "
+                                     "a retry of the same plan settles it")
+        self._abort()
+        return TransactionFailed(f"{where}: aborted after {err.name()}: {err.str()}")
+
+    def _ranges_text(self) -> str:
+        return ", ".join(f"{r.topic}-{r.partition} [{r.from_offset}, {r.until})" for r in self.ranges)
 
     def _abort(self) -> None:
         try:
@@ -103,9 +116,9 @@ class TransactionalCommit:
         except KafkaException:
             pass  # the next init_transactions() of this transactional.id aborts it anyway
 
-    def _on_delivery(self, err: KafkaError | None, _msg) -> None:
+    def _on_delivery(self, err: KafkaError | None, msg) -> None:
         if err is not None and self._delivery_error is None:
-            self._delivery_error = err
+            self._delivery_error = (err, f"{msg.topic()}-{msg.partition()}")
 
     def _produce(self, topic: str, key, value, headers) -> None:
         while True:
@@ -166,15 +179,20 @@ class TransactionalCommit:
                 if out + dead == 100 and armed("after_produce"):
                     self._producer.flush(CALL_TIMEOUT_S)  # part of the output is on the broker
                     crash_point("after_produce")
+        except (KafkaException, SystemError) as exc:
+            kafka_exc = _kafka_exception(exc)
+            if kafka_exc is None:
+                self._abort()
+                raise
+            raise self._failure("produce", kafka_exc.args[0]) from None
         except Exception:
             self._abort()
             raise
         # 3a. Every record acknowledged (or the first delivery error) before offsets go in.
         self._call("flush", lambda: self._flush())
         if self._delivery_error is not None:
-            err = self._delivery_error
-            self._abort()
-            raise TransactionFailed(f"delivery failed ({self.transactional_id}): {err.name()}: {err.str()}")
+            err, where = self._delivery_error
+            raise self._failure(f"delivery to {where}", err)
         # 3b. The consumed offsets: the next offset to read is each range's end.
         offsets = [TopicPartition(r.topic, r.partition, r.until) for r in self.ranges]
         group_md = _group_metadata(self.settings, self.group_id)

@@ -38,7 +38,9 @@ if TYPE_CHECKING:  # pragma: no cover
 RUN_PIPELINE_APP = str(PROJECT_ROOT / "spark_apps" / "run_pipeline.py")
 
 #: Failures a retry cannot fix: a person has to change the spec, reset a group or re-plan.
-_NOT_RETRIABLE = (SpecError, DataLossError, TopicRecreated, PlanError)
+# A missing stored plan is retriable: the manifest's records can be hidden for a while behind
+# an open transaction of a killed attempt (read_committed stops at its LSO).
+_NOT_RETRIABLE = (SpecError, DataLossError, TopicRecreated)
 
 
 @contextmanager

@@ -19,6 +19,13 @@ def shuffled(df):
 
 def missing_columns(df):
     return df.select("key", "value")
+
+def unioned(df):
+    # No Exchange, but each source partition's rows end up in two Spark tasks.
+    cols = ["key", "value", "headers", "topic", "partition", "offset"]
+    good = df.where(F.col("offset") % 2 == 0).select(*cols, F.lit(None).cast("string").alias("dlq_reason"))
+    bad = df.where(F.col("offset") % 2 == 1).select(*cols, F.lit("odd offset").alias("dlq_reason"))
+    return good.unionByName(bad)
 '''
 
 
@@ -48,3 +55,28 @@ def test_kafka_sink_names_missing_output_columns(spark, kafka_settings, make_spe
     plan = prepare_plan(spec, kafka_settings, "r1")
     with pytest.raises(SpecError, match=r"output lacks column\(s\) topic, partition, offset, dlq_reason"):
         run_batch(spark, spec, plan, kafka_settings)
+
+
+def test_per_partition_rejects_a_union_that_splits_partitions_across_tasks(spark, kafka_settings, admin,
+                                                                          make_spec, transforms_module):
+    from kafka_eos import kafka_admin
+
+    spec = make_spec(f"{transforms_module}:unioned", "kafka", "per_partition")
+    produce_orders(kafka_settings, spec.source.topics[0], 40, abort_every=0, malformed_every=0)
+    plan = prepare_plan(spec, kafka_settings, "r1")
+    with pytest.raises(SpecError, match=r"turns 3 source partitions into 6 Spark partitions"):
+        run_batch(spark, spec, plan, kafka_settings)
+    offsets = kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [r.tp for r in plan.ranges])
+    assert set(offsets.values()) == {None}
+
+
+def test_plan_of_a_sql_pipeline_creates_nothing(kafka_settings, make_spec, tmp_path):
+    from kafka_eos.pipeline import compute_plan
+
+    db = tmp_path / "not-yet" / "sink.db"
+    spec = make_spec("spark_apps.transforms.revenue:revenue_per_minute", "sql", "atomic",
+                     table="revenue", key_columns=["minute", "category"], merge="add", url=f"sqlite:///{db}")
+    produce_orders(kafka_settings, spec.source.topics[0], 10, abort_every=0, malformed_every=0)
+    plan, drift = compute_plan(spec, kafka_settings, "probe")
+    assert not plan.is_empty and drift == []
+    assert not db.parent.exists()

@@ -38,7 +38,7 @@ def test_defaults_follow_the_design():
     assert spec.source.on_data_loss == "fail"
     assert spec.sink.commit == "atomic"
     assert spec.transactional_id() == "kafka-eos.p1"
-    assert spec.transactional_id("orders", 3) == "kafka-eos.p1.orders-3"
+    assert spec.transactional_id("orders", 3) == "kafka-eos.p1|orders|3"
 
 
 @pytest.mark.parametrize("path,value,needle", [
@@ -69,6 +69,12 @@ def test_sql_sink_needs_a_table_and_atomic_scope():
         parse_spec(doc, "s.yaml")
     doc = {**GOOD, "sink": {"kind": "sql", "table": "t", "commit": "per_partition"}}
     with pytest.raises(SpecError, match=r"sink.commit: a sql sink commits on the driver"):
+        parse_spec(doc, "s.yaml")
+
+
+def test_sql_sink_takes_no_topics():
+    doc = {**GOOD, "sink": {"kind": "sql", "table": "t", "dlq_topic": "d"}}
+    with pytest.raises(SpecError, match=r"sink.dlq_topic: not for a sql sink"):
         parse_spec(doc, "s.yaml")
 
 

@@ -40,6 +40,21 @@ def check_output(df: "DataFrame", spec: PipelineSpec) -> None:
                             "per_partition scope needs a row-wise transform: use commit: atomic")
 
 
+def check_one_task_per_partition(df: "DataFrame", spec: PipelineSpec, plan: Plan) -> None:
+    """per_partition scope: each source partition's rows must be in exactly one Spark task.
+    A union (no Exchange) puts a partition's rows in two tasks; the second would find the range
+    committed by the first and drop its rows.
+
+    :raises SpecError: the output has more or fewer Spark partitions than source ranges.
+    """
+    ranges = sum(1 for r in plan.active if not r.empty)
+    tasks = df.rdd.getNumPartitions()
+    if tasks != ranges:
+        raise SpecError(f"{spec.path}: transform: {spec.transform} turns {ranges} source partitions into {tasks} "
+                        "Spark partitions (a union?); per_partition scope needs one task per source "
+                        "partition: use commit: atomic")
+
+
 def to_records(rows: Iterable, sink_topic: str, dlq_topic: str) -> Iterator[OutRecord]:
     """Rows of a transform's output -> records for the sink or the dead-letter topic."""
     for row in rows:
@@ -113,8 +128,12 @@ def write_per_partition(df: "DataFrame | None", spec: PipelineSpec, plan: Plan,
     for every planned partition whose task had no rows (empty ranges, all filtered out)."""
     results: dict[tuple[str, int], CommitResult] = {}
     if df is not None:
+        check_one_task_per_partition(df, spec, plan)
         for topic, partition, status, out, dead in df.rdd.mapPartitions(
                 _commit_spark_partition(spec, plan, settings)).collect():
+            if (topic, partition) in results:
+                raise SpecError(f"{spec.path}: transform: rows of {topic}-{partition} were in two Spark tasks; "
+                                "per_partition scope needs a row-wise transform")
             results[(topic, partition)] = CommitResult(status, out, dead)
     for r in plan.active:
         if r.tp not in results:

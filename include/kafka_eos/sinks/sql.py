@@ -8,11 +8,13 @@ checkpoint is mirrored to the Kafka group offsets; the planner repairs a mirror 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 from sqlalchemy import (BigInteger, Boolean, Column, Date, DateTime, Float, Integer, LargeBinary,
-                        MetaData, Numeric, String, Table, Text, create_engine, event, select, update)
+                        MetaData, Numeric, String, Table, Text, create_engine, event, inspect, select,
+                        update)
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
@@ -45,9 +47,7 @@ class SqlResult:
 
 
 def default_url(spec: PipelineSpec) -> str:
-    folder = local_dir() / "sql"
-    folder.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{folder / (spec.name + '.db')}"
+    return f"sqlite:///{local_dir() / 'sql' / (spec.name + '.db')}"
 
 
 def make_engine(url: str) -> Engine:
@@ -120,12 +120,23 @@ class SqlSink:
             Column("reason", Text, nullable=False),
             Column("run_id", String(255)),
         )
+
+    def create_tables(self) -> None:
+        """Create the offsets and dead-letter tables (and a SQLite file's folder) when missing."""
+        if self.engine.dialect.name == "sqlite" and self.engine.url.database:
+            Path(self.engine.url.database).parent.mkdir(parents=True, exist_ok=True)
         self.metadata.create_all(self.engine)
 
     def checkpoints(self, tps: Iterable[TP]) -> dict[TP, int | None]:
         """The sink's checkpoint (next offset) per partition; None where it has none."""
+        tps = list(tps)
+        if self.engine.dialect.name == "sqlite" and self.engine.url.database \
+                and not Path(self.engine.url.database).exists():
+            return {tp: None for tp in tps}  # reading must not create the file
         with self.engine.connect() as conn:
-            return self.checkpoints_in(conn, list(tps))
+            if not inspect(conn).has_table(OFFSETS_TABLE):
+                return {tp: None for tp in tps}  # never written: no checkpoints, nothing created
+            return self.checkpoints_in(conn, tps)
 
     def results_table(self, df: "DataFrame") -> Table:
         """The results table, created from the DataFrame's schema when missing."""
@@ -250,6 +261,7 @@ def write(results: "DataFrame | None", dead_letters: "DataFrame | None", spec: P
     from kafka_eos.transforms import DLQ_REASON
 
     sink = SqlSink(spec)
+    sink.create_tables()
     if results is not None and dead_letters is None and DLQ_REASON in results.columns:
         dead_letters = results.where(F.col(DLQ_REASON).isNotNull())
         results = results.where(F.col(DLQ_REASON).isNull()).drop(DLQ_REASON)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import sys
 import uuid
 
 import pytest
@@ -32,8 +33,15 @@ def kafka_settings():
     started_here = not broker.is_running()
     broker.start()
     yield KafkaSettings(broker.bootstrap)
-    # Clients left for the garbage collector say goodbye while the broker is still there,
-    # not at interpreter exit (where they log connection errors to a stopped broker).
+    # Clients left for the garbage collector say goodbye while the broker is still there, not
+    # at interpreter exit (where they log connection errors to a stopped broker); Spark's Python
+    # workers hold per_partition producers until the session stops.
+    if "pyspark" in sys.modules:
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+        if active is not None:
+            active.stop()
     gc.collect()
     if started_here and os.environ.get("KAFKA_EOS_KEEP_BROKER") != "1":
         broker.stop()

@@ -66,10 +66,3 @@ def unique(request) -> str:
     base = request.node.name.replace("[", "-").replace("]", "").replace("_", "-")[:30]
     return f"{base}-{uuid.uuid4().hex[:8]}"
 
-
-def pytest_unconfigure(config):
-    """After the summary: librdkafka threads of clients still alive at interpreter exit log
-    connection errors to the stopped broker straight to fd 2. They are no test's output, and
-    they would bury pytest's closing line."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)

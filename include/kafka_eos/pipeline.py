@@ -88,7 +88,8 @@ def prepare_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> Pl
     """The plan of run ``run_id``: the stored one while it still applies, else a new one, stored.
 
     A stored plan applies while every active range's checkpoint is still its expected
-    checkpoint (not run yet) or its end (committed: the re-run is a no-op).
+    checkpoint (not run yet, and its records still exist) or its end (committed: the re-run is a
+    no-op). Otherwise the run is planned anew, so ``on_data_loss`` decides about deleted records.
     """
     manifest = ManifestStore(settings, spec.manifest_topic)
     manifest.ensure_topic()
@@ -96,10 +97,15 @@ def prepare_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> Pl
     cks, drift = checkpoints(spec, settings, tps)
     if drift:
         repair_drift(spec, settings, drift)
+    offsets = partition_offsets(admin_client(settings), tps)
     stored = manifest.stored_plan(spec.name, run_id)
-    if stored is not None and all(cks.get(r.tp) in (r.expected, r.until) for r in stored.active):
+    if stored is not None and all(
+            cks.get(r.tp) == r.until
+            # Not run yet: still applies unless retention deleted part of its range since.
+            or (cks.get(r.tp) == r.expected and (r.empty or r.from_offset >= offsets[r.tp].log_start))
+            for r in stored.active):
         return stored
-    plan = plan_ranges(spec, run_id, partition_offsets(admin_client(settings), tps), cks)
+    plan = plan_ranges(spec, run_id, offsets, cks)
     manifest.put_plan(plan)
     return plan
 

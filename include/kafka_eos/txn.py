@@ -77,9 +77,10 @@ class TransactionalCommit:
             try:
                 return fn()
             except (KafkaException, SystemError) as exc:
-                kafka_exc = _kafka_exception(exc)
+                kafka_exc = self._explain(exc)
                 if kafka_exc is None:
-                    raise
+                    raise TransactionFailed(f"{what} ({self.transactional_id}, {self._ranges_text()}): "
+                                            f"aborted after {exc}") from None
                 err: KafkaError = kafka_exc.args[0]
                 if err.retriable() and not err.fatal() and not err.txn_requires_abort() \
                         and attempt < MAX_CALL_RETRIES:
@@ -105,6 +106,19 @@ class TransactionalCommit:
                                      "a retry of the same plan settles it")
         self._abort()
         return TransactionFailed(f"{where}: aborted after {err.name()}: {err.str()}")
+
+    def _explain(self, exc: BaseException) -> KafkaException | None:
+        """The KafkaException behind ``exc``; for a bare SystemError from confluent-kafka (seen
+        from flush() when fencing lands mid-callback), ask the producer: in a fatal state
+        abort_transaction() raises the fatal error. None: there was none, and it did abort."""
+        kafka_exc = _kafka_exception(exc)
+        if kafka_exc is not None or self._producer is None:
+            return kafka_exc
+        try:
+            self._producer.abort_transaction(CALL_TIMEOUT_S)
+        except (KafkaException, SystemError) as probe:
+            return _kafka_exception(probe)
+        return None
 
     def _ranges_text(self) -> str:
         return ", ".join(f"{r.topic}-{r.partition} [{r.from_offset}, {r.until})" for r in self.ranges)
@@ -180,10 +194,10 @@ class TransactionalCommit:
                     self._producer.flush(CALL_TIMEOUT_S)  # part of the output is on the broker
                     crash_point("after_produce")
         except (KafkaException, SystemError) as exc:
-            kafka_exc = _kafka_exception(exc)
+            kafka_exc = self._explain(exc)
             if kafka_exc is None:
-                self._abort()
-                raise
+                raise TransactionFailed(f"produce ({self.transactional_id}, {self._ranges_text()}): "
+                                        f"aborted after {exc}") from None
             raise self._failure("produce", kafka_exc.args[0]) from None
         except Exception:
             self._abort()

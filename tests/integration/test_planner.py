@@ -127,3 +127,16 @@ def test_missing_topics_are_named_before_anything_runs(kafka_settings, make_spec
             broken = dataclasses.replace(spec, sink=dataclasses.replace(spec.sink, **{field: "no-such-topic-y"}))
         with pytest.raises(TopicMissing, match=rf"{role} topic 'no-such-topic-[xy]' does not exist"):
             prepare_plan(broken, kafka_settings, "r")
+
+
+def test_a_retry_replans_when_retention_deleted_part_of_its_stored_range(kafka_settings, admin, make_spec):
+    spec = make_spec(partitions=1)
+    topic = spec.source.topics[0]
+    produce(kafka_settings, topic, 0, 5)
+    stored = prepare_plan(spec, kafka_settings, "r1")
+    assert prepare_plan(spec, kafka_settings, "r1") == stored  # a retry reuses the stored plan
+    list(admin.delete_records([TopicPartition(topic, 0, 3)]).values())[0].result(30)
+    # The first run has no checkpoint: the new plan starts at the new log start.
+    replanned = prepare_plan(spec, kafka_settings, "r1")
+    (r,) = replanned.ranges
+    assert (r.from_offset, r.until) == (3, 6)

@@ -87,11 +87,15 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
             out = sum(r.records_out for r in per.values())
             dead = sum(r.dead_letters for r in per.values())
             status = NOOP if all(r.status == NOOP for r in per.values()) else COMMITTED
-            if status == COMMITTED:
-                ManifestStore(settings, spec.manifest_topic).put(
-                    run_key(spec.name, plan.run_id),
-                    {**summary, "status": COMMITTED, "records_in": out + dead, "records_out": out,
-                     "dead_letters": dead, "committed_at": now_iso()})
+            # The run record sums the partition records, each written inside its partition's
+            # transaction: an earlier, partly committed attempt's partitions count too.
+            manifest = ManifestStore(settings, spec.manifest_topic)
+            parts = manifest.partition_records(spec.name, plan.run_id)
+            run_out = sum(p["records_out"] for p in parts.values())
+            run_dead = sum(p["dead_letters"] for p in parts.values())
+            manifest.put(run_key(spec.name, plan.run_id),
+                         {**summary, "status": COMMITTED, "records_in": run_out + run_dead,
+                          "records_out": run_out, "dead_letters": run_dead, "committed_at": now_iso()})
         records_in = out + dead
     else:
         from kafka_eos.sinks import sql as sql_sink

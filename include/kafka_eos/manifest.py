@@ -106,6 +106,11 @@ class ManifestStore:
             raise PlanError(f"manifest {self.topic!r} key {key!r}: plan of pipeline {plan.pipeline!r}")
         return plan
 
+    def partition_records(self, pipeline: str, run_id: str) -> dict[str, dict]:
+        """The newest per-partition record of a run, by ``<topic>-<p>``."""
+        prefix = run_key(pipeline, run_id) + ":"
+        return {key[len(prefix):]: rec for key, rec in self.scan(prefix)}
+
     def latest(self, key: str) -> dict | None:
         """The newest record under exactly ``key``, or None."""
         found = None

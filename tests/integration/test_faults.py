@@ -79,6 +79,11 @@ def test_killed_spark_job_then_same_plan_again_is_exactly_once(spark, kafka_sett
     verify(spec, kafka_settings, again)
     out = [json.loads(m.value)["order_id"] for m in read_committed(kafka_settings, spec.sink.topic)]
     assert Counter(out) == Counter(o["order_id"] for o in truth.committed)
+    # The run's record counts every committed record once, across both attempts.
+    from kafka_eos.manifest import ManifestStore, run_key
+
+    record = ManifestStore(kafka_settings, spec.manifest_topic).latest(run_key(spec.name, "run-1"))
+    assert (record["status"], record["records_out"]) == ("committed", len(out))
 
     # A committed run re-run with the same plan is a no-op.
     rerun = run_batch(spark, spec, again, kafka_settings)

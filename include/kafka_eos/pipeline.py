@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kafka_eos.errors import CheckpointConflict, KafkaEosError
-from kafka_eos.kafka_admin import TP, admin_client, committed_offsets, partition_offsets, partitions_of
+from kafka_eos.kafka_admin import (TP, admin_client, alter_group_offsets, committed_offsets, partition_offsets,
+                                   partitions_of)
 from kafka_eos.manifest import ManifestStore
 from kafka_eos.plan import Plan, plan_ranges
 from kafka_eos.settings import KafkaSettings
@@ -68,18 +69,21 @@ def checkpoints(spec: PipelineSpec, settings: KafkaSettings, tps: list[TP]) -> t
     return sink, drift
 
 
-def compute_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> tuple[Plan, list[Drift]]:
-    """The next plan, with no side effects (``kafka-eos plan``)."""
+def _cluster_state(spec: PipelineSpec, settings: KafkaSettings):
+    """What a plan is computed from: checkpoints, their drift, and the partitions' offsets."""
     tps = source_partitions(spec, settings)
     cks, drift = checkpoints(spec, settings, tps)
-    offsets = partition_offsets(admin_client(settings), tps)
+    return cks, drift, partition_offsets(admin_client(settings), tps)
+
+
+def compute_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> tuple[Plan, list[Drift]]:
+    """The next plan, with no side effects (``kafka-eos plan``)."""
+    cks, drift, offsets = _cluster_state(spec, settings)
     return plan_ranges(spec, run_id, offsets, cks), drift
 
 
 def repair_drift(spec: PipelineSpec, settings: KafkaSettings, drift: list[Drift]) -> None:
     """Republish the SQL sink's checkpoint to the Kafka group offsets."""
-    from kafka_eos.kafka_admin import alter_group_offsets
-
     alter_group_offsets(settings, spec.source.group_id,
                         {(d.topic, d.partition): d.sink for d in drift if d.sink is not None})
 
@@ -93,11 +97,9 @@ def prepare_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> Pl
     """
     manifest = ManifestStore(settings, spec.manifest_topic)
     manifest.ensure_topic()
-    tps = source_partitions(spec, settings)
-    cks, drift = checkpoints(spec, settings, tps)
+    cks, drift, offsets = _cluster_state(spec, settings)
     if drift:
         repair_drift(spec, settings, drift)
-    offsets = partition_offsets(admin_client(settings), tps)
     stored = manifest.stored_plan(spec.name, run_id)
     if stored is not None and all(
             cks.get(r.tp) == r.until

@@ -153,7 +153,8 @@ class SqlSink:
             table.create(self.engine, checkfirst=True)
         return table
 
-    def _upsert(self, conn, table: Table, rows: list[dict], merge: str) -> None:
+    def _insert(self, conn):
+        """The dialect's ``insert`` construct (with ``on_conflict_*``)."""
         if conn.dialect.name == "postgresql":
             from sqlalchemy.dialects.postgresql import insert
         elif conn.dialect.name == "sqlite":
@@ -161,7 +162,10 @@ class SqlSink:
         else:
             raise SpecError(f"{self.spec.path}: sink.url: dialect {conn.dialect.name!r} is not supported "
                             "(sqlite, postgresql)")
-        stmt = insert(table)
+        return insert
+
+    def _upsert(self, conn, table: Table, rows: list[dict], merge: str) -> None:
+        stmt = self._insert(conn)(table)
         keys = list(self.spec.sink.key_columns)
         values = [c.name for c in table.columns if c.name not in keys]
         if not keys:
@@ -218,12 +222,9 @@ class SqlSink:
         with self.engine.begin() as conn:
             if not self._move_checkpoints(conn, plan):
                 return NOOP, 0, 0
+            insert = self._insert(conn)
             for batch in _batches(dead_letters):
                 dead += len(batch)
-                if conn.dialect.name == "postgresql":
-                    from sqlalchemy.dialects.postgresql import insert
-                else:
-                    from sqlalchemy.dialects.sqlite import insert
                 conn.execute(insert(self.dead_letters).on_conflict_do_nothing(), batch)
             if results is not None:
                 for batch in _batches(results):

@@ -19,6 +19,8 @@ import pytest
 # py4j logs "Closing down clientserver connection" from __del__ at interpreter exit, after
 # pytest closed its streams ("--- Logging error ---"); that INFO line is of no use in tests.
 logging.getLogger("py4j").setLevel(logging.WARNING)
+# Every Spark of the tests (in-process and spark-submit children) stays on loopback.
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
 @pytest.fixture(scope="session")
@@ -58,6 +60,15 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(autouse=True)
+def _cli_logging_ends_with_the_test():
+    """A CLI call configures logging for its process; in tests the next test is the next process."""
+    yield
+    from kafka_eos.logs import reset_cli_logging
+
+    reset_cli_logging()
 
 
 @pytest.fixture

@@ -4,7 +4,8 @@ the Spark entry point and the tests all run the same code."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from kafka_eos.errors import SpecError
@@ -29,9 +30,23 @@ class RunSummary:
     records_out: int
     dead_letters: int
     seconds: float
+    #: One entry per range of the plan that took part: topic, partition, from, until, and where
+    #: the sink counts them per source partition (Kafka sinks), records in/out/dead letters.
+    ranges: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def _range_rows(plan: Plan, counts: dict | None = None) -> list[dict]:
+    rows = []
+    for r in plan.active:
+        row = {"topic": r.topic, "partition": r.partition, "from": r.from_offset, "until": r.until}
+        if counts is not None and r.tp in counts:
+            out, dead = counts[r.tp]
+            row.update(records_in=out + dead, records_out=out, dead_letters=dead)
+        rows.append(row)
+    return rows
 
 
 def transformed(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: KafkaSettings):
@@ -80,10 +95,16 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
         if results is not None:
             kafka_sink.check_output(results, spec)
         if spec.sink.commit == "atomic":
-            res = kafka_sink.write_atomic(results, spec, plan, settings, summary)
+            tally: Counter = Counter()
+            res = kafka_sink.write_atomic(results, spec, plan, settings, summary, tally)
             status, out, dead = res.status, res.records_out, res.dead_letters
+            counts = {r.tp: (tally[(r.tp, "out")], tally[(r.tp, "dead")]) for r in plan.active}
         else:
+            if results is not None and spec.sink.dlq_topic is None:
+                # Each partition commits on its own: find a dead letter before any commits.
+                kafka_sink.refuse_dead_letters(results, spec)
             per = kafka_sink.write_per_partition(results, spec, plan, settings)
+            counts = {tp: (r.records_out, r.dead_letters) for tp, r in per.items()}
             out = sum(r.records_out for r in per.values())
             dead = sum(r.dead_letters for r in per.values())
             status = NOOP if all(r.status == NOOP for r in per.values()) else COMMITTED
@@ -97,6 +118,8 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
                          {**summary, "status": COMMITTED, "records_in": run_out + run_dead,
                           "records_out": run_out, "dead_letters": run_dead, "committed_at": now_iso()})
         records_in = out + dead
+        if status == NOOP:
+            counts = None  # an earlier attempt committed: this one counted nothing
     else:
         from kafka_eos.sinks import sql as sql_sink
 
@@ -111,5 +134,6 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
             if source is not None:
                 source.unpersist()
         status, out, dead = res.status, res.records_out, res.dead_letters
+        counts = None
     return RunSummary(spec.name, plan.run_id, status, spec.sink.kind, len(plan.active),
-                      records_in, out, dead, round(time.monotonic() - started, 3))
+                      records_in, out, dead, round(time.monotonic() - started, 3), _range_rows(plan, counts))

@@ -1,41 +1,64 @@
-"""``kafka-eos``: the command line of DESIGN.md §6. Exit 0 on success, else non-zero with a
-one-line reason on stderr."""
+"""``kafka-eos``: the command line (docs/cli.md).
+
+Exit code 0 on success, else non-zero with a one-line reason on stderr. Results go to stdout
+(``--json`` for scripts); steps and progress go to stderr; librdkafka's and Spark's own log lines
+go to files under .local/logs/ (``-v`` shows them).
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import logging
 import os
+import re
 import sys
+import time
 from datetime import datetime, timezone
+from importlib import metadata
 
+from kafka_eos.console import Console, elapsed_since, seconds, table
 from kafka_eos.errors import KafkaEosError
 from kafka_eos.local_kafka import LocalBroker
-from kafka_eos.settings import BOOTSTRAP_ENV, KafkaSettings
-from kafka_eos.spec import PipelineSpec, load_spec
+from kafka_eos.settings import BOOTSTRAP_ENV, CONNECT_TIMEOUT_ENV, KafkaSettings
+from kafka_eos.spec import PipelineSpec, load_spec, spec_paths
+
+log = logging.getLogger("kafka_eos.cli")
+
+#: Exit codes: 1 a kafka-eos error (bad input, Kafka refused, a check failed), 2 anything else.
+EXIT_ERROR, EXIT_UNEXPECTED = 1, 2
 
 
 def _settings(args) -> KafkaSettings:
+    """Kafka settings of this command, checked to answer within the connect timeout."""
+    from kafka_eos.kafka_admin import check_reachable
+
     local = LocalBroker.default()
     settings = KafkaSettings.from_environ(os.environ, args.bootstrap, local.bootstrap)
     if settings.bootstrap_servers == local.bootstrap and not local.is_running():
         raise KafkaEosError(f"the local broker is not running: `kafka-eos kafka start` (or pass --bootstrap "
                             f"or set {BOOTSTRAP_ENV})")
+    check_reachable(settings)
     return settings
 
 
-def _spec(args) -> PipelineSpec:
-    spec = load_spec(args.pipeline)
+def _spec(args, import_transform: bool = True) -> PipelineSpec:
+    spec = load_spec(args.pipeline, import_transform=import_transform)
     if getattr(args, "max_records", None):
         spec = dataclasses.replace(spec, source=dataclasses.replace(
             spec.source, max_records_per_partition=args.max_records))
     return spec
 
 
+def _print_json(value) -> None:
+    print(json.dumps(value, indent=2, default=str))
+
+
 def cmd_kafka(args) -> int:
     broker = LocalBroker.default()
     if args.action == "start":
+        Console().step(f"starting the local broker (data and logs under {broker.home})")
         print(broker.start())
     elif args.action == "stop":
         print("stopped" if broker.stop() else "not running")
@@ -50,17 +73,18 @@ def cmd_kafka(args) -> int:
 def cmd_plan(args) -> int:
     from kafka_eos.pipeline import compute_plan
 
-    spec = _spec(args)
+    spec = _spec(args, import_transform=False)
     plan, drift = compute_plan(spec, _settings(args), args.run_id or "next")
     if args.json:
-        print(json.dumps({"plan": json.loads(plan.to_json()),
-                          "drift": [dataclasses.asdict(d) for d in drift]}, indent=2))
+        _print_json({"plan": json.loads(plan.to_json()), "drift": [dataclasses.asdict(d) for d in drift]})
         return 0
-    print(f"pipeline {spec.name}: {len(plan.active)} partition(s) to run"
-          + (" (empty plan: nothing to do)" if plan.is_empty else ""))
-    for r in plan.ranges:
-        n = "" if r.empty else f"  up to {r.until - r.from_offset} offsets"
-        print(f"  {r.topic}-{r.partition}: [{r.from_offset}, {r.until}) checkpoint={r.expected}{n}")
+    offsets = sum(r.until - r.from_offset for r in plan.active)
+    print(f"pipeline {spec.name}: " + ("nothing to do, every checkpoint is at its partition's LSO"
+                                       if plan.is_empty else
+                                       f"{len(plan.active)} partition(s), up to {offsets} offsets"))
+    if plan.ranges:
+        print(table([(f"{r.topic}-{r.partition}", r.expected, r.from_offset, r.until, r.until - r.from_offset)
+                     for r in plan.ranges], ("partition", "checkpoint", "from", "until", "offsets")))
     for s in plan.skipped:
         print(f"  SKIPPED (data loss) {s.topic}-{s.partition}: [{s.from_offset}, {s.until})")
     for d in drift:
@@ -70,45 +94,103 @@ def cmd_plan(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from kafka_eos.batch import run_batch
+    from kafka_eos.batch import RunSummary, run_batch
+    from kafka_eos.logs import child_stderr_to, spark_log4j_options, spark_log_file
     from kafka_eos.pipeline import prepare_plan, verify
     from kafka_eos.spark_io import get_session
 
+    console = Console(quiet=args.json)
+    started = time.monotonic()
     spec, settings = _spec(args), _settings(args)
+    console.step(f"kafka-eos run {spec.name}: Kafka at {settings.bootstrap_servers}, "
+                 f"{spec.sink.kind} sink, {spec.sink.commit} commit")
     run_id = args.run_id or "manual__" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
     plan = prepare_plan(spec, settings, run_id)
     if plan.is_empty:
-        print(json.dumps({"pipeline": spec.name, "run_id": run_id, "status": "empty"}))
+        summary = RunSummary(spec.name, run_id, "empty", spec.sink.kind, 0, 0, 0, 0,
+                             round(time.monotonic() - started, 3))
+    else:
+        offsets = sum(r.until - r.from_offset for r in plan.active)
+        console.step(f"  plan   {len(plan.active)} partition(s), up to {offsets} offsets (run {run_id})")
+        console.step(f"  spark  reading, transforming and committing (Spark's log: {spark_log_file()})")
+        with child_stderr_to(spark_log_file(), enabled=not args.verbose):
+            spark = get_session(f"kafka-eos {spec.name}", driver_java_options=spark_log4j_options(args.verbose))
+        with console.spark_progress(spark):
+            summary = run_batch(spark, spec, plan, settings)
+        console.step(f"  verify every checkpoint is at its range's end")
+        verify(spec, settings, plan)
+    if args.json:
+        _print_json(summary.as_dict())
         return 0
-    summary = run_batch(get_session(f"kafka-eos {spec.name}"), spec, plan, settings)
-    verify(spec, settings, plan)
-    print(json.dumps(summary.as_dict()))
+    if summary.status == "empty":
+        print(f"run {run_id}: nothing to do, every checkpoint is at its partition's LSO "
+              f"({elapsed_since(started)})")
+        return 0
+    verb = {"committed": "committed", "noop": "already committed by an earlier attempt"}[summary.status]
+    print(f"run {run_id}: {verb} in {elapsed_since(started)} ({seconds(summary.seconds)} in Spark and "
+          f"commit): in {summary.records_in}, out {summary.records_out}, dead letters {summary.dead_letters}")
+    print(table([(f"{r['topic']}-{r['partition']}", r["from"], r["until"], r.get("records_in"),
+                  r.get("records_out"), r.get("dead_letters")) for r in summary.ranges],
+                ("partition", "from", "until", "in", "out", "dead")))
     return 0
 
 
 def cmd_checkpoint(args) -> int:
-    from kafka_eos.kafka_admin import admin_client, partition_offsets
-    from kafka_eos.pipeline import checkpoints, source_partitions
+    from kafka_eos.pipeline import checkpoint_rows
 
-    spec, settings = _spec(args), _settings(args)
-    tps = source_partitions(spec, settings)
-    cks, drift = checkpoints(spec, settings, tps)
-    offs = partition_offsets(admin_client(settings), tps)
-    rows = []
-    for tp in tps:
-        ck, o = cks[tp], offs[tp]
-        rows.append({"topic": tp[0], "partition": tp[1], "checkpoint": ck, "lso": o.lso,
-                     "high_watermark": o.high_watermark, "log_start": o.log_start,
-                     "lag": o.lso - (ck if ck is not None else o.log_start)})
+    spec = _spec(args, import_transform=False)
+    rows, drift = checkpoint_rows(spec, _settings(args))
     if args.json:
-        print(json.dumps({"pipeline": spec.name, "group_id": spec.source.group_id, "partitions": rows,
-                          "drift": [dataclasses.asdict(d) for d in drift]}, indent=2))
-    else:
-        print(f"pipeline {spec.name} (group {spec.source.group_id})")
-        print(f"  {'partition':<30} {'checkpoint':>10} {'LSO':>10} {'HW':>10} {'lag':>8}")
-        for r in rows:
-            print(f"  {r['topic'] + '-' + str(r['partition']):<30} {str(r['checkpoint']):>10} "
-                  f"{r['lso']:>10} {r['high_watermark']:>10} {r['lag']:>8}")
+        _print_json({"pipeline": spec.name, "group_id": spec.source.group_id, "partitions": rows,
+                     "drift": [dataclasses.asdict(d) for d in drift]})
+        return 0
+    print(f"pipeline {spec.name} (group {spec.source.group_id}); lag is counted to the LSO")
+    print(table([(f"{r['topic']}-{r['partition']}", r["checkpoint"], r["lso"], r["high_watermark"], r["lag"])
+                 for r in rows], ("partition", "checkpoint", "LSO", "HW", "lag")))
+    for d in drift:
+        print(f"  DRIFT {d.topic}-{d.partition}: SQL sink at {d.sink}, Kafka mirror at {d.kafka} "
+              "(`kafka-eos run` repairs it)")
+    return 0
+
+
+def cmd_pipelines(args) -> int:
+    from kafka_eos.manifest import ManifestStore
+    from kafka_eos.pipeline import checkpoint_rows
+
+    settings = _settings(args)
+    found, last_runs = [], {}
+    for path in spec_paths():
+        row: dict = {"name": path.stem, "spec": str(path)}
+        try:
+            spec = load_spec(str(path), import_transform=False)
+            row.update(name=spec.name, sink=spec.sink.kind,
+                       target=spec.sink.topic if spec.sink.kind == "kafka" else spec.sink.table,
+                       commit=spec.sink.commit)
+            if spec.manifest_topic not in last_runs:
+                last_runs[spec.manifest_topic] = ManifestStore(settings, spec.manifest_topic).last_runs()
+            partitions, _drift = checkpoint_rows(spec, settings)
+            row["lag"] = sum(p["lag"] for p in partitions)
+            last = last_runs[spec.manifest_topic].get(spec.name)
+            row["last_run"] = None if last is None else {
+                "run_id": last["plan"]["run_id"], "status": last.get("status"),
+                "at": last.get("committed_at") or last.get("updated_at")}
+        except KafkaEosError as exc:
+            row["error"] = str(exc)
+        found.append(row)
+    if args.json:
+        _print_json({"pipelines": found})
+        return 0
+    def last_run(r: dict) -> str:
+        if "error" in r:
+            return "error (below)"
+        last = r.get("last_run")
+        return "none" if last is None else f"{last['status']} {(last['at'] or '')[:16].replace('T', ' ')}"
+
+    print(table([(r["name"], r.get("sink"), r.get("target"), r.get("commit"), r.get("lag"), last_run(r))
+                 for r in found], ("pipeline", "sink", "writes to", "commit", "lag", "last run (UTC)")))
+    for r in found:
+        if "error" in r:
+            print(f"  {r['name']}: {r['error']}")
     return 0
 
 
@@ -118,44 +200,96 @@ def cmd_demo(args) -> int:
     return run_demo(bootstrap=args.bootstrap)
 
 
+def _common_flags(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    """Flags every command takes, before or after its name. On subcommands they default to
+    SUPPRESS, so a flag given before the command is not overwritten by the subcommand's default."""
+    default = argparse.SUPPRESS
+    parser.add_argument("--bootstrap", default=default if suppress else None,
+                        help=f"Kafka bootstrap servers (default ${BOOTSTRAP_ENV}, else the local broker; "
+                             f"${CONNECT_TIMEOUT_ENV} sets how long to wait for an answer, 10 s by default)")
+    parser.add_argument("-v", "--verbose", action="store_true", default=default if suppress else False,
+                        help="also show librdkafka's and kafka-eos's log lines on stderr "
+                             "(they always go to .local/logs/kafka-eos.log)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kafka-eos", description=__doc__)
-    parser.add_argument("--bootstrap", help=f"Kafka bootstrap servers (default ${BOOTSTRAP_ENV}, "
-                                            "else the local broker)")
-    sub = parser.add_subparsers(dest="command", required=True)
-    k = sub.add_parser("kafka", help="the local single-node broker under .local/")
-    k.add_argument("action", choices=["start", "stop", "status"])
-    k.set_defaults(func=cmd_kafka)
-    for name, func, help_ in (("plan", cmd_plan, "the next plan, no side effects"),
-                              ("run", cmd_run, "one batch: plan + Spark + transactional commit"),
-                              ("checkpoint", cmd_checkpoint, "per partition: checkpoint, LSO, HW, lag")):
-        p = sub.add_parser(name, help=help_)
-        p.add_argument("pipeline", help="a name under include/pipelines/ or a path to a YAML file")
+    parser = argparse.ArgumentParser(
+        prog="kafka-eos", description="Exactly-once Kafka -> Spark pipelines: plan, run and inspect them, "
+                                      "and run a local broker. Docs: docs/cli.md.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    _common_flags(parser, suppress=False)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, func, help_: str, json_flag: bool = False, pipeline: bool = False):
+        p = sub.add_parser(name, help=help_, description=help_)
+        _common_flags(p, suppress=True)
+        if pipeline:
+            p.add_argument("pipeline", help="a name under include/pipelines/ or a path to a YAML file")
+        if json_flag:
+            p.add_argument("--json", action="store_true", help="print JSON for scripts")
         p.set_defaults(func=func)
-        if name in ("plan", "checkpoint"):
-            p.add_argument("--json", action="store_true")
-        if name in ("plan", "run"):
-            p.add_argument("--run-id", help="the run's id (a retried run passes the same id)")
-        if name == "run":
-            p.add_argument("--max-records", type=int, help="cap per partition (offset span) for this run")
-    d = sub.add_parser("demo", help="the main job on the embedded default")
-    d.set_defaults(func=cmd_demo)
+        return p
+
+    k = command("kafka", cmd_kafka, "the local single-node broker under .local/ (start, stop, status)")
+    k.add_argument("action", choices=["start", "stop", "status"])
+    p = command("plan", cmd_plan, "the next plan of a pipeline, with no side effects", json_flag=True,
+                pipeline=True)
+    p.add_argument("--run-id", help="plan as this run (default: 'next')")
+    r = command("run", cmd_run, "one batch: plan, Spark, transactional commit", json_flag=True, pipeline=True)
+    r.add_argument("--run-id", help="the run's id (a retried run passes the same id)")
+    r.add_argument("--max-records", type=int, help="cap per partition (offset span) for this run")
+    command("checkpoint", cmd_checkpoint, "per partition: checkpoint, LSO, HW and lag (to the LSO)",
+            json_flag=True, pipeline=True)
+    command("pipelines", cmd_pipelines, "the pipeline specs under include/pipelines/: sink, scope, lag, last run",
+            json_flag=True)
+    command("demo", cmd_demo, "the main job on the embedded default (local broker, Spark, Airflow)")
     return parser
 
 
+def _version() -> str:
+    try:
+        return metadata.version("kafka-eos")
+    except metadata.PackageNotFoundError:  # pragma: no cover - run from a source tree
+        from kafka_eos import __version__
+
+        return __version__
+
+
+#: How a kafka-eos error raised inside a Spark task reaches the driver: in the text of a
+#: Py4JJavaError / PythonException, as "kafka_eos.errors.<Class>: <message>".
+_REMOTE_ERROR = re.compile(r"kafka_eos\.errors\.(\w+): ([^\n]+)")
+
+
+def remote_error(exc: BaseException) -> str | None:
+    """The message of a kafka-eos error raised inside a Spark task (found in the text of the
+    Py4JJavaError the driver gets), or None."""
+    found = _REMOTE_ERROR.findall(str(exc))
+    return found[-1][1].strip() if found else None
+
+
 def main(argv: list[str] | None = None) -> int:
+    from kafka_eos.logs import setup_cli_logging
+
     args = build_parser().parse_args(argv)
+    log_file = setup_cli_logging(args.verbose)
+    log.info("kafka-eos %s", " ".join(sys.argv[1:] if argv is None else argv))
     try:
         return args.func(args)
     except KafkaEosError as exc:
+        log.info("failed", exc_info=True)
         print(f"kafka-eos: {exc}", file=sys.stderr)
-        return 1
-    except Exception as exc:  # noqa: BLE001 - the contract is one line; KAFKA_EOS_DEBUG=1 shows all
+        return EXIT_ERROR
+    except Exception as exc:  # noqa: BLE001 - the contract is one line; the log file has the rest
         if os.environ.get("KAFKA_EOS_DEBUG") == "1":
             raise
+        log.error("failed", exc_info=True)
+        remote = remote_error(exc)
+        if remote is not None:
+            print(f"kafka-eos: {remote}", file=sys.stderr)
+            return EXIT_ERROR
         first = (str(exc).strip().splitlines() or [""])[0]
-        print(f"kafka-eos: {type(exc).__name__}: {first} (KAFKA_EOS_DEBUG=1 for the traceback)", file=sys.stderr)
-        return 2
+        print(f"kafka-eos: {type(exc).__name__}: {first} (details: {log_file})", file=sys.stderr)
+        return EXIT_UNEXPECTED
 
 
 if __name__ == "__main__":

@@ -78,6 +78,8 @@ def airflow_env(settings: KafkaSettings) -> dict[str, str]:
         "AIRFLOW_CONN_KAFKA_EOS_KAFKA": json.dumps(
             {"conn_type": "kafka", "extra": {"bootstrap.servers": settings.bootstrap_servers}}),
         "PYSPARK_PYTHON": sys.executable,
+        # spark-submit in local mode: keep the driver on loopback.
+        "SPARK_LOCAL_IP": "127.0.0.1",
     }
 
 
@@ -98,14 +100,14 @@ def reset(settings: KafkaSettings, specs: list[PipelineSpec]) -> None:
     deadline = time.monotonic() + 60
     while True:  # a deleted topic's name is free again once its deletion completes
         try:
-            kafka_admin.create_topics(admin, PARTITIONS)
+            # Returns once every new partition's leader answers (asked by fresh clients: this
+            # admin client still caches the deleted topics' leader epochs).
+            kafka_admin.create_topics(settings, PARTITIONS)
             break
         except KafkaEosError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
-    # Leaders of the new partitions elected: list_offsets answers (it retries until then).
-    kafka_admin.partition_offsets(admin, [(t, p) for t, n in PARTITIONS.items() for p in range(n)])
     for spec in specs:
         if spec.sink.kind == "sql" and spec.sink.url is None:
             (local_dir() / "sql" / f"{spec.name}.db").unlink(missing_ok=True)
@@ -177,7 +179,7 @@ def check_checkpoints(report: Report, settings: KafkaSettings, spec: PipelineSpe
 
     tps = source_partitions(spec, settings)
     cks, drift = checkpoints(spec, settings, tps)
-    offs = kafka_admin.partition_offsets(kafka_admin.admin_client(settings), tps)
+    offs = kafka_admin.partition_offsets(settings, tps)
     print(f"  {'partition':<12} {'checkpoint':>10} {'LSO':>8} {'HW':>8}")
     for tp in tps:
         print(f"  {tp[0] + '-' + str(tp[1]):<12} {str(cks[tp]):>10} {offs[tp].lso:>8} {offs[tp].high_watermark:>8}")

@@ -39,5 +39,13 @@ class BrokerError(KafkaEosError):
     """The local broker cannot be started, or a Kafka call failed (keeps the Kafka error code)."""
 
 
+class BrokerUnreachable(BrokerError):
+    """No broker of the bootstrap list answered within the connect timeout."""
+
+
+class DeadLetterWithoutTopic(KafkaEosError):
+    """A transform dead-lettered a record but the Kafka sink has no ``dlq_topic``."""
+
+
 class PlanError(KafkaEosError):
     """A stored plan cannot be used (missing, malformed, or for another pipeline)."""

@@ -1,34 +1,51 @@
-"""Reads of cluster state the planner and the commit protocol need, through confluent-kafka's
-AdminClient: partitions of topics, offsets (log start, LSO, high watermark) and group offsets.
+"""Reads of cluster state the planner and the commit protocol need, through confluent-kafka:
+partitions of topics, offsets (log start, LSO, high watermark), group offsets, and topic creation.
 
-Isolation is always explicit (DESIGN.md §2): librdkafka's ``list_offsets`` defaults to
-READ_UNCOMMITTED, which is the high watermark, not the last stable offset.
+Isolation is always explicit: librdkafka's ``list_offsets`` defaults to READ_UNCOMMITTED, which is
+the high watermark, not the last stable offset (docs/architecture.md, "Offsets").
+
+Every call takes :class:`KafkaSettings` and builds its own short-lived client, and every read is
+retried with a bound while it fails with an error that clears by itself. A client's metadata cache
+outlives the facts it caches: after a topic is deleted and created again, or after a broker
+restart raised a partition's leader epoch, a long-lived client sends stale leader epochs and gets
+``UNKNOWN_LEADER_EPOCH`` / ``NOT_LEADER_FOR_PARTITION`` until its next metadata refresh, while a
+fresh client is right at once. So each retry starts from a fresh client.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import time
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping, TypeVar
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
-from kafka_eos.errors import BrokerError, TopicMissing
-from kafka_eos.settings import KafkaSettings
+from kafka_eos.errors import BrokerError, BrokerUnreachable, TopicMissing
+from kafka_eos.settings import CONNECT_TIMEOUT_ENV, KafkaSettings
 
-#: Admin calls on a healthy cluster answer in well under a second; 30 s covers a coordinator move.
+#: Bound of one admin call, and of the retries of one read. Calls on a healthy cluster answer
+#: in well under a second; 30 s covers a coordinator move or a restarted broker loading its logs.
 ADMIN_TIMEOUT_S = 30.0
 
 TP = tuple[str, int]
+T = TypeVar("T")
 
-#: Errors that clear by themselves: a coordinator loading or moving, a leader being elected, a
-#: pending transactional offset commit (require_stable). Some arrive with retriable() False.
-_TRANSIENT = frozenset({
-    "COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR",
-    "NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "UNKNOWN_TOPIC_OR_PART",
+#: Errors that clear by themselves: a coordinator loading or moving, a leader being elected or
+#: its epoch moving (broker restart, topic re-created), a partition still loading, a pending
+#: transactional offset commit (require_stable), metadata that does not know a new topic yet.
+#: librdkafka reports most of them with retriable() False, hence the names.
+TRANSIENT_ERRORS = frozenset({
+    "COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR", "_WAIT_COORD",
+    "NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "UNKNOWN_LEADER_EPOCH", "FENCED_LEADER_EPOCH",
+    "OFFSET_NOT_AVAILABLE", "REPLICA_NOT_AVAILABLE", "NOT_CONTROLLER",
+    "UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_PARTITION", "_NOENT",
     "UNSTABLE_OFFSET_COMMIT", "REQUEST_TIMED_OUT", "_TIMED_OUT",
 })
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -44,6 +61,13 @@ def admin_client(settings: KafkaSettings) -> AdminClient:
     return AdminClient(settings.client_config())
 
 
+def is_transient(exc: BaseException) -> bool:
+    """True for a :class:`BrokerError` caused by a Kafka error that clears by itself."""
+    cause = exc.__cause__
+    return isinstance(cause, KafkaException) and (
+        cause.args[0].retriable() or cause.args[0].name() in TRANSIENT_ERRORS)
+
+
 def _result(future, what: str):
     try:
         return future.result(timeout=ADMIN_TIMEOUT_S)
@@ -52,29 +76,58 @@ def _result(future, what: str):
         raise BrokerError(f"{what}: {err.name()} ({err.str()})") from exc
 
 
-def _retrying(call):
-    """Run ``call`` again while it fails with a retriable Kafka error (a leader moving, a topic
-    just created), for up to :data:`ADMIN_TIMEOUT_S`."""
-    deadline = time.monotonic() + ADMIN_TIMEOUT_S
+def retrying(call: Callable[[], T], timeout_s: float = ADMIN_TIMEOUT_S) -> T:
+    """Run ``call`` again while it fails with a transient Kafka error, for up to ``timeout_s``.
+
+    ``call`` should build its client itself, so that each attempt starts with fresh metadata.
+
+    :raises BrokerError: the first error that is not transient, or the last one after the bound.
+    """
+    deadline = time.monotonic() + timeout_s
+    delay = 0.1
     while True:
         try:
             return call()
         except BrokerError as exc:
-            cause = exc.__cause__
-            retriable = isinstance(cause, KafkaException) and (
-                cause.args[0].retriable() or cause.args[0].name() in _TRANSIENT)
-            if not retriable or time.monotonic() > deadline:
+            if not is_transient(exc) or time.monotonic() > deadline:
                 raise
-            # Leader elections on a healthy cluster take tens of milliseconds.
-            time.sleep(0.2)
+            log.info("retrying after a transient error: %s", exc)
+            # Leader elections and coordinator loads on a healthy cluster take tens to hundreds
+            # of milliseconds; back off to 1 s so a slow restart is not hammered.
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
 
-def partitions_of(admin: AdminClient, topics: Iterable[str], role: str = "topic") -> dict[str, int]:
+def check_reachable(settings: KafkaSettings) -> None:
+    """Fail fast, in one line, when no broker of ``settings`` answers within its connect timeout.
+
+    :raises BrokerUnreachable: naming the bootstrap servers, the wait and the last connection error.
+    """
+    from kafka_eos.logs import last_client_error
+
+    admin = admin_client(settings)
+    with last_client_error() as seen:
+        try:
+            md = admin.list_topics(timeout=settings.connect_timeout_s)
+        except KafkaException as exc:
+            err = exc.args[0]
+            admin.poll(0)  # librdkafka's queued log lines reach the logger when the client is polled
+            # "... failed: Connection refused (after 0ms in state CONNECT)": the cause is enough.
+            detail = re.sub(r" \(after \d+ms in state \w+\)$", "", seen.message or err.str())
+            raise BrokerUnreachable(
+                f"cannot reach Kafka at {settings.bootstrap_servers} within {settings.connect_timeout_s:g}s "
+                f"({detail}); check --bootstrap / KAFKA_BOOTSTRAP_SERVERS ({CONNECT_TIMEOUT_ENV} sets the wait)"
+            ) from exc
+    if not md.brokers:
+        raise BrokerUnreachable(f"Kafka at {settings.bootstrap_servers} answered with no brokers")
+
+
+def partitions_of(settings: KafkaSettings, topics: Iterable[str], role: str = "topic") -> dict[str, int]:
     """Number of partitions per topic.
 
     :raises TopicMissing: naming the first topic that does not exist and its role.
     """
-    md = admin.list_topics(timeout=ADMIN_TIMEOUT_S)
+    md = admin_client(settings).list_topics(timeout=ADMIN_TIMEOUT_S)
     out = {}
     for topic in topics:
         tmd = md.topics.get(topic)
@@ -88,25 +141,33 @@ def admin_brokers(md) -> str:
     return ",".join(f"{b.host}:{b.port}" for b in md.brokers.values()) or "the cluster"
 
 
-def ensure_compacted_topic(admin: AdminClient, topic: str, partitions: int = 1) -> None:
-    """Create ``topic`` compacted when it is missing (the run manifest topic)."""
-    md = admin.list_topics(timeout=ADMIN_TIMEOUT_S)
-    if topic in md.topics and md.topics[topic].error is None:
-        return
+def all_partitions(settings: KafkaSettings) -> list[TP]:
+    """Every partition of every topic, internal ones (``__consumer_offsets``,
+    ``__transaction_state``) included."""
+    md = admin_client(settings).list_topics(timeout=ADMIN_TIMEOUT_S)
+    return sorted((t, p) for t, tmd in md.topics.items() if tmd.error is None for p in tmd.partitions)
+
+
+def ensure_compacted_topic(settings: KafkaSettings, topic: str, partitions: int = 1) -> None:
+    """Create ``topic`` compacted when it is missing (the run manifest topic), and wait until
+    it can be used."""
+    md = admin_client(settings).list_topics(timeout=ADMIN_TIMEOUT_S)
     replication = min(3, len(md.brokers)) or 1
-    fut = admin.create_topics([NewTopic(topic, partitions, replication,
-                                        config={"cleanup.policy": "compact"})])[topic]
-    try:
-        fut.result(timeout=ADMIN_TIMEOUT_S)
-    except KafkaException as exc:
-        if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
-            raise BrokerError(f"creating manifest topic {topic!r}: {exc.args[0].str()}") from None
+    _create(settings, {topic: partitions}, replication, {"cleanup.policy": "compact"}, md)
 
 
-def create_topics(admin: AdminClient, topics: Mapping[str, int], config: Mapping[str, str] | None = None) -> None:
-    """Create topics (name -> partitions) with replication 1 when missing; existing ones are kept."""
-    md = admin.list_topics(timeout=ADMIN_TIMEOUT_S)
-    new = [NewTopic(t, n, 1, config=dict(config or {})) for t, n in topics.items() if t not in md.topics]
+def create_topics(settings: KafkaSettings, topics: Mapping[str, int], config: Mapping[str, str] | None = None) -> None:
+    """Create topics (name -> partitions) with replication 1 when missing; existing ones are kept.
+    Returns once every partition of the new topics has a leader that answers ``list_offsets``."""
+    _create(settings, topics, 1, dict(config or {}))
+
+
+def _create(settings: KafkaSettings, topics: Mapping[str, int], replication: int, config: dict,
+            md=None) -> None:
+    admin = admin_client(settings)
+    md = md or admin.list_topics(timeout=ADMIN_TIMEOUT_S)
+    new = [NewTopic(t, n, replication, config=config) for t, n in topics.items()
+           if t not in md.topics or md.topics[t].error is not None]
     if not new:
         return
     for topic, fut in admin.create_topics(new).items():
@@ -115,22 +176,27 @@ def create_topics(admin: AdminClient, topics: Mapping[str, int], config: Mapping
         except KafkaException as exc:
             if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
                 raise BrokerError(f"creating topic {topic!r}: {exc.args[0].str()}") from None
+    # Created is not usable yet: the leaders are still being elected. Wait with fresh clients
+    # (this one may have cached an older incarnation of the same names).
+    partition_offsets(settings, [(t.topic, p) for t in new for p in range(t.num_partitions)])
 
 
-def partition_offsets(admin: AdminClient, tps: Iterable[TP]) -> dict[TP, PartitionOffsets]:
-    """Log start, LSO and high watermark of each partition."""
+def partition_offsets(settings: KafkaSettings, tps: Iterable[TP]) -> dict[TP, PartitionOffsets]:
+    """Log start, LSO and high watermark of each partition (one batched request per kind)."""
     tps = list(tps)
     if not tps:
         return {}
 
     def query(spec: OffsetSpec, isolation: IsolationLevel) -> dict[TP, int]:
         def once() -> dict[TP, int]:
-            futs = admin.list_offsets({TopicPartition(t, p): spec for t, p in tps},
-                                      isolation_level=isolation, request_timeout=ADMIN_TIMEOUT_S)
+            # The client must outlive its futures: a collected client never completes them.
+            admin = admin_client(settings)
+            futs = admin.list_offsets({TopicPartition(t, p): spec for t, p in tps}, isolation_level=isolation,
+                                      request_timeout=ADMIN_TIMEOUT_S)
             return {(tp.topic, tp.partition): _result(f, f"list_offsets {tp.topic}-{tp.partition}").offset
                     for tp, f in futs.items()}
 
-        return _retrying(once)
+        return retrying(once)
 
     start = query(OffsetSpec.earliest(), IsolationLevel.READ_COMMITTED)
     lso = query(OffsetSpec.latest(), IsolationLevel.READ_COMMITTED)
@@ -169,7 +235,7 @@ def committed_offsets(settings: KafkaSettings, group_id: str, tps: Iterable[TP])
             _raise_partition_errors(res, f"committed offset in group {group_id!r}")
             return res
 
-        res = _retrying(once)
+        res = retrying(once)
     finally:
         consumer.close()
     return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in res}
@@ -197,6 +263,6 @@ def alter_group_offsets(settings: KafkaSettings, group_id: str, offsets: Mapping
                 raise BrokerError(f"mirroring checkpoint to group {group_id!r}: {exc.args[0].str()}") from exc
             _raise_partition_errors(res or [], f"mirroring checkpoint to group {group_id!r}")
 
-        _retrying(once)
+        retrying(once)
     finally:
         consumer.close()

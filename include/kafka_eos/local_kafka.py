@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kafka_eos.errors import BrokerError
+from kafka_eos.kafka_admin import all_partitions, partition_offsets
 from kafka_eos.paths import jars_dir, local_dir
+from kafka_eos.settings import KafkaSettings
 
 HOST = "127.0.0.1"
 #: Default client port; an unusual one so a developer's own Kafka on 9092 is left alone.
@@ -209,13 +211,22 @@ def _wait_ready(bootstrap: str, timeout_s: float, proc: subprocess.Popen | None 
         if time.monotonic() > deadline:
             raise BrokerError(f"broker at {bootstrap} did not listen within {timeout_s:.0f}s; see {log_file}")
         time.sleep(0.2)
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    settings = KafkaSettings(bootstrap)
     last_error = "no brokers in metadata"
     while time.monotonic() < deadline:
         try:
-            if admin.list_topics(timeout=2).brokers:
-                return
+            if AdminClient(settings.client_config()).list_topics(timeout=2).brokers:
+                break
         except Exception as exc:  # noqa: BLE001 - any failure here means "not yet"
             last_error = str(exc)
         time.sleep(0.5)
-    raise BrokerError(f"broker at {bootstrap} did not answer within {timeout_s:.0f}s ({last_error})")
+    else:
+        raise BrokerError(f"broker at {bootstrap} did not answer within {timeout_s:.0f}s ({last_error})")
+    # Metadata answers before the logs are loaded: a restarted broker still loading a partition
+    # answers list_offsets with UNKNOWN_LEADER_EPOCH or NOT_LEADER. Ready means every partition,
+    # the internal __consumer_offsets and __transaction_state included, has a leader that answers.
+    try:
+        partition_offsets(settings, all_partitions(settings))
+    except BrokerError as exc:
+        raise BrokerError(f"broker at {bootstrap} answers, but not for every partition: {exc}; "
+                          f"see {log_file}") from None

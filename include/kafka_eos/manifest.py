@@ -13,7 +13,7 @@ from typing import Iterator
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from kafka_eos.errors import PlanError
-from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, admin_client, ensure_compacted_topic
+from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, ensure_compacted_topic
 from kafka_eos.plan import Plan
 from kafka_eos.settings import KafkaSettings
 
@@ -32,6 +32,10 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat()
 
 
+def _record_time(record: dict) -> str:
+    return record.get("committed_at") or record.get("updated_at") or record.get("started_at") or ""
+
+
 class ManifestStore:
     """Reads and writes run manifest records.
 
@@ -44,7 +48,7 @@ class ManifestStore:
         self.topic = topic
 
     def ensure_topic(self) -> None:
-        ensure_compacted_topic(admin_client(self.settings), self.topic)
+        ensure_compacted_topic(self.settings, self.topic)
 
     def put(self, key: str, record: dict) -> None:
         producer = Producer(self.settings.client_config(**{"enable.idempotence": True}))
@@ -110,6 +114,22 @@ class ManifestStore:
         """The newest per-partition record of a run, by ``<topic>-<p>``."""
         prefix = run_key(pipeline, run_id) + ":"
         return {key[len(prefix):]: rec for key, rec in self.scan(prefix)}
+
+    def last_runs(self) -> dict[str, dict]:
+        """The newest run record (planned, committed or noop) of every pipeline, by pipeline name."""
+        last: dict[str, dict] = {}
+        for _key, rec in self.scan():
+            plan = rec.get("plan")
+            if not isinstance(plan, dict) or "pipeline" not in plan:
+                continue  # a per-partition record
+            name = plan["pipeline"]
+            if name not in last or _record_time(rec) >= _record_time(last[name]):
+                last[name] = rec
+        for name, rec in last.items():
+            # An empty plan is stored, then skipped: its run record stays "planned".
+            if rec.get("status") == PLANNED and Plan.from_json(json.dumps(rec["plan"])).is_empty:
+                last[name] = {**rec, "status": "empty"}
+        return last
 
     def latest(self, key: str) -> dict | None:
         """The newest record under exactly ``key``, or None."""

@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kafka_eos.errors import CheckpointConflict, KafkaEosError
-from kafka_eos.kafka_admin import (TP, admin_client, alter_group_offsets, committed_offsets, partition_offsets,
-                                   partitions_of)
+from kafka_eos.kafka_admin import TP, alter_group_offsets, committed_offsets, partition_offsets, partitions_of
 from kafka_eos.manifest import ManifestStore
 from kafka_eos.plan import Plan, plan_ranges
 from kafka_eos.settings import KafkaSettings
@@ -32,12 +31,11 @@ def source_partitions(spec: PipelineSpec, settings: KafkaSettings) -> list[TP]:
 
     :raises TopicMissing: naming the missing topic and its role.
     """
-    admin = admin_client(settings)
-    counts = partitions_of(admin, spec.source.topics, "source")
+    counts = partitions_of(settings, spec.source.topics, "source")
     if spec.sink.kind == "kafka":
-        partitions_of(admin, [spec.sink.topic], "sink")
+        partitions_of(settings, [spec.sink.topic], "sink")
     if spec.sink.dlq_topic:
-        partitions_of(admin, [spec.sink.dlq_topic], "dead-letter")
+        partitions_of(settings, [spec.sink.dlq_topic], "dead-letter")
     return [(t, p) for t, n in counts.items() for p in range(n)]
 
 
@@ -73,7 +71,20 @@ def _cluster_state(spec: PipelineSpec, settings: KafkaSettings):
     """What a plan is computed from: checkpoints, their drift, and the partitions' offsets."""
     tps = source_partitions(spec, settings)
     cks, drift = checkpoints(spec, settings, tps)
-    return cks, drift, partition_offsets(admin_client(settings), tps)
+    return {tp: cks.get(tp) for tp in tps}, drift, partition_offsets(settings, tps)
+
+
+def checkpoint_rows(spec: PipelineSpec, settings: KafkaSettings) -> tuple[list[dict], list[Drift]]:
+    """Per source partition: checkpoint, LSO, high watermark, log start and lag, the lag counted
+    to the LSO (what a read_committed pipeline can read now), not to the high watermark."""
+    cks, drift, offsets = _cluster_state(spec, settings)
+    rows = []
+    for tp, ck in cks.items():
+        o = offsets[tp]
+        rows.append({"topic": tp[0], "partition": tp[1], "checkpoint": ck, "lso": o.lso,
+                     "high_watermark": o.high_watermark, "log_start": o.log_start,
+                     "lag": max(0, o.lso - (ck if ck is not None else o.log_start))})
+    return rows, drift
 
 
 def compute_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> tuple[Plan, list[Drift]]:

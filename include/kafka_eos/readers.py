@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, admin_client, partition_offsets, partitions_of
+from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, partition_offsets, partitions_of
 from kafka_eos.settings import KafkaSettings
 
 
@@ -23,9 +23,8 @@ class Message:
 
 def read_committed(settings: KafkaSettings, topic: str) -> list[Message]:
     """Every committed record of ``topic``, partition by partition, up to each LSO now."""
-    admin = admin_client(settings)
-    n = partitions_of(admin, [topic])[topic]
-    ends = partition_offsets(admin, [(topic, p) for p in range(n)])
+    n = partitions_of(settings, [topic])[topic]
+    ends = partition_offsets(settings, [(topic, p) for p in range(n)])
     consumer = Consumer(settings.client_config(**{
         "group.id": f"kafka-eos.reader.{uuid.uuid4()}", "enable.auto.commit": False,
         "isolation.level": "read_committed", "enable.partition.eof": True}))

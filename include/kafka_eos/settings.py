@@ -7,6 +7,7 @@ entry point (CLI, Spark app); no module reads ``os.environ`` deep inside.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -17,6 +18,13 @@ BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 #: Environment variable with extra librdkafka settings as a JSON object (security, SASL ...).
 #: Secrets travel here, never on a command line.
 CLIENT_CONFIG_ENV = "KAFKA_EOS_CLIENT_CONFIG"
+#: Environment variable with the seconds to wait for a first answer from the cluster.
+CONNECT_TIMEOUT_ENV = "KAFKA_EOS_CONNECT_TIMEOUT_S"
+#: A reachable cluster answers metadata in milliseconds; 10 s rides out a slow DNS or TLS
+#: handshake and still tells a person about a wrong address before they give up waiting.
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+#: librdkafka's own log lines go to this Python logger instead of stderr (see kafka_eos.logs).
+CLIENT_LOGGER = logging.getLogger("kafka_eos.librdkafka")
 
 
 @dataclass(frozen=True)
@@ -25,14 +33,18 @@ class KafkaSettings:
 
     :param bootstrap_servers: ``host:port[,host:port]``.
     :param extra: further librdkafka settings (``security.protocol``, ``sasl.*`` ...).
+    :param connect_timeout_s: how long to wait for a first answer before calling the cluster
+        unreachable.
     """
 
     bootstrap_servers: str
     extra: Mapping[str, str] = field(default_factory=dict)
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
 
     def client_config(self, **overrides: object) -> dict:
-        """The librdkafka configuration dict for confluent-kafka clients."""
-        conf: dict = {"bootstrap.servers": self.bootstrap_servers, **self.extra}
+        """The librdkafka configuration dict for confluent-kafka clients. Their log lines go to
+        the ``kafka_eos.librdkafka`` Python logger, never straight to stderr."""
+        conf: dict = {"bootstrap.servers": self.bootstrap_servers, "logger": CLIENT_LOGGER, **self.extra}
         conf.update(overrides)
         return conf
 
@@ -85,4 +97,12 @@ class KafkaSettings:
                 raise KafkaEosError(f"{CLIENT_CONFIG_ENV} is not a JSON object: {exc}") from None
             if not isinstance(extra, dict):
                 raise KafkaEosError(f"{CLIENT_CONFIG_ENV} is not a JSON object")
-        return cls(bootstrap_servers=servers, extra={str(k): str(v) for k, v in extra.items()})
+        raw_timeout = environ.get(CONNECT_TIMEOUT_ENV)
+        try:
+            timeout = float(raw_timeout) if raw_timeout else DEFAULT_CONNECT_TIMEOUT_S
+        except ValueError:
+            timeout = -1.0
+        if not timeout > 0:
+            raise KafkaEosError(f"{CONNECT_TIMEOUT_ENV}: {raw_timeout!r} is not a positive number of seconds")
+        return cls(bootstrap_servers=servers, extra={str(k): str(v) for k, v in extra.items()},
+                   connect_timeout_s=timeout)

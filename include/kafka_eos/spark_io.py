@@ -47,8 +47,21 @@ def session_conf() -> dict[str, str]:
     }
 
 
-def get_session(app_name: str = "kafka-eos", master: str | None = None) -> "SparkSession":
-    """The SparkSession of this process (``local[2]`` unless a master is given or configured)."""
+def local_master_conf(master: str) -> dict[str, str]:
+    """For a ``local[...]`` master: keep the driver on loopback. Spark binds the address the
+    host name resolves to, which on many machines is a LAN interface."""
+    if not master.startswith("local"):
+        return {}
+    return {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
+
+
+def get_session(app_name: str = "kafka-eos", master: str | None = None,
+                driver_java_options: str | None = None) -> "SparkSession":
+    """The SparkSession of this process (``local[2]`` unless a master is given or configured).
+
+    :param driver_java_options: ``spark.driver.extraJavaOptions`` for a session this call starts
+        (e.g. where Spark's log4j writes, see :func:`kafka_eos.logs.spark_log4j_options`).
+    """
     from pyspark.sql import SparkSession
 
     # PySpark reads the workers' interpreter from PYSPARK_PYTHON when the context starts in
@@ -57,12 +70,17 @@ def get_session(app_name: str = "kafka-eos", master: str | None = None) -> "Spar
     from pyspark import SparkConf
 
     builder = SparkSession.builder.appName(app_name)
-    if master:
-        builder = builder.master(master)
-    elif not SparkConf().contains("spark.master"):
+    conf = session_conf()
+    if master or not SparkConf().contains("spark.master"):
         # Under spark-submit the master is already set (--master): never override it.
-        builder = builder.master(os.environ.get("SPARK_MASTER") or "local[2]")
-    for key, value in session_conf().items():
+        master = master or os.environ.get("SPARK_MASTER") or "local[2]"
+        builder = builder.master(master)
+        conf.update(local_master_conf(master))
+        if master.startswith("local"):
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    if driver_java_options:
+        conf["spark.driver.extraJavaOptions"] = driver_java_options
+    for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 

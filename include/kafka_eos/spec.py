@@ -111,9 +111,13 @@ def resolve_transform(ref: str, where: str = "<inline>") -> Callable:
     return func
 
 
-def load_spec(name_or_path: str, environ: Mapping[str, str] | None = None) -> PipelineSpec:
+def load_spec(name_or_path: str, environ: Mapping[str, str] | None = None,
+              import_transform: bool = True) -> PipelineSpec:
     """Load a spec by name (a file under include/pipelines/) or by path.
 
+    :param import_transform: import the transform now, so a broken one is a spec error up front.
+        Commands that only read offsets (``plan``, ``checkpoint``) pass False: they work where
+        the transform's module is not importable.
     :raises SpecError: the file is missing or any field is wrong.
     """
     path = Path(name_or_path)
@@ -127,8 +131,14 @@ def load_spec(name_or_path: str, environ: Mapping[str, str] | None = None) -> Pi
         first = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
         raise SpecError(f"{path}: not valid YAML ({first})") from None
     spec = parse_spec(raw, str(path), os.environ if environ is None else environ)
-    spec.load_transform()  # a transform that does not import is a spec error, found up front
+    if import_transform:
+        spec.load_transform()  # a transform that does not import is a spec error, found up front
     return spec
+
+
+def spec_paths() -> list[Path]:
+    """The bundled pipeline specs (``include/pipelines/*.yaml``), by name."""
+    return sorted(pipelines_dir().glob("*.yaml"))
 
 
 def _expand_url(value: Any, where: str, environ: Mapping[str, str]) -> str | None:
@@ -193,8 +203,7 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
     if kind == "kafka":
         if not sink.topic:
             raise SpecError(f"{where}: sink.topic: required for a kafka sink")
-        if not sink.dlq_topic:
-            raise SpecError(f"{where}: sink.dlq_topic: required for a kafka sink")
+        # dlq_topic is optional: without it, a dead letter fails the batch (nothing is committed).
     else:
         if not sink.table or not isinstance(sink.table, str):
             raise SpecError(f"{where}: sink.table: required for a sql sink")

@@ -104,9 +104,8 @@ def read_committed(settings: KafkaSettings, topic: str) -> list:
 
 
 def assert_checkpoint_at_end(settings: KafkaSettings, group: str, topic: str) -> None:
-    admin = kafka_admin.admin_client(settings)
-    tps = [(topic, p) for p in range(kafka_admin.partitions_of(admin, [topic])[topic])]
-    ends = {tp: o.high_watermark for tp, o in kafka_admin.partition_offsets(admin, tps).items()}
+    tps = [(topic, p) for p in range(kafka_admin.partitions_of(settings, [topic])[topic])]
+    ends = {tp: o.high_watermark for tp, o in kafka_admin.partition_offsets(settings, tps).items()}
     assert kafka_admin.committed_offsets(settings, group, tps) == ends
     assert sum(ends.values()) == len(VALID_ORDERS) + 1
 
@@ -141,8 +140,7 @@ def run_dag(pipelines_module, name: str, logical_date: datetime = LOGICAL_DATE):
 def test_orders_enriched_dag_run(airflow_db, connections, kafka_settings, pipelines_module, unique):
     name = f"oe-{unique}"
     topics = {"orders": f"{name}.orders", "enriched": f"{name}.orders.enriched", "dlq": f"{name}.orders.dlq"}
-    admin = kafka_admin.admin_client(kafka_settings)
-    kafka_admin.create_topics(admin, {topics["orders"]: 3, topics["enriched"]: 3, topics["dlq"]: 1})
+    kafka_admin.create_topics(kafka_settings, {topics["orders"]: 3, topics["enriched"]: 3, topics["dlq"]: 1})
     write_spec("orders_enriched", name, topics, {"topic": topics["enriched"], "dlq_topic": topics["dlq"]})
     produce_orders(kafka_settings, topics["orders"])
 
@@ -182,8 +180,7 @@ def test_revenue_per_minute_dag_run(airflow_db, connections, kafka_settings, pip
     name = f"rpm-{unique}"
     topics = {"orders": f"{name}.orders"}
     db = tmp_path / "revenue.db"
-    admin = kafka_admin.admin_client(kafka_settings)
-    kafka_admin.create_topics(admin, {topics["orders"]: 3})
+    kafka_admin.create_topics(kafka_settings, {topics["orders"]: 3})
     write_spec("revenue_per_minute", name, topics, {"url": f"sqlite:///{db}"})
     produce_orders(kafka_settings, topics["orders"])
 

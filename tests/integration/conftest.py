@@ -24,13 +24,13 @@ def admin(kafka_settings):
 
 
 @pytest.fixture
-def make_spec(admin, unique, tmp_path):
+def make_spec(kafka_settings, unique, tmp_path):
     """Build a spec over fresh topics: ``make_spec(transform, sink_kind, commit, partitions=3, **sink)``."""
 
     def build(transform: str = "identity", kind: str = "kafka", commit: str = "atomic",
               partitions: int = 3, source: dict | None = None, **sink) -> PipelineSpec:
         src, out, dlq = f"in-{unique}", f"out-{unique}", f"dlq-{unique}"
-        kafka_admin.create_topics(admin, {src: partitions, out: 3, dlq: 1})
+        kafka_admin.create_topics(kafka_settings, {src: partitions, out: 3, dlq: 1})
         if kind == "kafka":
             sink = {"topic": out, "dlq_topic": dlq, **sink}
         else:

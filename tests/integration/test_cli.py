@@ -1,8 +1,9 @@
-"""The CLI contract (DESIGN.md §6): outputs, exit codes, one-line errors."""
+"""The command line (docs/cli.md): outputs, exit codes, one-line errors, flags anywhere."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import yaml
@@ -54,3 +55,102 @@ def test_errors_are_one_line_on_stderr_with_nonzero_exit(kafka_settings, make_sp
 
     assert main(["--bootstrap", kafka_settings.bootstrap_servers, "plan", str(tmp_path / "nope.yaml")]) == 1
     assert "nope.yaml: no such pipeline spec" in capsys.readouterr().err
+
+
+def _spec_file(spec, tmp_path, **changes):
+    doc = spec_document(spec)
+    for dotted, value in changes.items():
+        section, _, field = dotted.rpartition(".")
+        (doc[section] if section else doc)[field] = value
+    path = tmp_path / f"{spec.name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_global_flags_work_after_the_command_too(kafka_settings, make_spec, tmp_path, capsys):
+    path = _spec_file(make_spec(partitions=1), tmp_path)
+    assert main(["plan", str(path), "--bootstrap", kafka_settings.bootstrap_servers, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["plan"]["ranges"][0]["until"] == 0
+    assert main(["--bootstrap", kafka_settings.bootstrap_servers, "checkpoint", "-v", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["partitions"][0]["lag"] == 0
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == "kafka-eos 0.1.0"
+
+
+def test_unreachable_broker_is_one_line_naming_the_address_within_the_connect_timeout(
+        make_spec, tmp_path, capfd, monkeypatch):
+    path = _spec_file(make_spec(partitions=1), tmp_path)
+    monkeypatch.setenv("KAFKA_EOS_CONNECT_TIMEOUT_S", "3")
+    started = time.monotonic()
+    assert main(["run", str(path), "--bootstrap", "127.0.0.1:1"]) == 1
+    elapsed = time.monotonic() - started
+    out, err = capfd.readouterr()  # file descriptors: librdkafka writes to fd 2 unless routed
+    assert out == ""
+    assert err.count("\n") == 1, err
+    assert err.startswith("kafka-eos: cannot reach Kafka at 127.0.0.1:1 within 3s")
+    assert "Connection refused" in err
+    assert elapsed < 3 + 3, elapsed
+
+
+def test_plan_and_checkpoint_do_not_import_the_transform(kafka_settings, make_spec, tmp_path, capsys):
+    path = _spec_file(make_spec(partitions=1), tmp_path, transform="not_installed_anywhere:f")
+    boot = ["--bootstrap", kafka_settings.bootstrap_servers]
+    assert main(["plan", str(path), *boot]) == 0
+    assert "1 partition(s), up to 0 offsets" in capsys.readouterr().out
+    assert main(["checkpoint", str(path), *boot]) == 0
+    assert "lag is counted to the LSO" in capsys.readouterr().out
+    assert main(["run", str(path), *boot]) == 1
+    assert "transform: cannot import module 'not_installed_anywhere'" in capsys.readouterr().err
+
+
+def test_run_prints_a_summary_per_partition_and_json(spark, kafka_settings, make_spec, tmp_path, capsys):
+    spec = make_spec(partitions=2, commit="atomic")
+    path = _spec_file(spec, tmp_path)
+    p = Producer(kafka_settings.client_config())
+    for i in range(5):
+        p.produce(spec.source.topics[0], value=b"x", partition=i % 2)
+    p.flush(30)
+    boot = ["--bootstrap", kafka_settings.bootstrap_servers]
+
+    assert main(["run", str(path), *boot, "--run-id", "r1"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0].startswith("run r1: committed in ")
+    assert "in 5, out 5, dead letters 0" in out.splitlines()[0]
+    rows = [line.split() for line in out.splitlines()[2:]]
+    assert rows == [[f"{spec.source.topics[0]}-0", "0", "3", "3", "3", "0"],
+                    [f"{spec.source.topics[0]}-1", "0", "2", "2", "2", "0"]]
+    assert "plan   2 partition(s)" in err and "WARN" not in err
+
+    assert main(["run", str(path), *boot, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "empty"
+
+
+def test_pipelines_lists_specs_with_lag_and_last_run(kafka_settings, make_spec, tmp_path, capsys, monkeypatch):
+    spec = make_spec(partitions=1)
+    folder = tmp_path / "pipelines"
+    folder.mkdir()
+    (folder / f"{spec.name}.yaml").write_text(yaml.safe_dump(spec_document(spec)))
+    (folder / "broken.yaml").write_text("name: broken\nsource: {}\n")
+    monkeypatch.setattr("kafka_eos.spec.pipelines_dir", lambda: folder)
+    p = Producer(kafka_settings.client_config())
+    for _ in range(4):
+        p.produce(spec.source.topics[0], value=b"x")
+    p.flush(30)
+    boot = ["--bootstrap", kafka_settings.bootstrap_servers]
+    assert main(["plan", str(folder / f"{spec.name}.yaml"), *boot]) == 0  # plan has no side effects
+    capsys.readouterr()
+
+    assert main(["pipelines", *boot, "--json"]) == 0
+    found = {p["name"]: p for p in json.loads(capsys.readouterr().out)["pipelines"]}
+    assert found[spec.name]["lag"] == 4
+    assert found[spec.name]["last_run"] is None
+    assert (found[spec.name]["sink"], found[spec.name]["commit"]) == ("kafka", "atomic")
+    assert "source.topics" in found["broken"]["error"]
+    assert main(["pipelines", *boot]) == 0
+    text = capsys.readouterr().out
+    assert spec.name in text and "error (below)" in text

@@ -39,7 +39,7 @@ def test_kafka_sink_identity_exactly_once_over_aborted_input(spark, kafka_settin
 
     # Run 1 is capped below the LSO; run 2 reads the rest; run 3 finds nothing new.
     plan1, s1 = run_once(spark, capped(spec, 60), kafka_settings, "run-1")
-    lso = kafka_admin.partition_offsets(admin, [r.tp for r in plan1.ranges])
+    lso = kafka_admin.partition_offsets(kafka_settings, [r.tp for r in plan1.ranges])
     assert any(r.until < lso[r.tp].lso for r in plan1.ranges), "run 1 should be capped below the LSO"
     plan2, s2 = run_once(spark, spec, kafka_settings, "run-2")
     plan3, s3 = run_once(spark, spec, kafka_settings, "run-3")
@@ -88,7 +88,7 @@ def _check_sql(spec, settings, admin, truth, url):
     assert counted == len(truth.committed)  # each committed valid order counted exactly once
     assert dead == truth.malformed
     tps = list(offsets)
-    lso = kafka_admin.partition_offsets(admin, tps)
+    lso = kafka_admin.partition_offsets(settings, tps)
     mirror = kafka_admin.committed_offsets(settings, spec.source.group_id, tps)
     for tp in tps:
         assert offsets[tp] == lso[tp].lso == mirror[tp]

@@ -62,7 +62,7 @@ def test_killed_spark_job_then_same_plan_again_is_exactly_once(spark, kafka_sett
     killed = spark_submit(write_spec_file(spec, tmp_path / "spec.yaml"), plan_file, kafka_settings, "after_produce")
     assert killed.returncode != 0, killed.stdout[-2000:]
     out_tps = [(spec.sink.topic, p) for p in range(3)]
-    offsets = kafka_admin.partition_offsets(admin, out_tps)
+    offsets = kafka_admin.partition_offsets(kafka_settings, out_tps)
     assert sum(o.high_watermark for o in offsets.values()) >= 100  # part of the output was written ...
     visible = read_committed(kafka_settings, spec.sink.topic)
     if commit == "atomic":

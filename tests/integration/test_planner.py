@@ -64,7 +64,7 @@ def test_plan_ends_at_the_lso_not_the_high_watermark(kafka_settings, admin, make
     try:
         plan, _ = compute_plan(spec, kafka_settings, "r")
         (r,) = plan.ranges
-        offsets = kafka_admin.partition_offsets(admin, [r.tp])[r.tp]
+        offsets = kafka_admin.partition_offsets(kafka_settings, [r.tp])[r.tp]
         assert offsets.high_watermark == 5 and offsets.lso == 4
         assert r.until == 4
     finally:

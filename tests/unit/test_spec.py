@@ -47,7 +47,7 @@ def test_defaults_follow_the_design():
     ("source.topics", [], "source.topics: a non-empty list"),
     ("source.topics", ["bad topic!"], "source.topics[0]: 'bad topic!' is not a valid topic name"),
     ("sink.topic", KeyError, "sink.topic: required for a kafka sink"),
-    ("sink.dlq_topic", KeyError, "sink.dlq_topic: required"),
+    ("sink.dlq_topic", "bad topic!", "sink.dlq_topic: 'bad topic!' is not a valid topic name"),
     ("sink.kind", "s3", "sink.kind: 's3' is not one of kafka, sql"),
     ("sink.commit", "sometimes", "sink.commit: 'sometimes' is not one of atomic, per_partition"),
     ("source.max_records_per_partition", 0, "source.max_records_per_partition: must be a positive integer"),
@@ -61,6 +61,11 @@ def test_malformed_field_names_file_and_field(path, value, needle):
     assert message.startswith("/x/p1.yaml: ")
     assert needle in message
     assert "\n" not in message
+
+
+def test_kafka_sink_needs_no_dead_letter_topic():
+    spec = parse_spec(_with("sink.dlq_topic", KeyError), "p1.yaml")
+    assert spec.sink.dlq_topic is None
 
 
 def test_sql_sink_needs_a_table_and_atomic_scope():

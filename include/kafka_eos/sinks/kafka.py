@@ -7,9 +7,10 @@ partition, on the executors, under that partition's own transactional.id.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, Iterable, Iterator
 
-from kafka_eos.errors import SpecError
+from kafka_eos.errors import DeadLetterWithoutTopic, SpecError
 from kafka_eos.manifest import COMMITTED, now_iso, partition_key, run_key
 from kafka_eos.plan import PartitionRange, Plan
 from kafka_eos.settings import KafkaSettings
@@ -40,6 +41,27 @@ def check_output(df: "DataFrame", spec: PipelineSpec) -> None:
                             "per_partition scope needs a row-wise transform: use commit: atomic")
 
 
+def refuse_dead_letters(df: "DataFrame", spec: PipelineSpec) -> None:
+    """A sink without ``dlq_topic`` in per_partition scope: look for a dead letter before any
+    partition commits (one extra pass over the source ranges; atomic scope needs none, its one
+    transaction aborts).
+
+    :raises DeadLetterWithoutTopic: naming the first dead letter's source coordinates.
+    """
+    from pyspark.sql import functions as F
+
+    first = df.where(F.col(DLQ_REASON).isNotNull()).select("topic", "partition", "offset", DLQ_REASON).limit(1)
+    for row in first.collect():
+        raise _no_dead_letter_topic(spec, row)
+
+
+def _no_dead_letter_topic(spec: PipelineSpec, row) -> DeadLetterWithoutTopic:
+    return DeadLetterWithoutTopic(
+        f"{row['topic']}-{row['partition']} offset {row['offset']}: dead letter ({row[DLQ_REASON]}) but "
+        f"{spec.path} has no sink.dlq_topic: nothing of this batch was committed; "
+        "set sink.dlq_topic or fix the record")
+
+
 def check_one_task_per_partition(df: "DataFrame", spec: PipelineSpec, plan: Plan) -> None:
     """per_partition scope: each source partition's rows must be in exactly one Spark task.
     A union (no Exchange) puts a partition's rows in two tasks; the second would find the range
@@ -55,22 +77,35 @@ def check_one_task_per_partition(df: "DataFrame", spec: PipelineSpec, plan: Plan
                         "partition: use commit: atomic")
 
 
-def to_records(rows: Iterable, sink_topic: str, dlq_topic: str) -> Iterator[OutRecord]:
-    """Rows of a transform's output -> records for the sink or the dead-letter topic."""
+def to_records(rows: Iterable, spec: PipelineSpec, tally: Counter | None = None) -> Iterator[OutRecord]:
+    """Rows of a transform's output -> records for the sink or the dead-letter topic.
+
+    :param tally: when given, counts ``((topic, partition), "out" | "dead")`` per source partition.
+    :raises DeadLetterWithoutTopic: a dead letter, and the sink has no ``dlq_topic`` (the
+        transaction it was meant for aborts: nothing of the batch is committed).
+    """
+    sink_topic, dlq_topic = spec.sink.topic, spec.sink.dlq_topic
     for row in rows:
         carried = row["headers"] if "headers" in row.__fields__ else None
         headers = [(h["key"], h["value"]) for h in carried or ()]
         reason = row[DLQ_REASON]
+        if tally is not None:
+            tally[((row["topic"], row["partition"]), "out" if reason is None else "dead")] += 1
         if reason is None:
             yield sink_topic, row["key"], row["value"], headers
+        elif dlq_topic is None:
+            raise _no_dead_letter_topic(spec, row)
         else:
             yield (dlq_topic, row["key"], row["value"],
                    headers + dead_letter_headers(reason, row["topic"], row["partition"], row["offset"]))
 
 
 def write_atomic(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
-                 summary: dict) -> CommitResult:
-    """One transaction for the whole plan, on the driver."""
+                 summary: dict, tally: Counter | None = None) -> CommitResult:
+    """One transaction for the whole plan, on the driver.
+
+    :param tally: filled with per-source-partition counts (see :func:`to_records`).
+    """
     rows = df.toLocalIterator(prefetchPartitions=True) if df is not None else ()
     commit = TransactionalCommit(settings, spec.transactional_id(), spec.source.group_id,
                                  plan.active, spec.sink.dlq_topic)
@@ -80,7 +115,7 @@ def write_atomic(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, setting
                   "records_in": out + dead, "committed_at": now_iso()}
         return [(spec.manifest_topic, run_key(plan.pipeline, plan.run_id), record)]
 
-    return commit.run(to_records(rows, spec.sink.topic, spec.sink.dlq_topic), manifest)
+    return commit.run(to_records(rows, spec, tally), manifest)
 
 
 def commit_partition(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
@@ -95,7 +130,7 @@ def commit_partition(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
                   "from": r.from_offset, "until": r.until, "committed_at": now_iso()}
         return [(spec.manifest_topic, partition_key(plan.pipeline, plan.run_id, r.topic, r.partition), record)]
 
-    return commit.run(to_records(rows, spec.sink.topic, spec.sink.dlq_topic), manifest)
+    return commit.run(to_records(rows, spec), manifest)
 
 
 def _commit_spark_partition(spec: PipelineSpec, plan: Plan, settings: KafkaSettings):

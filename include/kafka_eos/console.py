@@ -1,0 +1,79 @@
+"""What the command line shows a person: one line per step, a progress line while Spark works,
+and tables. Results go to stdout; steps and progress go to stderr, so ``--json`` output on
+stdout stays machine-readable."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator, Sequence, TextIO
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import SparkSession
+
+#: How often the progress line may change: often enough to show life, rarely enough to read.
+PROGRESS_INTERVAL_S = 5.0
+
+
+class Console:
+    """Step lines on stderr; silent when ``quiet`` (``--json``)."""
+
+    def __init__(self, quiet: bool = False, stream: TextIO | None = None) -> None:
+        self.quiet = quiet
+        self.stream = stream or sys.stderr
+
+    def step(self, text: str) -> None:
+        if not self.quiet:
+            print(text, file=self.stream, flush=True)
+
+    @contextmanager
+    def spark_progress(self, spark: "SparkSession", interval_s: float = PROGRESS_INTERVAL_S) -> Iterator[None]:
+        """While the block runs, print the running Spark stages' task counts when they change
+        (at most every ``interval_s``)."""
+        if self.quiet:
+            yield
+            return
+        stop = threading.Event()
+        tracker = spark.sparkContext.statusTracker()
+
+        def report() -> None:
+            last = ""
+            while not stop.wait(interval_s):
+                try:
+                    stages = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
+                except Exception:  # noqa: BLE001 - the session may be stopping; progress is best effort
+                    return
+                line = ", ".join(f"stage {s.stageId}: {s.numCompletedTasks}/{s.numTasks} tasks done"
+                                 for s in stages if s is not None)
+                if line and line != last:
+                    self.step(f"  ... spark {line}")
+                    last = line
+
+        thread = threading.Thread(target=report, name="kafka-eos-progress", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=2)
+
+
+def table(rows: Sequence[Sequence[object]], header: Sequence[str], indent: str = "  ") -> str:
+    """A plain text table: the first column left-aligned, the others right-aligned."""
+    cells = [[str(h) for h in header]] + [["-" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = []
+    for row in cells:
+        parts = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+        lines.append(indent + "  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def seconds(value: float) -> str:
+    return f"{value:.1f}s"
+
+
+def elapsed_since(start: float) -> str:
+    return seconds(time.monotonic() - start)

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kafka_eos.errors import BrokerError
-from kafka_eos.kafka_admin import all_partitions, partition_offsets
 from kafka_eos.paths import jars_dir, local_dir
 from kafka_eos.settings import KafkaSettings
 
@@ -200,8 +199,12 @@ def _port_open(port: int) -> bool:
 
 def _wait_ready(bootstrap: str, timeout_s: float, proc: subprocess.Popen | None = None,
                 log_file: Path | None = None) -> None:
-    """Wait until the port accepts connections, then until the broker serves metadata."""
+    """Wait until the port accepts connections, then until the broker serves metadata, then
+    until every partition's leader answers."""
+    # Imported here: the DAG files import this module at parse time, where no Kafka client loads.
     from confluent_kafka.admin import AdminClient
+
+    from kafka_eos.kafka_admin import all_partitions, partition_offsets
 
     deadline = time.monotonic() + timeout_s
     port = int(bootstrap.rsplit(":", 1)[1])

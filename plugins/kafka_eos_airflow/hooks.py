@@ -75,3 +75,23 @@ class KafkaEosHook(BaseHook):
                           "local broker)", self.kafka_conn_id, settings.bootstrap_servers)
             return settings
         return settings_from_connection(conn)
+
+    def get_checked_settings(self) -> KafkaSettings:
+        """:meth:`get_settings`, after checking that the cluster answers within the connect
+        timeout (``KAFKA_EOS_CONNECT_TIMEOUT_S``, 10 s by default).
+
+        :raises BrokerUnreachable: one line naming the bootstrap servers and the connection error.
+        """
+        from kafka_eos.kafka_admin import check_reachable
+
+        settings = self.get_settings()
+        check_reachable(settings)
+        return settings
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Airflow's connection test: does the cluster answer?"""
+        try:
+            settings = self.get_checked_settings()
+        except Exception as exc:  # noqa: BLE001 - the UI shows the message, whatever failed
+            return False, str(exc)
+        return True, f"Kafka at {settings.bootstrap_servers} answers"

@@ -113,7 +113,7 @@ class KafkaEosPlanOperator(_PipelineOperator):
 
         with task_errors():
             spec = load_spec(self.pipeline)
-            settings = KafkaEosHook(self.kafka_conn_id).get_settings()
+            settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
             plan = prepare_plan(spec, settings, run_id=context["run_id"])
         for r in plan.active:
             self.log.info("%s-%d: [%d, %d) checkpoint=%s", r.topic, r.partition, r.from_offset, r.until,
@@ -157,7 +157,7 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
         run_id = context["run_id"]
         with task_errors():
             spec = load_spec(self.pipeline)
-            settings = KafkaEosHook(self.kafka_conn_id).get_settings()
+            settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
             plan = stored_plan(settings, spec, run_id)
             spark_conf = session_conf()
         if plan.is_empty:
@@ -191,7 +191,7 @@ class KafkaEosVerifyOperator(_PipelineOperator):
         run_id = context["run_id"]
         with task_errors():
             spec = load_spec(self.pipeline)
-            settings = KafkaEosHook(self.kafka_conn_id).get_settings()
+            settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
             plan = stored_plan(settings, spec, run_id)
             checkpoints = verify(spec, settings, plan)
             record, partitions = self._manifest_records(settings, spec, run_id)

@@ -1,0 +1,45 @@
+"""The command line's parsing and error lines, without a broker."""
+
+from __future__ import annotations
+
+import pytest
+
+from kafka_eos.cli import build_parser, remote_error
+from kafka_eos.errors import KafkaEosError
+from kafka_eos.settings import KafkaSettings
+
+
+@pytest.mark.parametrize("argv", [
+    ["--bootstrap", "b:9092", "-v", "run", "p", "--json"],
+    ["run", "p", "--bootstrap", "b:9092", "-v", "--json"],
+    ["-v", "run", "--json", "p", "--bootstrap", "b:9092"],
+])
+def test_global_flags_parse_before_or_after_the_command(argv):
+    args = build_parser().parse_args(argv)
+    assert (args.command, args.pipeline, args.bootstrap, args.verbose, args.json) == ("run", "p", "b:9092", True, True)
+
+
+def test_global_flags_default_when_absent():
+    args = build_parser().parse_args(["checkpoint", "p"])
+    assert (args.bootstrap, args.verbose, args.json) == (None, False, False)
+
+
+def test_a_kafka_eos_error_raised_in_a_spark_task_is_found_in_the_driver_error():
+    text = ("An error occurred while calling o97.collectToPython.\n: org.apache.spark.SparkException: Job aborted "
+            "due to stage failure: ... org.apache.spark.api.python.PythonException: Traceback (most recent call "
+            "last):\n  File \"x.py\", line 1, in f\nkafka_eos.errors.DeadLetterWithoutTopic: orders-1 offset 42: "
+            "dead letter (bad amount) but p.yaml has no sink.dlq_topic\n\tat org.apache.spark...")
+    assert remote_error(RuntimeError(text)) == "orders-1 offset 42: dead letter (bad amount) but p.yaml has no sink.dlq_topic"
+    assert remote_error(RuntimeError("something else")) is None
+
+
+def test_connect_timeout_comes_from_the_environment():
+    env = {"KAFKA_EOS_CONNECT_TIMEOUT_S": "2.5"}
+    assert KafkaSettings.from_environ(env, "b:9092").connect_timeout_s == 2.5
+    assert KafkaSettings.from_environ({}, "b:9092").connect_timeout_s == 10.0
+    with pytest.raises(KafkaEosError, match="KAFKA_EOS_CONNECT_TIMEOUT_S: 'soon' is not a positive number"):
+        KafkaSettings.from_environ({"KAFKA_EOS_CONNECT_TIMEOUT_S": "soon"}, "b:9092")
+
+
+def test_client_logs_go_to_python_logging_not_stderr():
+    assert KafkaSettings("b:9092").client_config()["logger"].name == "kafka_eos.librdkafka"

@@ -1,1 +1,1 @@
-"""spark-submit entry points and the PySpark transforms they run (DESIGN.md §1)."""
+"""spark-submit entry points and the PySpark transforms they run (docs/architecture.md, "Layout")."""

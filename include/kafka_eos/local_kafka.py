@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kafka_eos.errors import BrokerError
+from kafka_eos.logs import log4j2_properties
 from kafka_eos.paths import jars_dir, local_dir
 from kafka_eos.settings import KafkaSettings
 
@@ -57,20 +58,8 @@ transaction.abort.timed.out.transaction.cleanup.interval.ms=5000
 auto.create.topics.enable=false
 """
 
-_LOG4J2 = """\
-status = warn
-appender.file.type = File
-appender.file.name = FILE
-appender.file.fileName = {log_file}
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = INFO
-rootLogger.appenderRef.file.ref = FILE
-logger.kafka.name = kafka
-logger.kafka.level = WARN
-logger.apache.name = org.apache.kafka
-logger.apache.level = WARN
-"""
+#: The broker's own loggers are chatty at INFO; its file keeps warnings and the rest at INFO.
+_LOG_LEVELS = {"kafka": "WARN", "org.apache.kafka": "WARN"}
 
 
 @dataclass(frozen=True)
@@ -137,7 +126,7 @@ class LocalBroker:
         props.write_text(_SERVER_PROPERTIES.format(
             host=HOST, port=self.port, controller_port=self.port + 1, data_dir=data_dir))
         log4j = self.home / "log4j2.properties"
-        log4j.write_text(_LOG4J2.format(log_file=self.log_file))
+        log4j.write_text(log4j2_properties(self.log_file, "INFO", _LOG_LEVELS))
         java = ["java", f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
         if not (data_dir / "meta.properties").exists():
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")

@@ -28,17 +28,22 @@ from kafka_eos.settings import CLIENT_LOGGER
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
-_LOG4J2 = """\
-# kafka-eos: Spark's driver logs go to a file, not the terminal.
-status = warn
-appender.file.type = File
-appender.file.name = FILE
-appender.file.fileName = {log_file}
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
-rootLogger.level = {level}
-rootLogger.appenderRef.file.ref = FILE
-"""
+def log4j2_properties(log_file: Path, root_level: str, levels: dict[str, str] | None = None) -> str:
+    """A log4j2 configuration that writes every JVM log line to ``log_file`` (the local broker's
+    and Spark's), at ``root_level``, with ``levels`` for named loggers."""
+    lines = [
+        "status = warn",
+        "appender.file.type = File",
+        "appender.file.name = FILE",
+        f"appender.file.fileName = {log_file}",
+        "appender.file.layout.type = PatternLayout",
+        "appender.file.layout.pattern = [%d] %p %m (%c)%n%ex",
+        f"rootLogger.level = {root_level}",
+        "rootLogger.appenderRef.file.ref = FILE",
+    ]
+    for i, (name, level) in enumerate(sorted((levels or {}).items())):
+        lines += [f"logger.l{i}.name = {name}", f"logger.l{i}.level = {level}"]
+    return "\n".join(lines) + "\n"
 
 
 def logs_dir() -> Path:
@@ -105,7 +110,7 @@ def spark_log4j_options(verbose: bool = False) -> str:
     """Driver JVM options that send Spark's log4j2 output to :func:`spark_log_file`
     (``spark.driver.extraJavaOptions`` of an in-process session)."""
     config = logs_dir() / "log4j2-spark.properties"
-    config.write_text(_LOG4J2.format(log_file=spark_log_file(), level="INFO" if verbose else "WARN"))
+    config.write_text(log4j2_properties(spark_log_file(), "INFO" if verbose else "WARN"))
     return f"-Dlog4j2.configurationFile=file:{config}"
 
 

@@ -13,7 +13,7 @@ from typing import Iterator
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from kafka_eos.errors import PlanError
-from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, ensure_compacted_topic
+from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, ensure_compacted_topic, partition_offsets
 from kafka_eos.plan import Plan
 from kafka_eos.settings import KafkaSettings
 
@@ -73,10 +73,8 @@ class ManifestStore:
             md = consumer.list_topics(self.topic, timeout=ADMIN_TIMEOUT_S).topics.get(self.topic)
             if md is None or md.error is not None:
                 return
-            ends = {}
-            for p in md.partitions:
-                _low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=ADMIN_TIMEOUT_S)
-                ends[p] = high
+            offsets = partition_offsets(self.settings, [(self.topic, p) for p in md.partitions])
+            ends = {p: o.high_watermark for (_t, p), o in offsets.items()}
             todo = {p for p, high in ends.items() if high > 0}
             consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in todo])
             while todo:

@@ -1,4 +1,4 @@
-"""Plans: the unit of work of one run (DESIGN.md §3).
+"""Plans: the unit of work of one run (docs/architecture.md, "Plans").
 
 ``plan_ranges`` is a pure function of the spec, the partitions' offsets and the checkpoints, so
 every rule is testable without a broker; :func:`make_plan` gathers that state from Kafka.

@@ -13,7 +13,7 @@ from typing import Mapping
 
 from kafka_eos.errors import KafkaEosError
 
-#: Environment variable with the bootstrap servers (DESIGN.md §6).
+#: Environment variable with the bootstrap servers (docs/configuration.md).
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 #: Environment variable with extra librdkafka settings as a JSON object (security, SASL ...).
 #: Secrets travel here, never on a command line.

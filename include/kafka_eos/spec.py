@@ -1,4 +1,4 @@
-"""Pipeline specs (DESIGN.md §7): YAML files loaded into frozen settings.
+"""Pipeline specs (docs/configuration.md): YAML files loaded into frozen settings.
 
 Every problem is a one-line :class:`SpecError` naming the file and the field.
 """
@@ -19,7 +19,7 @@ from kafka_eos.paths import pipelines_dir
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-#: The compacted topic that holds every pipeline's run manifests (DESIGN.md §3).
+#: The compacted topic that holds every pipeline's run manifests (docs/architecture.md, "Run manifest").
 DEFAULT_MANIFEST_TOPIC = "kafka-eos.manifest"
 
 
@@ -55,7 +55,7 @@ class PipelineSpec:
     path: str = "<inline>"
 
     def transactional_id(self, topic: str | None = None, partition: int | None = None) -> str:
-        """The stable transactional.id of this pipeline's work (DESIGN.md §4 step 1).
+        """The stable transactional.id of this pipeline's work (docs/architecture.md, "Commit protocol", step 1).
 
         Derived from the group id, the checkpoint the commit checks: every writer of one
         checkpoint fences every other, whatever the pipeline is called. ``|`` cannot occur in a

@@ -1,4 +1,4 @@
-"""The commit protocol (DESIGN.md §4), in one place for every Kafka sink and scope.
+"""The commit protocol (docs/architecture.md, "Commit protocol"), in one place for every Kafka sink and scope.
 
 One :class:`TransactionalCommit` is one transaction of one unit of work: the whole plan
 (``atomic``) or one source partition (``per_partition``). The sequence, step by step:

@@ -1,4 +1,4 @@
-"""Thin, templated operators for one kafka-eos run: plan -> Spark -> verify (DESIGN.md §3-4).
+"""Thin, templated operators for one kafka-eos run: plan -> Spark -> verify (docs/architecture.md).
 
 Every operator takes the pipeline (a spec name under include/pipelines/ or a YAML path) and a
 Kafka connection id, builds its hook in ``execute()`` and calls the library. The plan lives in

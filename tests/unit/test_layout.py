@@ -1,4 +1,4 @@
-"""DESIGN.md §1: imports flow dags -> plugins -> include <- spark_apps; include never imports airflow."""
+"""The layout (docs/architecture.md): imports flow dags -> plugins -> include <- spark_apps; include never imports airflow."""
 
 from __future__ import annotations
 
@@ -35,3 +35,26 @@ def test_at_least_once_spark_kafka_sink_is_never_used():
     for path in list((ROOT / "include").rglob("*.py")) + list((ROOT / "spark_apps").rglob("*.py")):
         text = path.read_text().replace(" ", "")
         assert '.write.format("kafka")' not in text and ".writeStream.format(\"kafka\")" not in text, path
+
+
+def _tracked_text_files() -> list[Path]:
+    import subprocess
+
+    names = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return [ROOT / n for n in names.splitlines()
+            if (ROOT / n).is_file() and (ROOT / n).suffix in (".py", ".md", ".toml", ".yaml", ".yml", ".txt", "")]
+
+
+def test_the_repository_documents_itself():
+    """Nothing points readers at files outside the repository; every docs/ page named exists."""
+    import re
+
+    outside = re.compile(r"\.\./shared|DESIGN\.md")
+    named = re.compile(r"docs/[a-z_-]+\.md")
+    bad, missing = [], set()
+    for path in _tracked_text_files():
+        text = path.read_text(errors="replace")
+        if outside.search(text):
+            bad.append(str(path.relative_to(ROOT)))
+        missing |= {m for m in named.findall(text) if not (ROOT / m).is_file()}
+    assert bad == [] and missing == set()

@@ -1,4 +1,4 @@
-"""Planner rules (DESIGN.md §3) on given offsets and checkpoints; Kafka-backed cases live in
+"""Planner rules (docs/architecture.md, "Plans") on given offsets and checkpoints; Kafka-backed cases live in
 tests/integration/test_planner.py."""
 
 from __future__ import annotations

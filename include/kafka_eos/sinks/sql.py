@@ -1,4 +1,4 @@
-"""SQL sink through SQLAlchemy, on the driver (DESIGN.md §4).
+"""SQL sink through SQLAlchemy, on the driver (docs/architecture.md, "SQL sink").
 
 One database transaction holds the result rows (upserted), the dead-letter rows and an offsets
 row per (pipeline, topic, partition) moved by compare-and-set. After the DB commit the

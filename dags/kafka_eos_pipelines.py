@@ -18,7 +18,7 @@ from airflow.sdk import DAG, CronDataIntervalTimetable
 
 from kafka_eos.errors import SpecError
 from kafka_eos.paths import pipelines_dir
-from kafka_eos.spec import PipelineSpec, parse_spec
+from kafka_eos.spec import PipelineSpec, check_group_owner, parse_spec
 from kafka_eos_airflow.hooks import KafkaEosHook
 from kafka_eos_airflow.operators import (KafkaEosPlanOperator, KafkaEosSparkSubmitOperator,
                                          KafkaEosVerifyOperator)
@@ -91,22 +91,28 @@ def build_dag(spec: PipelineSpec, *, kafka_conn_id: str = KafkaEosHook.default_c
 
 def dags_from_folder(folder: str | Path, **kwargs) -> dict[str, DAG]:
     """One DAG per ``*.yaml`` spec in ``folder`` (dag_id -> DAG); unparsable specs are logged and
-    skipped. ``kwargs`` go to :func:`build_dag`."""
-    dags: dict[str, DAG] = {}
+    skipped, and so are all the specs that share a pipeline name or a consumer group (a group
+    holds one pipeline's checkpoint). ``kwargs`` go to :func:`build_dag`."""
+    specs: list[PipelineSpec] = []
     for path in sorted(Path(folder).glob("*.yaml")):
         try:
             raw = yaml.safe_load(path.read_text())
             # No environ: ${VAR} in a SQL URL stays unresolved here (the tasks resolve it), so
             # no secret ends up in the serialized DAG.
-            spec = parse_spec(raw, str(path.resolve()))
+            specs.append(parse_spec(raw, str(path.resolve())))
         except (SpecError, yaml.YAMLError, OSError) as exc:
             log.error("kafka-eos: skipping pipeline spec %s: %s", path, str(exc).splitlines()[0])
+    dags: dict[str, DAG] = {}
+    for spec in specs:
+        others = [o for o in specs if o is not spec]
+        try:
+            if any(o.name == spec.name for o in others):
+                raise SpecError(f"{spec.path}: name: pipeline name {spec.name!r} is used by another spec too")
+            check_group_owner(spec, others)
+        except SpecError as exc:
+            log.error("kafka-eos: skipping pipeline spec %s", exc)
             continue
-        dag_id = DAG_ID_PREFIX + spec.name
-        if dag_id in dags:
-            log.error("kafka-eos: skipping pipeline spec %s: pipeline name %r is already used", path, spec.name)
-            continue
-        dags[dag_id] = build_dag(spec, **kwargs)
+        dags[DAG_ID_PREFIX + spec.name] = build_dag(spec, **kwargs)
     return dags
 
 

@@ -35,6 +35,10 @@ class ProducerFenced(TransactionFailed):
     """A newer attempt of the same work called init_transactions(): this attempt must stop."""
 
 
+class TransactionTimedOut(TransactionFailed):
+    """The transaction coordinator aborted a transaction that stayed open past its timeout."""
+
+
 class BrokerError(KafkaEosError):
     """The local broker cannot be started, or a Kafka call failed (keeps the Kafka error code)."""
 

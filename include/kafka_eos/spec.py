@@ -10,7 +10,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import yaml
 
@@ -131,9 +131,36 @@ def load_spec(name_or_path: str, environ: Mapping[str, str] | None = None,
         first = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
         raise SpecError(f"{path}: not valid YAML ({first})") from None
     spec = parse_spec(raw, str(path), os.environ if environ is None else environ)
+    check_group_owner(spec, _bundled_specs(exclude=path))
     if import_transform:
         spec.load_transform()  # a transform that does not import is a spec error, found up front
     return spec
+
+
+def check_group_owner(spec: PipelineSpec, others: Iterable[PipelineSpec]) -> None:
+    """A consumer group belongs to one pipeline: it holds that pipeline's checkpoint and is the
+    base of its transactional ids. Two pipelines sharing one would overwrite each other's
+    checkpoint and fence each other's transactions.
+
+    :raises SpecError: naming both specs and the group.
+    """
+    for other in others:
+        if other.source.group_id == spec.source.group_id and other.name != spec.name:
+            raise SpecError(f"{spec.path}: source.group_id: {spec.source.group_id!r} is also the group of pipeline "
+                            f"{other.name!r} ({other.path}); each pipeline needs a group of its own")
+
+
+def _bundled_specs(exclude: Path) -> list[PipelineSpec]:
+    """The parsable specs under include/pipelines/ other than ``exclude`` (transforms not imported)."""
+    found = []
+    for path in spec_paths():
+        if path.resolve() == exclude.resolve():
+            continue
+        try:
+            found.append(parse_spec(yaml.safe_load(path.read_text()), str(path)))
+        except (SpecError, yaml.YAMLError, OSError):
+            continue  # a broken spec is reported when it is loaded itself
+    return found
 
 
 def spec_paths() -> list[Path]:

@@ -4,7 +4,9 @@ One :class:`TransactionalCommit` is one transaction of one unit of work: the who
 (``atomic``) or one source partition (``per_partition``). The sequence, step by step:
 
 1. ``init_transactions()`` under a transactional.id derived from the work: fences every older
-   attempt of the same work and aborts its open transaction.
+   attempt of the same work and aborts its open transaction. Then, with throwaway producers,
+   ``init_transactions()`` under the ids the *other* commit scope uses for the same partitions
+   (``fences``): a zombie of an attempt in the other scope is fenced too.
 2. Read the group's committed offsets (require_stable): equal to the plan's expected checkpoint
    -> go on; equal to ``until`` -> an earlier attempt committed -> no-op; else -> conflict.
 3. Produce results and dead letters, flush, ``send_offsets_to_transaction({tp: until})``,
@@ -20,7 +22,7 @@ from typing import Callable, Iterable, Sequence
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from kafka_eos.errors import CheckpointConflict, ProducerFenced, TransactionFailed
+from kafka_eos.errors import CheckpointConflict, ProducerFenced, TransactionFailed, TransactionTimedOut
 from kafka_eos.faults import armed, crash_point
 from kafka_eos.kafka_admin import committed_offsets
 from kafka_eos.plan import PartitionRange
@@ -60,9 +62,13 @@ class TransactionalCommit:
     """One transaction of one unit of work; lazy (no network until :meth:`run`)."""
 
     def __init__(self, settings: KafkaSettings, transactional_id: str, group_id: str,
-                 ranges: Sequence[PartitionRange], dlq_topic: str | None = None) -> None:
+                 ranges: Sequence[PartitionRange], dlq_topic: str | None = None,
+                 fences: Sequence[str] = (), timeout_ms: int = TRANSACTION_TIMEOUT_MS) -> None:
         self.settings = settings
+        self.timeout_ms = timeout_ms
+        self._begun: float | None = None
         self.transactional_id = transactional_id
+        self.fences = tuple(fences)
         self.group_id = group_id
         self.ranges = tuple(ranges)
         self.dlq_topic = dlq_topic
@@ -93,6 +99,17 @@ class TransactionalCommit:
         """The error to raise for ``err``, after aborting where that is the right move."""
         where = f"{what} ({self.transactional_id}, {self._ranges_text()})"
         if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED):
+            # The coordinator aborts a transaction open longer than its timeout and bumps the
+            # producer's epoch: librdkafka then reports "fenced by newer producer instance" too.
+            # The coordinator's clock starts after ours (at the first record), so a transaction
+            # it timed out has been open here at least as long as the timeout.
+            open_s = time.monotonic() - self._begun if self._begun is not None else 0.0
+            if open_s * 1000 >= self.timeout_ms:
+                return TransactionTimedOut(
+                    f"{where}: aborted by the transaction coordinator after the transaction timeout of "
+                    f"{self.timeout_ms / 1000:g}s (open {open_s:.0f}s here); librdkafka reports it as "
+                    f"{err.name()}. Nothing of it is visible; a smaller batch "
+                    "(source.max_records_per_partition) commits within the timeout")
             return ProducerFenced(f"{where}: fenced by a newer attempt of the same work: {err.str()}")
         if err.fatal():
             return TransactionFailed(f"{where}: fatal {err.name()}: {err.str()}")
@@ -158,7 +175,7 @@ class TransactionalCommit:
         conf = self.settings.client_config(**{
             "transactional.id": self.transactional_id,
             "enable.idempotence": True,
-            "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+            "transaction.timeout.ms": self.timeout_ms,
             # Keys land where Java producers put them.
             "partitioner": "murmur2_random",
             # Batch for throughput; a transaction flushes before it commits anyway.
@@ -168,6 +185,11 @@ class TransactionalCommit:
         self._producer = Producer(conf)
         # 1. Fence older attempts of the same work; their open transaction is aborted.
         self._call("init_transactions", lambda: self._producer.init_transactions(CALL_TIMEOUT_S))
+        # 1b. Fence attempts of the same partitions in the other commit scope. Own id first, then
+        # the others: of two attempts that overlap, whichever inits last fences the other's
+        # producer, so at most one of them can commit (docs/architecture.md, "Fencing across scopes").
+        for fence_id in self.fences:
+            self._fence(fence_id)
 
         # 2. Check the checkpoint, now that no older attempt can commit any more.
         tps = [r.tp for r in self.ranges]
@@ -182,6 +204,7 @@ class TransactionalCommit:
 
         # 3. Produce, then offsets and manifest into the same transaction, then commit.
         self._call("begin_transaction", self._producer.begin_transaction)
+        self._begun = time.monotonic()
         out = dead = 0
         try:
             for topic, key, value, headers in records:
@@ -218,6 +241,17 @@ class TransactionalCommit:
         # 3d. Commit. A retriable failure here is retried by _call; commit is idempotent.
         self._call("commit_transaction", lambda: self._producer.commit_transaction(CALL_TIMEOUT_S))
         return CommitResult("committed", out, dead)
+
+    def _fence(self, transactional_id: str) -> None:
+        """Bump the epoch of ``transactional_id`` (aborting its open transaction) and let go."""
+        fencer = Producer(self.settings.client_config(**{
+            "transactional.id": transactional_id, "transaction.timeout.ms": self.timeout_ms}))
+        try:
+            fencer.init_transactions(CALL_TIMEOUT_S)
+        except KafkaException as exc:
+            err = exc.args[0]
+            raise TransactionFailed(f"fencing {transactional_id} before committing {self._ranges_text()}: "
+                                    f"{err.name()}: {err.str()}") from None
 
     def _flush(self) -> None:
         remaining = self._producer.flush(CALL_TIMEOUT_S)

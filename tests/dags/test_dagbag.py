@@ -171,3 +171,15 @@ def test_plan_file_path_is_never_needed_at_parse(dagbag):
     assert not spark.application_args
     assert not spark.env_vars
     assert Path(spark.application).is_file()
+
+
+def test_specs_sharing_a_group_get_no_dag(pipelines_module, tmp_path, caplog):
+    from kafka_eos.paths import pipelines_dir
+
+    good = yaml.safe_load((pipelines_dir() / "orders_enriched.yaml").read_text())
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump({**good, "name": "a"}))
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump({**good, "name": "b"}))
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({**good, "name": "c",
+                                                     "source": {**good["source"], "group_id": "kafka-eos.c"}}))
+    assert list(pipelines_module.dags_from_folder(tmp_path)) == ["kafka_eos__c"]
+    assert caplog.text.count("is also the group of pipeline") == 2

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from sqlalchemy import create_engine, text
 
 from kafka_eos import kafka_admin
 from kafka_eos.batch import run_batch
-from kafka_eos.errors import ProducerFenced
+from kafka_eos.errors import ProducerFenced, TransactionTimedOut
 from kafka_eos.pipeline import compute_plan, prepare_plan, verify
 from kafka_eos.readers import read_committed
 from kafka_eos.sample_data import produce_orders
@@ -149,3 +150,64 @@ def test_sql_sink_killed_before_the_kafka_mirror_is_repaired(spark, kafka_settin
     with create_engine(url).connect() as conn:
         assert conn.execute(text("select sum(order_count) from revenue")).scalar() == len(truth.committed)
         assert conn.execute(text("select count(*) from kafka_eos_dead_letters")).scalar() == truth.malformed
+
+
+@pytest.mark.parametrize("older,newer", [("atomic", "per_partition"), ("per_partition", "atomic")])
+def test_attempts_in_different_commit_scopes_fence_each_other(kafka_settings, make_spec, older, newer):
+    """A zombie of one scope and a retry of the same stored plan in the other scope: before the
+    cross-scope fences, both passed the checkpoint check and every record was written twice."""
+    from kafka_eos.sinks.kafka import atomic_commit, partition_commit
+
+    spec = make_spec("identity", "kafka", "atomic", partitions=2)
+    produce_orders(kafka_settings, spec.source.topics[0], 40, abort_every=0, malformed_every=0)
+    plan, _ = compute_plan(spec, kafka_settings, "run-1")
+    assert len(plan.active) == 2
+
+    def records(label: str, ranges):
+        return [(spec.sink.topic, b"k", f"{label}-{r.partition}-{i}".encode(), None) for r in ranges for i in range(3)]
+
+    def run_scope(scope: str, label: str, ranges, records_of=records):
+        if scope == "atomic":
+            return [atomic_commit(spec, plan, kafka_settings).run(iter(records_of(label, plan.active)))]
+        return [partition_commit(spec, r, kafka_settings).run(iter(records_of(label, [r]))) for r in ranges]
+
+    newer_results = []
+
+    def older_records(label, ranges):
+        yield from records(label, ranges)[:2]
+        # The newer attempt, in the other scope, starts and commits while the older one produces.
+        newer_results.extend(run_scope(newer, "newer", plan.active))
+        yield from records(label, ranges)[2:]
+
+    older_ranges = plan.active if older == "atomic" else plan.active[:1]
+    with pytest.raises(ProducerFenced):
+        run_scope(older, "older", older_ranges, older_records)
+    assert [r.status for r in newer_results] == ["committed"] * len(newer_results)
+    values = sorted(m.value.decode() for m in read_committed(kafka_settings, spec.sink.topic))
+    assert values == sorted(v.decode() for _t, _k, v, _h in records("newer", plan.active))
+    tps = [r.tp for r in plan.active]
+    assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, tps) == {r.tp: r.until for r in plan.active}
+
+
+def test_a_transaction_aborted_by_its_timeout_is_not_reported_as_fenced(kafka_settings, make_spec):
+    """librdkafka reports a coordinator's timeout abort as _FENCED ("fenced by newer producer
+    instance"); the operator must read the true cause."""
+    spec = make_spec("identity", "kafka", "atomic", partitions=1)
+    produce_orders(kafka_settings, spec.source.topics[0], 10, abort_every=0, malformed_every=0)
+    plan, _ = compute_plan(spec, kafka_settings, "run-1")
+    commit = TransactionalCommit(kafka_settings, spec.transactional_id(), spec.source.group_id, plan.active,
+                                 spec.sink.dlq_topic, timeout_ms=2000)
+
+    def slow_records():
+        yield spec.sink.topic, b"k", b"first", None
+        # Past the 2 s timeout and the broker's abort check (every 5 s on the local broker).
+        time.sleep(9)
+        yield spec.sink.topic, b"k", b"second", None
+
+    with pytest.raises(TransactionTimedOut) as failed:
+        commit.run(slow_records())
+    assert "after the transaction timeout of 2s" in str(failed.value)
+    assert not isinstance(failed.value, ProducerFenced)
+    assert read_committed(kafka_settings, spec.sink.topic) == []
+    (r,) = plan.active
+    assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [r.tp])[r.tp] is None

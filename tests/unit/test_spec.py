@@ -125,3 +125,20 @@ def test_spec_document_round_trips():
                                         "url": "sqlite:///x.db"}, "schedule": "@hourly"}):
         spec = parse_spec(doc, "p.yaml")
         assert parse_spec(spec_document(spec), "p.yaml") == spec
+
+
+def test_a_group_belongs_to_one_pipeline(tmp_path):
+    from kafka_eos.spec import check_group_owner, load_spec
+
+    a = parse_spec({**GOOD, "name": "a", "source": {"topics": ["in"], "group_id": "shared"}}, "a.yaml")
+    b = parse_spec({**GOOD, "name": "b", "source": {"topics": ["in"], "group_id": "shared"}}, "b.yaml")
+    with pytest.raises(SpecError, match=r"^b.yaml: source.group_id: 'shared' is also the group of pipeline 'a'"):
+        check_group_owner(b, [a])
+    check_group_owner(a, [a])  # the same pipeline in another file is not another owner
+
+    # A spec anywhere may not take a bundled pipeline's group.
+    taker = tmp_path / "taker.yaml"
+    taker.write_text(yaml.safe_dump({**GOOD, "name": "taker", "transform": "identity",
+                                     "source": {"topics": ["orders"], "group_id": "kafka-eos.orders_enriched"}}))
+    with pytest.raises(SpecError, match=r"is also the group of pipeline 'orders_enriched'"):
+        load_spec(str(taker))

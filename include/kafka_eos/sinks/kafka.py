@@ -100,6 +100,21 @@ def to_records(rows: Iterable, spec: PipelineSpec, tally: Counter | None = None)
                    headers + dead_letter_headers(reason, row["topic"], row["partition"], row["offset"]))
 
 
+def atomic_commit(spec: PipelineSpec, plan: Plan, settings: KafkaSettings) -> TransactionalCommit:
+    """The transaction of a whole plan, under the pipeline's group-level transactional.id; it
+    also fences the per-partition ids of the plan's partitions."""
+    return TransactionalCommit(settings, spec.transactional_id(), spec.source.group_id, plan.active,
+                               spec.sink.dlq_topic,
+                               fences=[spec.transactional_id(r.topic, r.partition) for r in plan.active])
+
+
+def partition_commit(spec: PipelineSpec, r: PartitionRange, settings: KafkaSettings) -> TransactionalCommit:
+    """The transaction of one source partition, under its own transactional.id; it also fences
+    the group-level id (an atomic attempt of the same work)."""
+    return TransactionalCommit(settings, spec.transactional_id(r.topic, r.partition), spec.source.group_id, [r],
+                               spec.sink.dlq_topic, fences=[spec.transactional_id()])
+
+
 def write_atomic(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
                  summary: dict, tally: Counter | None = None) -> CommitResult:
     """One transaction for the whole plan, on the driver.
@@ -107,8 +122,7 @@ def write_atomic(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, setting
     :param tally: filled with per-source-partition counts (see :func:`to_records`).
     """
     rows = df.toLocalIterator(prefetchPartitions=True) if df is not None else ()
-    commit = TransactionalCommit(settings, spec.transactional_id(), spec.source.group_id,
-                                 plan.active, spec.sink.dlq_topic)
+    commit = atomic_commit(spec, plan, settings)
 
     def manifest(out: int, dead: int):
         record = {**summary, "status": COMMITTED, "records_out": out, "dead_letters": dead,
@@ -122,8 +136,7 @@ def commit_partition(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
                      r: PartitionRange, rows: Iterable) -> CommitResult:
     """The transaction of one source partition (on an executor, or on the driver when the
     partition produced no rows at all)."""
-    commit = TransactionalCommit(settings, spec.transactional_id(r.topic, r.partition),
-                                 spec.source.group_id, [r], spec.sink.dlq_topic)
+    commit = partition_commit(spec, r, settings)
 
     def manifest(out: int, dead: int):
         record = {"status": COMMITTED, "records_out": out, "dead_letters": dead, "records_in": out + dead,

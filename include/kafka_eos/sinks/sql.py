@@ -3,10 +3,16 @@
 One database transaction holds the result rows (upserted), the dead-letter rows and an offsets
 row per (pipeline, topic, partition) moved by compare-and-set. After the DB commit the
 checkpoint is mirrored to the Kafka group offsets; the planner repairs a mirror left behind.
+
+Spark computes first, the database transaction comes after: the rows are spooled to a local
+temporary file, so the transaction never waits on Spark (PostgreSQL's idle-in-transaction
+timeout, SQLite's write lock) and lasts as long as the writes themselves.
 """
 
 from __future__ import annotations
 
+import pickle
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from datetime import datetime, timezone
@@ -244,6 +250,33 @@ def _batches(rows: Iterator[dict]) -> Iterator[list[dict]]:
         yield batch
 
 
+class Spool:
+    """Rows written to a local temporary file in batches, read back as often as needed. Memory
+    holds one batch at a time, however large the run."""
+
+    def __init__(self, rows: Iterable[dict]) -> None:
+        self.count = 0
+        self._file = tempfile.TemporaryFile(prefix="kafka-eos-sql-")
+        for batch in _batches(iter(rows)):
+            pickle.dump(batch, self._file, protocol=pickle.HIGHEST_PROTOCOL)
+            self.count += len(batch)
+
+    def batches(self) -> Iterator[list[dict]]:
+        self._file.seek(0)
+        while True:
+            try:
+                yield pickle.load(self._file)
+            except EOFError:
+                return
+
+    def rows(self) -> Iterator[dict]:
+        for batch in self.batches():
+            yield from batch
+
+    def close(self) -> None:
+        self._file.close()
+
+
 def _bytes(v):
     if v is None or isinstance(v, bytes):
         return v
@@ -280,7 +313,17 @@ def write(results: "DataFrame | None", dead_letters: "DataFrame | None", spec: P
                    "offset": row["offset"], "key": _bytes(row["key"]), "value": _bytes(row["value"]),
                    "reason": row[DLQ_REASON], "run_id": plan.run_id}
 
-    status, out, dead = sink.commit(plan, result_rows() if results is not None else None, table, dead_rows())
+    # Spark's work first (each DataFrame is computed once, into a local file), then one short
+    # database transaction.
+    dead_spool = Spool(dead_rows())
+    result_spool = Spool(result_rows()) if results is not None else None
+    try:
+        status, out, dead = sink.commit(plan, result_spool.rows() if result_spool else None, table,
+                                        dead_spool.rows())
+    finally:
+        dead_spool.close()
+        if result_spool is not None:
+            result_spool.close()
     crash_point("after_sql_commit")
     # The mirror: standard lag tools see progress; the planner repairs it if this is lost.
     alter_group_offsets(settings, spec.source.group_id, {r.tp: r.until for r in plan.active})

@@ -100,23 +100,32 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
             status, out, dead = res.status, res.records_out, res.dead_letters
             counts = {r.tp: (tally[(r.tp, "out")], tally[(r.tp, "dead")]) for r in plan.active}
         else:
-            if results is not None and spec.sink.dlq_topic is None:
-                # Each partition commits on its own: find a dead letter before any commits.
-                kafka_sink.refuse_dead_letters(results, spec)
             per = kafka_sink.write_per_partition(results, spec, plan, settings)
             counts = {tp: (r.records_out, r.dead_letters) for tp, r in per.items()}
             out = sum(r.records_out for r in per.values())
             dead = sum(r.dead_letters for r in per.values())
             status = NOOP if all(r.status == NOOP for r in per.values()) else COMMITTED
-            # The run record sums the partition records, each written inside its partition's
-            # transaction: an earlier, partly committed attempt's partitions count too.
-            manifest = ManifestStore(settings, spec.manifest_topic)
-            parts = manifest.partition_records(spec.name, plan.run_id)
-            run_out = sum(p["records_out"] for p in parts.values())
-            run_dead = sum(p["dead_letters"] for p in parts.values())
-            manifest.put(run_key(spec.name, plan.run_id),
-                         {**summary, "status": COMMITTED, "records_in": run_out + run_dead,
-                          "records_out": run_out, "dead_letters": run_dead, "committed_at": now_iso()})
+            # The run record counts what the executors committed and returned. Partitions an
+            # earlier, partly committed attempt of this run committed (noop now) count from their
+            # manifest records, written inside their transactions; one not found there leaves
+            # the run's counts marked incomplete rather than silently smaller.
+            run_out, run_dead = out, dead
+            earlier = [tp for tp, r in per.items() if r.status == NOOP]
+            missing: list[str] = []
+            if earlier:
+                parts = ManifestStore(settings, spec.manifest_topic).partition_records(spec.name, plan.run_id)
+                for t, p in earlier:
+                    rec = parts.get(f"{t}-{p}")
+                    if rec is None:
+                        missing.append(f"{t}-{p}")
+                    else:
+                        run_out += rec["records_out"]
+                        run_dead += rec["dead_letters"]
+            record = {**summary, "status": COMMITTED, "records_in": run_out + run_dead, "records_out": run_out,
+                      "dead_letters": run_dead, "committed_at": now_iso()}
+            if missing:
+                record["counts_missing_for"] = missing
+            ManifestStore(settings, spec.manifest_topic).put(run_key(spec.name, plan.run_id), record)
         records_in = out + dead
         if status == NOOP:
             counts = None  # an earlier attempt committed: this one counted nothing

@@ -26,6 +26,11 @@ def unioned(df):
     good = df.where(F.col("offset") % 2 == 0).select(*cols, F.lit(None).cast("string").alias("dlq_reason"))
     bad = df.where(F.col("offset") % 2 == 1).select(*cols, F.lit("odd offset").alias("dlq_reason"))
     return good.unionByName(bad)
+
+def relabelled(df):
+    # No Exchange, one task per source partition, but every row claims partition 0.
+    return df.select("key", "value", "headers", "topic", F.lit(0).alias("partition"), "offset",
+                     F.lit(None).cast("string").alias("dlq_reason"))
 '''
 
 
@@ -68,6 +73,24 @@ def test_per_partition_rejects_a_union_that_splits_partitions_across_tasks(spark
         run_batch(spark, spec, plan, kafka_settings)
     offsets = kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [r.tp for r in plan.ranges])
     assert set(offsets.values()) == {None}
+
+
+def test_per_partition_decides_which_task_holds_which_partition_before_any_commit(
+        spark, kafka_settings, make_spec, transforms_module):
+    """Before: the first task committed partition 0, the others found it committed and dropped
+    their rows, and the error came after that commit."""
+    from kafka_eos import kafka_admin
+    from kafka_eos.readers import read_committed
+
+    spec = make_spec(f"{transforms_module}:relabelled", "kafka", "per_partition")
+    produce_orders(kafka_settings, spec.source.topics[0], 60, abort_every=0, malformed_every=0)
+    plan = prepare_plan(spec, kafka_settings, "r1")
+    assert sum(1 for r in plan.active if not r.empty) == 3
+    with pytest.raises(SpecError, match=r"in two Spark tasks"):
+        run_batch(spark, spec, plan, kafka_settings)
+    offsets = kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [r.tp for r in plan.ranges])
+    assert set(offsets.values()) == {None}
+    assert read_committed(kafka_settings, spec.sink.topic) == []
 
 
 def test_plan_of_a_sql_pipeline_creates_nothing(kafka_settings, make_spec, tmp_path):

@@ -41,20 +41,6 @@ def check_output(df: "DataFrame", spec: PipelineSpec) -> None:
                             "per_partition scope needs a row-wise transform: use commit: atomic")
 
 
-def refuse_dead_letters(df: "DataFrame", spec: PipelineSpec) -> None:
-    """A sink without ``dlq_topic`` in per_partition scope: look for a dead letter before any
-    partition commits (one extra pass over the source ranges; atomic scope needs none, its one
-    transaction aborts).
-
-    :raises DeadLetterWithoutTopic: naming the first dead letter's source coordinates.
-    """
-    from pyspark.sql import functions as F
-
-    first = df.where(F.col(DLQ_REASON).isNotNull()).select("topic", "partition", "offset", DLQ_REASON).limit(1)
-    for row in first.collect():
-        raise _no_dead_letter_topic(spec, row)
-
-
 def _no_dead_letter_topic(spec: PipelineSpec, row) -> DeadLetterWithoutTopic:
     return DeadLetterWithoutTopic(
         f"{row['topic']}-{row['partition']} offset {row['offset']}: dead letter ({row[DLQ_REASON]}) but "
@@ -146,25 +132,59 @@ def commit_partition(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
     return commit.run(to_records(rows, spec), manifest)
 
 
-def _commit_spark_partition(spec: PipelineSpec, plan: Plan, settings: KafkaSettings):
+def task_sources(df: "DataFrame", spec: PipelineSpec) -> tuple[dict[int, tuple[str, int]], dict | None]:
+    """Before anything commits: which source partition each Spark task of ``df`` holds, and,
+    for a sink without ``dlq_topic``, the first dead letter (None when there is none).
+
+    :raises SpecError: a task holds rows of two source partitions, or a source partition's rows
+        are in two tasks (a union, a join that moved rows): the scope needs one task per partition.
+    """
+    need_dead_letter = spec.sink.dlq_topic is None
+
+    def scan(index: int, rows: Iterator) -> Iterator[tuple]:
+        tps, dead = set(), None
+        for row in rows:
+            tps.add((row["topic"], row["partition"]))
+            if need_dead_letter and dead is None and row[DLQ_REASON] is not None:
+                dead = {k: row[k] for k in ("topic", "partition", "offset", DLQ_REASON)}
+        yield index, sorted(tps), dead
+
+    owner: dict[int, tuple[str, int]] = {}
+    first_dead = None
+    for index, tps, dead in df.rdd.mapPartitionsWithIndex(scan).collect():
+        first_dead = first_dead or dead
+        if len(tps) > 1:
+            raise SpecError(f"{spec.path}: transform: {spec.transform} puts rows of "
+                            f"{', '.join(f'{t}-{p}' for t, p in tps)} in one Spark task; per_partition scope "
+                            "needs a row-wise transform: use commit: atomic")
+        if tps:
+            owner[index] = tps[0]
+    if len(set(owner.values())) < len(owner):
+        twice = sorted({tp for tp in owner.values() if list(owner.values()).count(tp) > 1})
+        raise SpecError(f"{spec.path}: transform: rows of {', '.join(f'{t}-{p}' for t, p in twice)} are in two "
+                        f"Spark tasks; per_partition scope needs a row-wise transform: use commit: atomic")
+    return owner, first_dead
+
+
+def _commit_spark_partition(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
+                            owner: dict[int, tuple[str, int]]):
     ranges = {r.tp: r for r in plan.active}
 
-    def run(rows: Iterator) -> Iterator[tuple]:
-        rows = iter(rows)
-        first = next(rows, None)
-        if first is None:
-            return  # nothing tells an empty task its partition: the driver commits it
-        r = ranges[(first["topic"], first["partition"])]
+    def run(index: int, rows: Iterator) -> Iterator[tuple]:
+        if index not in owner:
+            return  # no rows when checked: the driver commits its partition offsets-only
+        r = ranges[owner[index]]
 
-        def all_rows():
-            yield first
+        def checked_rows():
+            # The rows are read again from the cache, or recomputed if an executor lost it: any
+            # row of another partition stops the task before it commits.
             for row in rows:
                 if (row["topic"], row["partition"]) != r.tp:
                     raise RuntimeError(f"rows of {row['topic']}-{row['partition']} in the task of "
-                                       f"{r.topic}-{r.partition}: the transform moved rows across partitions")
+                                       f"{r.topic}-{r.partition}: the transform is not deterministic")
                 yield row
 
-        res = commit_partition(spec, plan, settings, r, all_rows())
+        res = commit_partition(spec, plan, settings, r, checked_rows())
         yield (r.topic, r.partition, res.status, res.records_out, res.dead_letters)
 
     return run
@@ -172,17 +192,28 @@ def _commit_spark_partition(spec: PipelineSpec, plan: Plan, settings: KafkaSetti
 
 def write_per_partition(df: "DataFrame | None", spec: PipelineSpec, plan: Plan,
                         settings: KafkaSettings) -> dict[tuple[str, int], CommitResult]:
-    """One transaction per source partition; then offsets-only transactions, from the driver,
-    for every planned partition whose task had no rows (empty ranges, all filtered out)."""
+    """One transaction per source partition, on the executors; then offsets-only transactions,
+    from the driver, for every planned partition whose task had no rows (empty ranges, all
+    filtered out).
+
+    Which task holds which source partition is decided before any partition commits: the
+    transform's output is cached, checked (:func:`task_sources`), then committed from the cache.
+    """
+    from pyspark import StorageLevel
+
     results: dict[tuple[str, int], CommitResult] = {}
     if df is not None:
         check_one_task_per_partition(df, spec, plan)
-        for topic, partition, status, out, dead in df.rdd.mapPartitions(
-                _commit_spark_partition(spec, plan, settings)).collect():
-            if (topic, partition) in results:
-                raise SpecError(f"{spec.path}: transform: rows of {topic}-{partition} were in two Spark tasks; "
-                                "per_partition scope needs a row-wise transform")
-            results[(topic, partition)] = CommitResult(status, out, dead)
+        df = df.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            owner, dead = task_sources(df, spec)
+            if dead is not None:
+                raise _no_dead_letter_topic(spec, dead)
+            for topic, partition, status, out, dead_letters in df.rdd.mapPartitionsWithIndex(
+                    _commit_spark_partition(spec, plan, settings, owner)).collect():
+                results[(topic, partition)] = CommitResult(status, out, dead_letters)
+        finally:
+            df.unpersist()
     for r in plan.active:
         if r.tp not in results:
             results[r.tp] = commit_partition(spec, plan, settings, r, ())

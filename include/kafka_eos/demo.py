@@ -92,6 +92,8 @@ def reset(settings: KafkaSettings, specs: list[PipelineSpec]) -> None:
             fut.result(30)
         except KafkaException:
             pass  # no such group yet
+    for spec in specs:  # a deliberate fresh start: the manifest forgets the old checkpoints too
+        ManifestStore(settings, spec.manifest_topic).forget_checkpoints(spec.name)
     existing = set(admin.list_topics(timeout=30).topics)
     doomed = [t for t in PARTITIONS if t in existing]
     if doomed:

@@ -19,6 +19,10 @@ class DataLossError(KafkaEosError):
     """A checkpoint points below the partition's log start: records were deleted unread."""
 
 
+class CheckpointLost(KafkaEosError):
+    """A partition has no committed offset, but the run manifest shows kafka-eos committed one."""
+
+
 class TopicRecreated(KafkaEosError):
     """A checkpoint points beyond the partition's high watermark."""
 

@@ -217,11 +217,28 @@ def _group_client(settings: KafkaSettings, group_id: str) -> Consumer:
     }))
 
 
+#: The commit time kafka-eos stores in each group offset's metadata (Kafka keeps the commit time
+#: but the fetch API does not return it): ``kafka-eos committed_at=<epoch ms>``.
+_COMMITTED_AT = re.compile(r"committed_at=(\d+)")
+
+
+def offset_metadata(now_ms: int | None = None) -> str:
+    """The metadata kafka-eos commits with every checkpoint: when it was committed."""
+    return f"kafka-eos committed_at={int(time.time() * 1000) if now_ms is None else now_ms}"
+
+
 def committed_offsets(settings: KafkaSettings, group_id: str, tps: Iterable[TP]) -> dict[TP, int | None]:
     """The group's committed offsets (stable: pending transactional commits are waited out).
 
     :returns: tp -> next offset to read, or None where the group has no offset.
     """
+    return {tp: offset for tp, (offset, _at) in committed_offsets_and_times(settings, group_id, tps).items()}
+
+
+def committed_offsets_and_times(settings: KafkaSettings, group_id: str,
+                                tps: Iterable[TP]) -> dict[TP, tuple[int | None, float | None]]:
+    """The group's committed offsets and when kafka-eos committed them (epoch seconds; None for
+    no offset, or an offset committed without kafka-eos's metadata)."""
     tps = list(tps)
     if not tps:
         return {}
@@ -238,7 +255,34 @@ def committed_offsets(settings: KafkaSettings, group_id: str, tps: Iterable[TP])
         res = retrying(once)
     finally:
         consumer.close()
-    return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in res}
+    out: dict[TP, tuple[int | None, float | None]] = {}
+    for tp in res:
+        if tp.offset < 0:
+            out[(tp.topic, tp.partition)] = (None, None)
+            continue
+        found = _COMMITTED_AT.search(tp.metadata or "")
+        out[(tp.topic, tp.partition)] = (tp.offset, int(found.group(1)) / 1000 if found else None)
+    return out
+
+
+#: Kafka's default offsets.retention.minutes (7 days), used when the broker's config cannot be read.
+DEFAULT_OFFSETS_RETENTION_S = 7 * 24 * 3600.0
+
+
+def offsets_retention_s(settings: KafkaSettings) -> float:
+    """How long the cluster keeps the committed offsets of a group without members after their
+    last commit (the brokers' ``offsets.retention.minutes``)."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    admin = admin_client(settings)
+    try:
+        broker = next(iter(admin.list_topics(timeout=ADMIN_TIMEOUT_S).brokers))
+        resource = ConfigResource(ResourceType.BROKER, str(broker))
+        entry = admin.describe_configs([resource])[resource].result(timeout=ADMIN_TIMEOUT_S)["offsets.retention.minutes"]
+        return float(entry.value) * 60
+    except (KafkaException, KeyError, StopIteration, ValueError, TypeError) as exc:
+        log.warning("cannot read offsets.retention.minutes (%s): assuming Kafka's default, 7 days", exc)
+        return DEFAULT_OFFSETS_RETENTION_S
 
 
 def _raise_partition_errors(tps, what: str) -> None:
@@ -257,8 +301,8 @@ def alter_group_offsets(settings: KafkaSettings, group_id: str, offsets: Mapping
     try:
         def once():
             try:
-                res = consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
-                                      asynchronous=False)
+                res = consumer.commit(offsets=[TopicPartition(t, p, o, offset_metadata())
+                                               for (t, p), o in offsets.items()], asynchronous=False)
             except KafkaException as exc:
                 raise BrokerError(f"mirroring checkpoint to group {group_id!r}: {exc.args[0].str()}") from exc
             _raise_partition_errors(res or [], f"mirroring checkpoint to group {group_id!r}")

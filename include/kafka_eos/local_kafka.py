@@ -68,10 +68,13 @@ class LocalBroker:
 
     :param home: folder holding config, data, logs and the pid file.
     :param port: client port on 127.0.0.1; the controller listens on ``port + 1``.
+    :param overrides: further broker settings (``name``, ``value``), e.g. a short offsets
+        retention for a test.
     """
 
     home: Path
     port: int = DEFAULT_PORT
+    overrides: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def default(cls) -> "LocalBroker":
@@ -124,7 +127,8 @@ class LocalBroker:
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         props = self.home / "server.properties"
         props.write_text(_SERVER_PROPERTIES.format(
-            host=HOST, port=self.port, controller_port=self.port + 1, data_dir=data_dir))
+            host=HOST, port=self.port, controller_port=self.port + 1, data_dir=data_dir)
+            + "".join(f"{key}={value}\n" for key, value in self.overrides))
         log4j = self.home / "log4j2.properties"
         log4j.write_text(log4j2_properties(self.log_file, "INFO", _LOG_LEVELS))
         java = ["java", f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]

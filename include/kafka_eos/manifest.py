@@ -28,6 +28,18 @@ def partition_key(pipeline: str, run_id: str, topic: str, partition: int) -> str
     return f"{pipeline}:{run_id}:{topic}-{partition}"
 
 
+def checkpoint_key(pipeline: str, topic: str, partition: int) -> str:
+    """Key of the last checkpoint kafka-eos committed for one source partition."""
+    return f"{pipeline}:checkpoint:{topic}-{partition}"
+
+
+def checkpoint_record(run_id: str, group_id: str, topic: str, partition: int, offset: int) -> dict:
+    """The manifest's memory of a checkpoint, written inside the transaction that commits it:
+    a checkpoint the broker later expires is recognised as lost, never as a new partition."""
+    return {"checkpoint": True, "group_id": group_id, "topic": topic, "partition": partition,
+            "offset": offset, "run_id": run_id, "committed_at": now_iso()}
+
+
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat()
 
@@ -60,8 +72,9 @@ class ManifestStore:
         self.put(run_key(plan.pipeline, plan.run_id),
                  {"status": PLANNED, "plan": json.loads(plan.to_json()), "updated_at": now_iso()})
 
-    def scan(self, prefix: str = "") -> Iterator[tuple[str, dict]]:
-        """Every committed record whose key starts with ``prefix``, oldest first (read_committed)."""
+    def scan(self, prefix: str = "", tombstones: bool = False) -> Iterator[tuple[str, dict | None]]:
+        """Every committed record whose key starts with ``prefix``, oldest first (read_committed);
+        with ``tombstones``, deletions too (as None)."""
         consumer = Consumer(self.settings.client_config(**{
             # A throwaway group id: the consumer never joins or commits (assign, not subscribe).
             "group.id": f"kafka-eos.manifest-reader.{uuid.uuid4()}",
@@ -89,8 +102,8 @@ class ManifestStore:
                 if msg.offset() + 1 >= ends[msg.partition()]:
                     todo.discard(msg.partition())
                 key = (msg.key() or b"").decode()
-                if key.startswith(prefix) and msg.value() is not None:
-                    yield key, json.loads(msg.value())
+                if key.startswith(prefix) and (msg.value() is not None or tombstones):
+                    yield key, None if msg.value() is None else json.loads(msg.value())
         finally:
             consumer.close()
 
@@ -128,6 +141,22 @@ class ManifestStore:
             if rec.get("status") == PLANNED and Plan.from_json(json.dumps(rec["plan"])).is_empty:
                 last[name] = {**rec, "status": "empty"}
         return last
+
+    def checkpoint_history(self, pipeline: str) -> dict[tuple[str, int], dict]:
+        """The last checkpoint kafka-eos committed for each source partition of ``pipeline``."""
+        found: dict[str, dict | None] = {}
+        for key, rec in self.scan(f"{pipeline}:checkpoint:", tombstones=True):
+            found[key] = rec
+        return {(r["topic"], r["partition"]): r for r in found.values() if r is not None}
+
+    def forget_checkpoints(self, pipeline: str) -> None:
+        """Delete the manifest's memory of ``pipeline``'s checkpoints (a deliberate fresh start,
+        together with the group's offsets)."""
+        producer = Producer(self.settings.client_config(**{"enable.idempotence": True}))
+        for topic, partition in self.checkpoint_history(pipeline):
+            producer.produce(self.topic, key=checkpoint_key(pipeline, topic, partition).encode(), value=None)
+        if producer.flush(ADMIN_TIMEOUT_S) != 0:
+            raise TimeoutError(f"tombstones of {pipeline!r}'s checkpoints not delivered to {self.topic!r}")
 
     def latest(self, key: str) -> dict | None:
         """The newest record under exactly ``key``, or None."""

@@ -6,10 +6,12 @@ gets the stored plan back while it still applies. ``verify`` is the final check 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from kafka_eos.errors import CheckpointConflict, KafkaEosError
-from kafka_eos.kafka_admin import TP, alter_group_offsets, committed_offsets, partition_offsets, partitions_of
+from kafka_eos.kafka_admin import (TP, alter_group_offsets, committed_offsets_and_times, offsets_retention_s,
+                                   partition_offsets, partitions_of)
 from kafka_eos.manifest import ManifestStore
 from kafka_eos.plan import Plan, plan_ranges
 from kafka_eos.settings import KafkaSettings
@@ -47,9 +49,17 @@ def checkpoints(spec: PipelineSpec, settings: KafkaSettings, tps: list[TP]) -> t
 
     :raises CheckpointConflict: the Kafka mirror is ahead of the SQL sink.
     """
-    kafka = committed_offsets(settings, spec.source.group_id, tps)
+    cks, drift, _times = _checkpoints_and_times(spec, settings, tps)
+    return cks, drift
+
+
+def _checkpoints_and_times(spec: PipelineSpec, settings: KafkaSettings, tps: list[TP]):
+    """:func:`checkpoints`, and when kafka-eos last committed each group offset (or None)."""
+    fetched = committed_offsets_and_times(settings, spec.source.group_id, tps)
+    kafka = {tp: offset for tp, (offset, _at) in fetched.items()}
+    times = {tp: at for tp, (_offset, at) in fetched.items()}
     if spec.sink.kind == "kafka":
-        return kafka, []
+        return kafka, [], times
     from kafka_eos.sinks.sql import SqlSink
 
     sink = SqlSink(spec).checkpoints(tps)
@@ -64,20 +74,37 @@ def checkpoints(spec: PipelineSpec, settings: KafkaSettings, tps: list[TP]) -> t
                 f"{spec.sink.table!r} is at {s}: the Kafka checkpoint is ahead of the sink; "
                 "reset the group to the sink's offsets")
         drift.append(Drift(tp[0], tp[1], s, k))
-    return sink, drift
+    return sink, drift, times
 
 
 def _cluster_state(spec: PipelineSpec, settings: KafkaSettings):
-    """What a plan is computed from: checkpoints, their drift, and the partitions' offsets."""
+    """What a plan is computed from: checkpoints, their drift, the partitions' offsets, and
+    when each group offset was last committed."""
     tps = source_partitions(spec, settings)
-    cks, drift = checkpoints(spec, settings, tps)
-    return {tp: cks.get(tp) for tp in tps}, drift, partition_offsets(settings, tps)
+    cks, drift, times = _checkpoints_and_times(spec, settings, tps)
+    return {tp: cks.get(tp) for tp in tps}, drift, partition_offsets(settings, tps), times
+
+
+def _plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str, cks, offsets, times) -> Plan:
+    """:func:`plan_ranges` with the two facts that keep checkpoints from expiring unnoticed:
+    which group offsets are old enough to be committed again, and, for partitions without one,
+    the last checkpoint the run manifest remembers."""
+    # Kafka deletes the offsets of a group without members `offsets.retention.minutes` after
+    # their last commit: an idle partition's checkpoint is committed again at half that age.
+    keep_alive_s = offsets_retention_s(settings) / 2
+    now = time.time()
+    stale = {tp for tp, ck in cks.items()
+             if ck is not None and (times.get(tp) is None or now - times[tp] > keep_alive_s)}
+    history = None
+    if spec.sink.kind == "kafka" and any(ck is None for ck in cks.values()):
+        history = ManifestStore(settings, spec.manifest_topic).checkpoint_history(spec.name)
+    return plan_ranges(spec, run_id, offsets, cks, stale=stale, history=history)
 
 
 def checkpoint_rows(spec: PipelineSpec, settings: KafkaSettings) -> tuple[list[dict], list[Drift]]:
     """Per source partition: checkpoint, LSO, high watermark, log start and lag, the lag counted
     to the LSO (what a read_committed pipeline can read now), not to the high watermark."""
-    cks, drift, offsets = _cluster_state(spec, settings)
+    cks, drift, offsets, _times = _cluster_state(spec, settings)
     rows = []
     for tp, ck in cks.items():
         o = offsets[tp]
@@ -89,8 +116,8 @@ def checkpoint_rows(spec: PipelineSpec, settings: KafkaSettings) -> tuple[list[d
 
 def compute_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> tuple[Plan, list[Drift]]:
     """The next plan, with no side effects (``kafka-eos plan``)."""
-    cks, drift, offsets = _cluster_state(spec, settings)
-    return plan_ranges(spec, run_id, offsets, cks), drift
+    cks, drift, offsets, times = _cluster_state(spec, settings)
+    return _plan(spec, settings, run_id, cks, offsets, times), drift
 
 
 def repair_drift(spec: PipelineSpec, settings: KafkaSettings, drift: list[Drift]) -> None:
@@ -108,7 +135,7 @@ def prepare_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> Pl
     """
     manifest = ManifestStore(settings, spec.manifest_topic)
     manifest.ensure_topic()
-    cks, drift, offsets = _cluster_state(spec, settings)
+    cks, drift, offsets, times = _cluster_state(spec, settings)
     if drift:
         repair_drift(spec, settings, drift)
     stored = manifest.stored_plan(spec.name, run_id)
@@ -118,7 +145,7 @@ def prepare_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> Pl
             or (cks.get(r.tp) == r.expected and (r.empty or r.from_offset >= offsets[r.tp].log_start))
             for r in stored.active):
         return stored
-    plan = plan_ranges(spec, run_id, offsets, cks)
+    plan = _plan(spec, settings, run_id, cks, offsets, times)
     manifest.put_plan(plan)
     return plan
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import Mapping
+from typing import Collection, Mapping
 
-from kafka_eos.errors import DataLossError, PlanError, TopicRecreated
+from kafka_eos.errors import CheckpointLost, DataLossError, PlanError, TopicRecreated
 from kafka_eos.kafka_admin import TP, PartitionOffsets
 from kafka_eos.spec import PipelineSpec
 
@@ -21,7 +21,9 @@ class PartitionRange:
     """Half-open ``[from_offset, until)`` of one source partition.
 
     ``expected`` is the committed checkpoint the commit checks (None: the group has none). It
-    differs from ``from_offset`` for a new partition and after a ``skip``.
+    differs from ``from_offset`` for a new partition and after a ``skip``. ``refresh`` marks an
+    idle partition whose checkpoint is committed again, unchanged, so that the broker's offsets
+    retention never expires it.
     """
 
     topic: str
@@ -29,6 +31,7 @@ class PartitionRange:
     from_offset: int
     until: int
     expected: int | None
+    refresh: bool = False
 
     @property
     def tp(self) -> TP:
@@ -59,8 +62,14 @@ class Plan:
 
     @property
     def active(self) -> tuple[PartitionRange, ...]:
-        """Ranges that take part in the run (non-empty, or moving the checkpoint after a skip)."""
-        return tuple(r for r in self.ranges if not r.empty or r.expected != r.until)
+        """Ranges that take part in the run: non-empty, moving the checkpoint (a new partition, a
+        skip), or refreshing an idle partition's checkpoint."""
+        return tuple(r for r in self.ranges if not r.empty or r.expected != r.until or r.refresh)
+
+    @property
+    def moving(self) -> tuple[PartitionRange, ...]:
+        """Active ranges that move their checkpoint (not mere refreshes)."""
+        return tuple(r for r in self.active if r.expected != r.until)
 
     @property
     def is_empty(self) -> bool:
@@ -83,14 +92,30 @@ class Plan:
 
 
 def plan_ranges(spec: PipelineSpec, run_id: str, offsets: Mapping[TP, PartitionOffsets],
-                checkpoints: Mapping[TP, int | None]) -> Plan:
+                checkpoints: Mapping[TP, int | None], stale: Collection[TP] = (),
+                history: Mapping[TP, dict] | None = None) -> Plan:
     """Compute the next plan of ``spec`` from the partitions' offsets and the checkpoints.
 
     :param offsets: log start, LSO and high watermark of every source partition.
     :param checkpoints: the committed next offset of every source partition (None: no checkpoint).
+    :param stale: partitions whose checkpoint was committed long enough ago that it must be
+        committed again (offsets retention); idle ones among them get a ``refresh`` range.
+    :param history: for partitions without a checkpoint, the last checkpoint kafka-eos committed
+        (from the run manifest: ``offset``, ``run_id``, ``committed_at``), where there is one.
+    :raises CheckpointLost: a partition lost a checkpoint that kafka-eos had committed.
     :raises DataLossError: a checkpoint below the log start with ``on_data_loss: fail``.
     :raises TopicRecreated: a checkpoint beyond the high watermark.
     """
+    history = history or {}
+    for tp in sorted(offsets):
+        if checkpoints.get(tp) is None and tp in history:
+            last = history[tp]
+            raise CheckpointLost(
+                f"{tp[0]}-{tp[1]}: group {spec.source.group_id!r} has no committed offset, but run "
+                f"{last.get('run_id')!r} committed {last['offset']} at {last.get('committed_at')}: the broker "
+                "expired it (offsets.retention.minutes) or the group was deleted. Nothing is re-read; "
+                f"restore it (kafka-consumer-groups --group {spec.source.group_id} --topic {tp[0]}:{tp[1]} "
+                f"--reset-offsets --to-offset {last['offset']} --execute)")
     first_run = all(checkpoints.get(tp) is None for tp in offsets)
     cap = spec.source.max_records_per_partition
     ranges, skipped = [], []
@@ -121,5 +146,6 @@ def plan_ranges(spec: PipelineSpec, run_id: str, offsets: Mapping[TP, PartitionO
         # The end is the LSO seen now: read_committed readers stop there, and an end beyond
         # it makes Spark's executors poll until timeout. The cap is an offset span.
         until = max(start, min(off.lso, start + cap))
-        ranges.append(PartitionRange(topic, partition, start, until, ck))
+        ranges.append(PartitionRange(topic, partition, start, until, ck,
+                                     refresh=until == start == ck and tp in stale))
     return Plan(pipeline=spec.name, run_id=run_id, ranges=tuple(ranges), skipped=tuple(skipped))

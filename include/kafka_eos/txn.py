@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from kafka_eos.errors import CheckpointConflict, ProducerFenced, TransactionFailed, TransactionTimedOut
 from kafka_eos.faults import armed, crash_point
-from kafka_eos.kafka_admin import committed_offsets
+from kafka_eos.kafka_admin import committed_offsets, offset_metadata
 from kafka_eos.plan import PartitionRange
 from kafka_eos.settings import KafkaSettings
 
@@ -194,7 +194,10 @@ class TransactionalCommit:
         # 2. Check the checkpoint, now that no older attempt can commit any more.
         tps = [r.tp for r in self.ranges]
         committed = committed_offsets(self.settings, self.group_id, tps)
-        if all(committed[r.tp] == r.until for r in self.ranges):
+        # Refresh ranges (idle partitions, checkpoint committed again unchanged) cannot tell a
+        # landed commit from a pending one; the ranges that move decide, when there are any.
+        deciding = [r for r in self.ranges if r.expected != r.until]
+        if deciding and all(committed[r.tp] == r.until for r in deciding):
             return CommitResult("noop")
         for r in self.ranges:
             if committed[r.tp] != r.expected:
@@ -231,7 +234,8 @@ class TransactionalCommit:
             err, where = self._delivery_error
             raise self._failure(f"delivery to {where}", err)
         # 3b. The consumed offsets: the next offset to read is each range's end.
-        offsets = [TopicPartition(r.topic, r.partition, r.until) for r in self.ranges]
+        # With the commit time in the metadata: the planner refreshes idle checkpoints by it.
+        offsets = [TopicPartition(r.topic, r.partition, r.until, offset_metadata()) for r in self.ranges]
         group_md = _group_metadata(self.settings, self.group_id)
         self._call("send_offsets_to_transaction",
                    lambda: self._producer.send_offsets_to_transaction(offsets, group_md, CALL_TIMEOUT_S))

@@ -11,36 +11,17 @@ again and runs the same path straight away.
 from __future__ import annotations
 
 import dataclasses
-import shutil
-import socket
 
 import pytest
 import yaml
 
 from kafka_eos import demo
 from kafka_eos.cli import main
-from kafka_eos.local_kafka import LocalBroker
 from kafka_eos.sample_data import produce_orders
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import load_spec, spec_document
 
 pytestmark = pytest.mark.integration
-
-
-def _two_free_ports() -> int:
-    """A port p with p + 1 free too (the broker's client and controller listeners)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        with socket.socket() as a, socket.socket() as b:
-            try:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError("no two adjacent free ports on 127.0.0.1")
 
 
 def _demo_round(settings: KafkaSettings, specs, spec_files, sql_file, seed: int) -> demo.Report:
@@ -58,8 +39,7 @@ def _demo_round(settings: KafkaSettings, specs, spec_files, sql_file, seed: int)
     return report
 
 
-def test_demo_path_on_a_cold_broker_then_right_after_a_restart(spark, tmp_path, capsys):
-    broker = LocalBroker(home=tmp_path / "kafka", port=_two_free_ports())
+def test_demo_path_on_a_cold_broker_then_right_after_a_restart(spark, tmp_path, private_broker):
     specs = [load_spec("orders_enriched"), load_spec("revenue_per_minute")]
     # The SQL sink in this test's folder: reset() deletes only the default SQLite file.
     sql_file = tmp_path / "revenue.db"
@@ -69,17 +49,13 @@ def test_demo_path_on_a_cold_broker_then_right_after_a_restart(spark, tmp_path, 
         path = tmp_path / f"{spec.name}.yaml"
         path.write_text(yaml.safe_dump(spec_document(spec)))
         spec_files.append(path)
-    try:
-        broker.start()  # cold: storage formatted now
-        settings = KafkaSettings(broker.bootstrap)
-        first = _demo_round(settings, specs, spec_files, sql_file, seed=0)
-        assert first.ok, [c for c in first.checks if not c.ok]
+    broker = private_broker()  # cold: storage formatted now
+    settings = KafkaSettings(broker.bootstrap)
+    first = _demo_round(settings, specs, spec_files, sql_file, seed=0)
+    assert first.ok, [c for c in first.checks if not c.ok]
 
-        assert broker.stop()
-        broker.start()
-        second = _demo_round(settings, specs, spec_files, sql_file, seed=1000)
-        assert second.ok, [c for c in second.checks if not c.ok]
-        assert len(second.checks) == len(first.checks) >= 10
-    finally:
-        broker.stop()
-        shutil.rmtree(tmp_path / "kafka", ignore_errors=True)
+    assert broker.stop()
+    broker.start()
+    second = _demo_round(settings, specs, spec_files, sql_file, seed=1000)
+    assert second.ok, [c for c in second.checks if not c.ok]
+    assert len(second.checks) == len(first.checks) >= 10

@@ -76,3 +76,31 @@ def test_plan_round_trips_through_json_and_rejects_garbage():
     assert again == plan
     with pytest.raises(PlanError, match=r"plan.json: not a kafka-eos plan"):
         Plan.from_json('{"pipeline": "p"}', "plan.json")
+
+
+def test_idle_partitions_with_an_old_commit_are_refreshed_and_others_are_not():
+    offsets = {("t", 0): off(0, 30), ("t", 1): off(0, 30), ("t", 2): off(0, 50)}
+    cks = {("t", 0): 30, ("t", 1): 30, ("t", 2): 40}
+    plan = plan_ranges(spec(), "r", offsets, cks, stale={("t", 0), ("t", 2)})
+    by_p = {r.partition: r for r in plan.ranges}
+    assert by_p[0].refresh and by_p[0].empty  # idle and old: committed again, unchanged
+    assert not by_p[1].refresh  # idle, recently committed: left alone
+    assert not by_p[2].refresh and (by_p[2].from_offset, by_p[2].until) == (40, 50)  # moves anyway
+    assert [r.partition for r in plan.active] == [0, 2]
+    assert [r.partition for r in plan.moving] == [2]
+    assert Plan.from_json(plan.to_json()) == plan
+
+
+def test_a_lost_checkpoint_the_manifest_remembers_is_an_error_not_a_new_partition():
+    from kafka_eos.errors import CheckpointLost
+
+    offsets = {("t", 0): off(0, 30), ("t", 1): off(0, 30)}
+    history = {("t", 1): {"offset": 25, "run_id": "scheduled__x", "committed_at": "2026-11-01T00:00:00+00:00"}}
+    with pytest.raises(CheckpointLost) as lost:
+        plan_ranges(spec(), "r", offsets, {("t", 0): 30, ("t", 1): None}, history=history)
+    message = str(lost.value)
+    assert message.startswith("t-1: group 'kafka-eos.p' has no committed offset, but run 'scheduled__x' committed 25")
+    assert "--reset-offsets --to-offset 25" in message and "\n" not in message
+    # A partition the manifest never saw is new: read from its log start.
+    plan = plan_ranges(spec(), "r", offsets, {("t", 0): 30, ("t", 1): None}, history={})
+    assert [(r.partition, r.from_offset, r.until) for r in plan.ranges] == [(0, 30, 30), (1, 0, 30)]

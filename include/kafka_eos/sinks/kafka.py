@@ -11,7 +11,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 from kafka_eos.errors import DeadLetterWithoutTopic, SpecError
-from kafka_eos.manifest import COMMITTED, now_iso, partition_key, run_key
+from kafka_eos.manifest import COMMITTED, checkpoint_key, checkpoint_record, now_iso, partition_key, run_key
 from kafka_eos.plan import PartitionRange, Plan
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
@@ -113,9 +113,15 @@ def write_atomic(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, setting
     def manifest(out: int, dead: int):
         record = {**summary, "status": COMMITTED, "records_out": out, "dead_letters": dead,
                   "records_in": out + dead, "committed_at": now_iso()}
-        return [(spec.manifest_topic, run_key(plan.pipeline, plan.run_id), record)]
+        return [(spec.manifest_topic, run_key(plan.pipeline, plan.run_id), record),
+                *_checkpoint_records(spec, plan, plan.active)]
 
     return commit.run(to_records(rows, spec, tally), manifest)
+
+
+def _checkpoint_records(spec: PipelineSpec, plan: Plan, ranges: Iterable[PartitionRange]):
+    return [(spec.manifest_topic, checkpoint_key(spec.name, r.topic, r.partition),
+             checkpoint_record(plan.run_id, spec.source.group_id, r.topic, r.partition, r.until)) for r in ranges]
 
 
 def commit_partition(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
@@ -127,7 +133,8 @@ def commit_partition(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
     def manifest(out: int, dead: int):
         record = {"status": COMMITTED, "records_out": out, "dead_letters": dead, "records_in": out + dead,
                   "from": r.from_offset, "until": r.until, "committed_at": now_iso()}
-        return [(spec.manifest_topic, partition_key(plan.pipeline, plan.run_id, r.topic, r.partition), record)]
+        return [(spec.manifest_topic, partition_key(plan.pipeline, plan.run_id, r.topic, r.partition), record),
+                *_checkpoint_records(spec, plan, [r])]
 
     return commit.run(to_records(rows, spec), manifest)
 

@@ -71,6 +71,21 @@ def transformed(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings:
                     f"(results, dead_letters), got {type(out).__name__}")
 
 
+def check_transaction_timeout(spec: PipelineSpec, settings: KafkaSettings) -> None:
+    """A Kafka sink's transaction timeout must be one the brokers accept: checked before Spark
+    starts, not found out at the first commit.
+
+    :raises SpecError: naming the field, its value and the brokers' limit.
+    """
+    from kafka_eos.kafka_admin import transaction_max_timeout_ms
+
+    limit_ms = transaction_max_timeout_ms(settings)
+    if spec.sink.transaction_timeout_s * 1000 > limit_ms:
+        raise SpecError(f"{spec.path}: sink.transaction_timeout_s: {spec.sink.transaction_timeout_s} is above the "
+                        f"brokers' transaction.max.timeout.ms ({limit_ms / 1000:g} s): lower it, or raise the "
+                        "brokers' limit")
+
+
 def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: KafkaSettings) -> RunSummary:
     """Run one planned batch to its transactional commit.
 
@@ -85,6 +100,8 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
     if plan.is_empty:
         return RunSummary(spec.name, plan.run_id, "empty", spec.sink.kind, 0, 0, 0, 0,
                           round(time.monotonic() - started, 3))
+    if spec.sink.kind == "kafka":
+        check_transaction_timeout(spec, settings)
     source, results, dead_letters = transformed(spark, spec, plan, settings)
     if spec.sink.kind == "kafka":
         from kafka_eos.sinks import kafka as kafka_sink

@@ -269,20 +269,34 @@ def committed_offsets_and_times(settings: KafkaSettings, group_id: str,
 DEFAULT_OFFSETS_RETENTION_S = 7 * 24 * 3600.0
 
 
-def offsets_retention_s(settings: KafkaSettings) -> float:
-    """How long the cluster keeps the committed offsets of a group without members after their
-    last commit (the brokers' ``offsets.retention.minutes``)."""
+#: Kafka's default transaction.max.timeout.ms (15 minutes).
+DEFAULT_TRANSACTION_MAX_TIMEOUT_MS = 900_000
+
+
+def broker_config(settings: KafkaSettings, name: str, default: float) -> float:
+    """A numeric setting of one of the cluster's brokers, or ``default`` when it cannot be read
+    (an ACL may forbid DescribeConfigs: that is logged, not fatal)."""
     from confluent_kafka.admin import ConfigResource, ResourceType
 
     admin = admin_client(settings)
     try:
         broker = next(iter(admin.list_topics(timeout=ADMIN_TIMEOUT_S).brokers))
         resource = ConfigResource(ResourceType.BROKER, str(broker))
-        entry = admin.describe_configs([resource])[resource].result(timeout=ADMIN_TIMEOUT_S)["offsets.retention.minutes"]
-        return float(entry.value) * 60
+        return float(admin.describe_configs([resource])[resource].result(timeout=ADMIN_TIMEOUT_S)[name].value)
     except (KafkaException, KeyError, StopIteration, ValueError, TypeError) as exc:
-        log.warning("cannot read offsets.retention.minutes (%s): assuming Kafka's default, 7 days", exc)
-        return DEFAULT_OFFSETS_RETENTION_S
+        log.warning("cannot read the brokers' %s (%s): assuming %s", name, exc, default)
+        return default
+
+
+def offsets_retention_s(settings: KafkaSettings) -> float:
+    """How long the cluster keeps the committed offsets of a group without members after their
+    last commit (the brokers' ``offsets.retention.minutes``)."""
+    return broker_config(settings, "offsets.retention.minutes", DEFAULT_OFFSETS_RETENTION_S / 60) * 60
+
+
+def transaction_max_timeout_ms(settings: KafkaSettings) -> float:
+    """The longest transaction timeout the brokers accept (``transaction.max.timeout.ms``)."""
+    return broker_config(settings, "transaction.max.timeout.ms", DEFAULT_TRANSACTION_MAX_TIMEOUT_MS)
 
 
 def _raise_partition_errors(tps, what: str) -> None:

@@ -42,6 +42,7 @@ class SinkSpec:
     key_columns: tuple[str, ...] = ()  # sql: the upsert key
     merge: str = "replace"  # sql: replace | add (add sums the non-key columns on conflict)
     url: str | None = None  # sql: SQLAlchemy URL; default a SQLite file under .local/
+    transaction_timeout_s: int = 300  # kafka: how long one transaction may stay open
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,8 @@ def spec_document(spec: PipelineSpec) -> dict:
     for key in ("topic", "dlq_topic", "table", "url"):
         if getattr(s, key) is not None:
             sink[key] = getattr(s, key)
+    if s.kind == "kafka":
+        sink["transaction_timeout_s"] = s.transaction_timeout_s
     if s.kind == "sql":
         sink.update(key_columns=list(s.key_columns), merge=s.merge)
     src = spec.source
@@ -213,7 +216,7 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
 
     snk = _mapping(top.get("sink"), where, "sink")
     _known(snk, where, "sink.", {"kind", "topic", "dlq_topic", "commit", "table",
-                                 "key_columns", "merge", "url"})
+                                 "key_columns", "merge", "url", "transaction_timeout_s"})
     kind = _choice(snk, where, "kind", ("kafka", "sql"), "sink.", required=True)
     commit = _choice(snk, where, "commit", ("atomic", "per_partition"), "sink.")
     key_columns = snk.get("key_columns", [])
@@ -226,6 +229,7 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
         table=snk.get("table"), key_columns=tuple(key_columns),
         merge=_choice(snk, where, "merge", ("replace", "add"), "sink."),
         url=_expand_url(snk.get("url"), where, environ),
+        transaction_timeout_s=_positive_int(snk, where, "transaction_timeout_s", 300, "sink."),
     )
     if kind == "kafka":
         if not sink.topic:
@@ -236,6 +240,9 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
             raise SpecError(f"{where}: sink.table: required for a sql sink")
         if commit != "atomic":
             raise SpecError(f"{where}: sink.commit: a sql sink commits on the driver: use 'atomic'")
+        if "transaction_timeout_s" in snk:
+            raise SpecError(f"{where}: sink.transaction_timeout_s: not for a sql sink (its database transaction "
+                            "starts after Spark has computed the rows)")
         if sink.dlq_topic or sink.topic:
             raise SpecError(f"{where}: sink.{'dlq_topic' if sink.dlq_topic else 'topic'}: not for a sql sink "
                             "(dead letters go to the kafka_eos_dead_letters table)")
@@ -277,10 +284,10 @@ def _choice(mapping: dict, where: str, field: str, choices: tuple[str, ...], pre
     return value
 
 
-def _positive_int(mapping: dict, where: str, field: str, default: int) -> int:
+def _positive_int(mapping: dict, where: str, field: str, default: int, prefix: str = "source.") -> int:
     value = mapping.get(field, default)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise SpecError(f"{where}: source.{field}: must be a positive integer, got {value!r}")
+        raise SpecError(f"{where}: {prefix}{field}: must be a positive integer, got {value!r}")
     return value
 
 

@@ -28,9 +28,10 @@ from kafka_eos.kafka_admin import committed_offsets, offset_metadata
 from kafka_eos.plan import PartitionRange
 from kafka_eos.settings import KafkaSettings
 
-#: Upper bound of one transaction. A killed attempt's transaction is aborted by the next
-#: init_transactions() at once; this only matters when nobody retries. Must stay at or below
-#: the broker's transaction.max.timeout.ms (15 min by default).
+#: Default upper bound of one transaction (a spec's sink.transaction_timeout_s sets it). A killed
+#: attempt's transaction is aborted by the next init_transactions() at once; this only matters
+#: when nobody retries. Must stay at or below the broker's transaction.max.timeout.ms (15 min by
+#: default), which run_batch checks before Spark starts.
 TRANSACTION_TIMEOUT_MS = 300_000
 #: Timeout of one blocking transactional call (init, offsets, commit, abort).
 CALL_TIMEOUT_S = 60.0
@@ -108,8 +109,8 @@ class TransactionalCommit:
                 return TransactionTimedOut(
                     f"{where}: aborted by the transaction coordinator after the transaction timeout of "
                     f"{self.timeout_ms / 1000:g}s (open {open_s:.0f}s here); librdkafka reports it as "
-                    f"{err.name()}. Nothing of it is visible; a smaller batch "
-                    "(source.max_records_per_partition) commits within the timeout")
+                    f"{err.name()}. Nothing of it is visible; raise sink.transaction_timeout_s (up to the "
+                    "brokers' transaction.max.timeout.ms) or lower source.max_records_per_partition")
             return ProducerFenced(f"{where}: fenced by a newer attempt of the same work: {err.str()}")
         if err.fatal():
             return TransactionFailed(f"{where}: fatal {err.name()}: {err.str()}")

@@ -142,3 +142,13 @@ def test_a_group_belongs_to_one_pipeline(tmp_path):
                                      "source": {"topics": ["orders"], "group_id": "kafka-eos.orders_enriched"}}))
     with pytest.raises(SpecError, match=r"is also the group of pipeline 'orders_enriched'"):
         load_spec(str(taker))
+
+
+def test_transaction_timeout_is_a_kafka_sink_setting():
+    assert parse_spec(GOOD, "p.yaml").sink.transaction_timeout_s == 300
+    doc = {**GOOD, "sink": {**GOOD["sink"], "transaction_timeout_s": 600}}
+    assert parse_spec(doc, "p.yaml").sink.transaction_timeout_s == 600
+    with pytest.raises(SpecError, match=r"sink.transaction_timeout_s: must be a positive integer"):
+        parse_spec({**GOOD, "sink": {**GOOD["sink"], "transaction_timeout_s": 0}}, "p.yaml")
+    with pytest.raises(SpecError, match=r"sink.transaction_timeout_s: not for a sql sink"):
+        parse_spec({**GOOD, "sink": {"kind": "sql", "table": "t", "transaction_timeout_s": 60}}, "p.yaml")

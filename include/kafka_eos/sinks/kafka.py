@@ -91,14 +91,16 @@ def atomic_commit(spec: PipelineSpec, plan: Plan, settings: KafkaSettings) -> Tr
     also fences the per-partition ids of the plan's partitions."""
     return TransactionalCommit(settings, spec.transactional_id(), spec.source.group_id, plan.active,
                                spec.sink.dlq_topic,
-                               fences=[spec.transactional_id(r.topic, r.partition) for r in plan.active])
+                               fences=[spec.transactional_id(r.topic, r.partition) for r in plan.active],
+                               timeout_ms=spec.sink.transaction_timeout_s * 1000)
 
 
 def partition_commit(spec: PipelineSpec, r: PartitionRange, settings: KafkaSettings) -> TransactionalCommit:
     """The transaction of one source partition, under its own transactional.id; it also fences
     the group-level id (an atomic attempt of the same work)."""
     return TransactionalCommit(settings, spec.transactional_id(r.topic, r.partition), spec.source.group_id, [r],
-                               spec.sink.dlq_topic, fences=[spec.transactional_id()])
+                               spec.sink.dlq_topic, fences=[spec.transactional_id()],
+                               timeout_ms=spec.sink.transaction_timeout_s * 1000)
 
 
 def write_atomic(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
@@ -107,6 +109,13 @@ def write_atomic(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, setting
 
     :param tally: filled with per-source-partition counts (see :func:`to_records`).
     """
+    from pyspark import StorageLevel
+
+    if df is not None:
+        # Compute first, commit after: the transaction stays open only while cached rows stream
+        # to the producer, not while Spark reads and transforms (its timeout would abort it).
+        df = df.persist(StorageLevel.MEMORY_AND_DISK)
+        df.count()
     rows = df.toLocalIterator(prefetchPartitions=True) if df is not None else ()
     commit = atomic_commit(spec, plan, settings)
 
@@ -116,7 +125,11 @@ def write_atomic(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, setting
         return [(spec.manifest_topic, run_key(plan.pipeline, plan.run_id), record),
                 *_checkpoint_records(spec, plan, plan.active)]
 
-    return commit.run(to_records(rows, spec, tally), manifest)
+    try:
+        return commit.run(to_records(rows, spec, tally), manifest)
+    finally:
+        if df is not None:
+            df.unpersist()
 
 
 def _checkpoint_records(spec: PipelineSpec, plan: Plan, ranges: Iterable[PartitionRange]):

@@ -42,6 +42,19 @@ def make_spec(kafka_settings, unique, tmp_path):
     return build
 
 
+@pytest.fixture
+def transforms_from(tmp_path, monkeypatch):
+    """``transforms_from(module_name, source)``: a transform module of this test's own, importable
+    by the driver and by Spark's local Python workers. Returns the module name."""
+
+    def write(module: str, source: str) -> str:
+        (tmp_path / f"{module}.py").write_text(source)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        return module
+
+    return write
+
+
 def _two_free_ports() -> int:
     """A port p with p + 1 free too (a broker's client and controller listeners)."""
     for _ in range(50):

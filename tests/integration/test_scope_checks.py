@@ -35,10 +35,8 @@ def relabelled(df):
 
 
 @pytest.fixture
-def transforms_module(tmp_path, monkeypatch):
-    (tmp_path / "scope_transforms.py").write_text(SHUFFLING)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return "scope_transforms"
+def transforms_module(transforms_from):
+    return transforms_from("scope_transforms", SHUFFLING)
 
 
 def test_per_partition_rejects_a_shuffling_transform_and_commits_nothing(spark, kafka_settings, admin,

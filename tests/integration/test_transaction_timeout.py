@@ -30,10 +30,8 @@ def slow_identity(df):
 
 
 @pytest.fixture
-def slow_transform(tmp_path, monkeypatch):
-    (tmp_path / "slow_transforms.py").write_text(SLOW)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return "slow_transforms:slow_identity"
+def slow_transform(transforms_from):
+    return transforms_from("slow_transforms", SLOW) + ":slow_identity"
 
 
 def test_spark_time_does_not_count_against_an_atomic_transaction(spark, kafka_settings, make_spec, slow_transform):

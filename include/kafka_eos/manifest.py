@@ -33,6 +33,11 @@ def checkpoint_key(pipeline: str, topic: str, partition: int) -> str:
     return f"{pipeline}:checkpoint:{topic}-{partition}"
 
 
+def starts_key(pipeline: str) -> str:
+    """Key of the starting offsets the pipeline's first plan chose."""
+    return f"{pipeline}:starts"
+
+
 def checkpoint_record(run_id: str, group_id: str, topic: str, partition: int, offset: int) -> dict:
     """The manifest's memory of a checkpoint, written inside the transaction that commits it:
     a checkpoint the broker later expires is recognised as lost, never as a new partition."""
@@ -149,10 +154,24 @@ class ManifestStore:
             found[key] = rec
         return {(r["topic"], r["partition"]): r for r in found.values() if r is not None}
 
+    def put_starts(self, plan: Plan) -> None:
+        """Remember where a pipeline's first plan started each partition."""
+        self.put(starts_key(plan.pipeline), {"run_id": plan.run_id, "created_at": now_iso(),
+                                             "starts": [[r.topic, r.partition, r.from_offset] for r in plan.ranges]})
+
+    def starts(self, pipeline: str) -> dict[tuple[str, int], int]:
+        """Where the pipeline's first plan started each partition; empty before a first plan."""
+        record = None
+        for key, rec in self.scan(starts_key(pipeline), tombstones=True):
+            if key == starts_key(pipeline):
+                record = rec
+        return {} if record is None else {(t, p): o for t, p, o in record["starts"]}
+
     def forget_checkpoints(self, pipeline: str) -> None:
-        """Delete the manifest's memory of ``pipeline``'s checkpoints (a deliberate fresh start,
-        together with the group's offsets)."""
+        """Delete the manifest's memory of ``pipeline``'s checkpoints and first starts (a
+        deliberate fresh start, together with the group's offsets)."""
         producer = Producer(self.settings.client_config(**{"enable.idempotence": True}))
+        producer.produce(self.topic, key=starts_key(pipeline).encode(), value=None)
         for topic, partition in self.checkpoint_history(pipeline):
             producer.produce(self.topic, key=checkpoint_key(pipeline, topic, partition).encode(), value=None)
         if producer.flush(ADMIN_TIMEOUT_S) != 0:

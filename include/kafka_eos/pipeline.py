@@ -85,20 +85,27 @@ def _cluster_state(spec: PipelineSpec, settings: KafkaSettings):
     return {tp: cks.get(tp) for tp in tps}, drift, partition_offsets(settings, tps), times
 
 
-def _plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str, cks, offsets, times) -> Plan:
-    """:func:`plan_ranges` with the two facts that keep checkpoints from expiring unnoticed:
-    which group offsets are old enough to be committed again, and, for partitions without one,
-    the last checkpoint the run manifest remembers."""
+def _plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str, cks, offsets, times) -> tuple[Plan, bool]:
+    """:func:`plan_ranges` with what the run manifest and the offsets' commit times add: which
+    group offsets are old enough to be committed again, and, for partitions without one, the last
+    checkpoint kafka-eos committed and the start the pipeline's first plan chose.
+
+    :returns: the plan, and whether it is the pipeline's first plan (no checkpoint, no start).
+    """
     # Kafka deletes the offsets of a group without members `offsets.retention.minutes` after
     # their last commit: an idle partition's checkpoint is committed again at half that age.
     keep_alive_s = offsets_retention_s(settings) / 2
     now = time.time()
     stale = {tp for tp, ck in cks.items()
              if ck is not None and (times.get(tp) is None or now - times[tp] > keep_alive_s)}
-    history = None
-    if spec.sink.kind == "kafka" and any(ck is None for ck in cks.values()):
-        history = ManifestStore(settings, spec.manifest_topic).checkpoint_history(spec.name)
-    return plan_ranges(spec, run_id, offsets, cks, stale=stale, history=history)
+    history = starts = None
+    if any(ck is None for ck in cks.values()):
+        manifest = ManifestStore(settings, spec.manifest_topic)
+        starts = manifest.starts(spec.name)
+        if spec.sink.kind == "kafka":
+            history = manifest.checkpoint_history(spec.name)
+    plan = plan_ranges(spec, run_id, offsets, cks, stale=stale, history=history, starts=starts)
+    return plan, starts is not None and not starts and all(ck is None for ck in cks.values())
 
 
 def checkpoint_rows(spec: PipelineSpec, settings: KafkaSettings) -> tuple[list[dict], list[Drift]]:
@@ -117,7 +124,7 @@ def checkpoint_rows(spec: PipelineSpec, settings: KafkaSettings) -> tuple[list[d
 def compute_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> tuple[Plan, list[Drift]]:
     """The next plan, with no side effects (``kafka-eos plan``)."""
     cks, drift, offsets, times = _cluster_state(spec, settings)
-    return _plan(spec, settings, run_id, cks, offsets, times), drift
+    return _plan(spec, settings, run_id, cks, offsets, times)[0], drift
 
 
 def repair_drift(spec: PipelineSpec, settings: KafkaSettings, drift: list[Drift]) -> None:
@@ -145,7 +152,9 @@ def prepare_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> Pl
             or (cks.get(r.tp) == r.expected and (r.empty or r.from_offset >= offsets[r.tp].log_start))
             for r in stored.active):
         return stored
-    plan = _plan(spec, settings, run_id, cks, offsets, times)
+    plan, first = _plan(spec, settings, run_id, cks, offsets, times)
+    if first:
+        manifest.put_starts(plan)  # later plans start this plan's uncommitted partitions here
     manifest.put_plan(plan)
     return plan
 

@@ -93,7 +93,7 @@ class Plan:
 
 def plan_ranges(spec: PipelineSpec, run_id: str, offsets: Mapping[TP, PartitionOffsets],
                 checkpoints: Mapping[TP, int | None], stale: Collection[TP] = (),
-                history: Mapping[TP, dict] | None = None) -> Plan:
+                history: Mapping[TP, dict] | None = None, starts: Mapping[TP, int] | None = None) -> Plan:
     """Compute the next plan of ``spec`` from the partitions' offsets and the checkpoints.
 
     :param offsets: log start, LSO and high watermark of every source partition.
@@ -102,6 +102,9 @@ def plan_ranges(spec: PipelineSpec, run_id: str, offsets: Mapping[TP, PartitionO
         committed again (offsets retention); idle ones among them get a ``refresh`` range.
     :param history: for partitions without a checkpoint, the last checkpoint kafka-eos committed
         (from the run manifest: ``offset``, ``run_id``, ``committed_at``), where there is one.
+    :param starts: where the pipeline's first plan started each partition (from the run manifest),
+        when there was a first plan: partitions still without a checkpoint go on from there, not
+        from their log start (``starting_offsets: latest`` survives a partly committed first run).
     :raises CheckpointLost: a partition lost a checkpoint that kafka-eos had committed.
     :raises DataLossError: a checkpoint below the log start with ``on_data_loss: fail``.
     :raises TopicRecreated: a checkpoint beyond the high watermark.
@@ -116,33 +119,37 @@ def plan_ranges(spec: PipelineSpec, run_id: str, offsets: Mapping[TP, PartitionO
                 "expired it (offsets.retention.minutes) or the group was deleted. Nothing is re-read; "
                 f"restore it (kafka-consumer-groups --group {spec.source.group_id} --topic {tp[0]}:{tp[1]} "
                 f"--reset-offsets --to-offset {last['offset']} --execute)")
-    first_run = all(checkpoints.get(tp) is None for tp in offsets)
+    starts = starts or {}
+    first_run = all(checkpoints.get(tp) is None for tp in offsets) and not starts
     cap = spec.source.max_records_per_partition
     ranges, skipped = [], []
     for tp in sorted(offsets):
         topic, partition = tp
         off = offsets[tp]
         ck = checkpoints.get(tp)
-        if ck is None:
+        # Where this partition goes on from: its checkpoint, else (a first run that committed
+        # only some partitions) the start the pipeline's first plan chose for it.
+        pos, what = (ck, "checkpoint") if ck is not None else (starts.get(tp), "first plan's start")
+        if pos is None:
             # A pipeline's first run follows its starting policy; a partition added later
             # is read from its log start, so nothing written to it is missed.
             if first_run and spec.source.starting_offsets == "latest":
                 start = off.lso
             else:
                 start = off.log_start
-        elif ck > off.high_watermark:
+        elif pos > off.high_watermark:
             raise TopicRecreated(
-                f"{topic}-{partition}: checkpoint {ck} is beyond the high watermark {off.high_watermark} "
+                f"{topic}-{partition}: {what} {pos} is beyond the high watermark {off.high_watermark} "
                 f"(topic recreated or truncated?); reset group {spec.source.group_id!r} to go on")
-        elif ck < off.log_start:
+        elif pos < off.log_start:
             if spec.source.on_data_loss == "fail":
                 raise DataLossError(
-                    f"{topic}-{partition}: checkpoint {ck} is below the log start {off.log_start}: "
-                    f"{off.log_start - ck} offsets were deleted unread (on_data_loss: fail)")
-            skipped.append(SkippedRange(topic, partition, ck, off.log_start))
+                    f"{topic}-{partition}: {what} {pos} is below the log start {off.log_start}: "
+                    f"{off.log_start - pos} offsets were deleted unread (on_data_loss: fail)")
+            skipped.append(SkippedRange(topic, partition, pos, off.log_start))
             start = off.log_start
         else:
-            start = ck
+            start = pos
         # The end is the LSO seen now: read_committed readers stop there, and an end beyond
         # it makes Spark's executors poll until timeout. The cap is an offset span.
         until = max(start, min(off.lso, start + cap))

@@ -151,6 +151,17 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
         self.pipeline = pipeline
         self.kafka_conn_id = kafka_conn_id
 
+    @staticmethod
+    def plan_to_run(settings: KafkaSettings, spec: PipelineSpec, run_id: str) -> Plan:
+        """The run's plan: the one the plan task stored while it still applies. A retried Spark
+        task may come after retention deleted part of the stored range: then the run is planned
+        anew, so ``on_data_loss`` decides (``skip`` records the gap) instead of Spark's reader
+        failing on the missing records every retry."""
+        from kafka_eos.pipeline import prepare_plan
+
+        stored_plan(settings, spec, run_id)  # the plan task ran: a plan is stored under this run
+        return prepare_plan(spec, settings, run_id)
+
     def execute(self, context: Context) -> None:
         from kafka_eos.spark_io import session_conf
 
@@ -158,7 +169,7 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
         with task_errors():
             spec = load_spec(self.pipeline)
             settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
-            plan = stored_plan(settings, spec, run_id)
+            plan = self.plan_to_run(settings, spec, run_id)
             spark_conf = session_conf()
         if plan.is_empty:
             self.log.info("pipeline %s run %s: empty plan, nothing to read: Spark is not started",

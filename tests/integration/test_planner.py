@@ -140,3 +140,25 @@ def test_a_retry_replans_when_retention_deleted_part_of_its_stored_range(kafka_s
     replanned = prepare_plan(spec, kafka_settings, "r1")
     (r,) = replanned.ranges
     assert (r.from_offset, r.until) == (3, 6)
+
+
+def test_starting_latest_survives_a_partly_committed_first_run(spark, kafka_settings, make_spec):
+    """Before: the first run committed partition 0 only; the next plan took partition 1 for a
+    partition added later and read it from its log start: the history `latest` was to skip."""
+    from kafka_eos.sinks.kafka import commit_partition
+
+    spec = make_spec("identity", "kafka", "per_partition", partitions=2, source={"starting_offsets": "latest"})
+    topic = spec.source.topics[0]
+    produce(kafka_settings, topic, 0, 5, txn_id="history")
+    produce(kafka_settings, topic, 1, 7, txn_id="history")  # history `latest` skips
+    first = prepare_plan(spec, kafka_settings, "first")
+    r0, r1 = first.ranges
+    assert (r0.from_offset, r1.from_offset) == (r0.until, r1.until)  # both start at the LSO
+    # The first run commits partition 0, then dies before partition 1.
+    assert commit_partition(spec, first, kafka_settings, r0, ()).status == "committed"
+
+    produce(kafka_settings, topic, 1, 3, txn_id="new")
+    plan, _ = run(spark, spec, kafka_settings, "second")
+    assert plan.ranges[1].from_offset == r1.from_offset
+    out = sorted(m.value.decode() for m in read_committed(kafka_settings, spec.sink.topic))
+    assert out == ["v0", "v1", "v2"]  # only what came after the first plan

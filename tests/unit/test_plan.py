@@ -104,3 +104,16 @@ def test_a_lost_checkpoint_the_manifest_remembers_is_an_error_not_a_new_partitio
     # A partition the manifest never saw is new: read from its log start.
     plan = plan_ranges(spec(), "r", offsets, {("t", 0): 30, ("t", 1): None}, history={})
     assert [(r.partition, r.from_offset, r.until) for r in plan.ranges] == [(0, 30, 30), (1, 0, 30)]
+
+
+def test_a_partly_committed_first_run_keeps_its_starting_policy():
+    """starting_offsets: latest, the first run committed partition 0 only: partition 1 goes on from
+    where the first plan started it, not from its log start (which would read all its history)."""
+    offsets = {("t", 0): off(0, 50), ("t", 1): off(0, 60)}
+    plan = plan_ranges(spec(starting_offsets="latest"), "r2", offsets, {("t", 0): 40, ("t", 1): None},
+                       starts={("t", 0): 40, ("t", 1): 45})
+    assert [(r.partition, r.from_offset, r.until, r.expected) for r in plan.ranges] == [(0, 40, 50, 40),
+                                                                                        (1, 45, 60, None)]
+    # Without the first plan's starts, partition 1 would look like a partition added later.
+    plan = plan_ranges(spec(starting_offsets="latest"), "r2", offsets, {("t", 0): 40, ("t", 1): None})
+    assert plan.ranges[1].from_offset == 0

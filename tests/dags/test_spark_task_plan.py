@@ -1,0 +1,37 @@
+"""The Spark task of a retried run re-plans when retention deleted part of the stored range."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import Producer, TopicPartition
+
+from kafka_eos import kafka_admin
+from kafka_eos.pipeline import prepare_plan
+from kafka_eos.spec import parse_spec
+
+pytestmark = pytest.mark.integration
+
+
+def test_spark_task_replans_after_retention_deleted_part_of_the_stored_range(kafka_settings, unique, tmp_path):
+    """Before: the Spark task ran the stored plan as it was, and Spark's reader (failOnDataLoss)
+    failed on the deleted records on every retry, whatever on_data_loss said."""
+    from kafka_eos_airflow.operators import KafkaEosSparkSubmitOperator
+
+    topic = f"in-{unique}"
+    kafka_admin.create_topics(kafka_settings, {topic: 1, f"out-{unique}": 1})
+    spec = parse_spec({"name": unique, "source": {"topics": [topic], "on_data_loss": "skip"},
+                       "sink": {"kind": "kafka", "topic": f"out-{unique}"}}, str(tmp_path / "p.yaml"))
+    producer = Producer(kafka_settings.client_config())
+    for i in range(10):
+        producer.produce(topic, value=f"v{i}".encode())
+    producer.flush(30)
+    stored = prepare_plan(spec, kafka_settings, "run-1")  # the plan task
+    assert (stored.ranges[0].from_offset, stored.ranges[0].until) == (0, 10)
+
+    admin = kafka_admin.admin_client(kafka_settings)
+    admin.delete_records([TopicPartition(topic, 0, 4)])[TopicPartition(topic, 0, 4)].result(30)
+
+    plan = KafkaEosSparkSubmitOperator.plan_to_run(kafka_settings, spec, "run-1")  # the Spark task
+    (r,) = plan.ranges
+    assert (r.from_offset, r.until, r.expected) == (4, 10, None)
+    assert [(s.from_offset, s.until) for s in plan.skipped] == [(0, 4)]

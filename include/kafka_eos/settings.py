@@ -38,7 +38,8 @@ class KafkaSettings:
     """
 
     bootstrap_servers: str
-    extra: Mapping[str, str] = field(default_factory=dict)
+    # Not in repr: it holds SASL passwords and the like, and reprs end up in logs and tracebacks.
+    extra: Mapping[str, str] = field(default_factory=dict, repr=False)
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
 
     def client_config(self, **overrides: object) -> dict:

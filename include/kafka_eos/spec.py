@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -41,7 +41,9 @@ class SinkSpec:
     table: str | None = None  # sql
     key_columns: tuple[str, ...] = ()  # sql: the upsert key
     merge: str = "replace"  # sql: replace | add (add sums the non-key columns on conflict)
-    url: str | None = None  # sql: SQLAlchemy URL; default a SQLite file under .local/
+    # sql: SQLAlchemy URL (default a SQLite file under .local/). Not in repr: once ${VAR} is
+    # expanded it can hold a password, and reprs end up in logs and tracebacks.
+    url: str | None = field(default=None, repr=False)
     transaction_timeout_s: int = 300  # kafka: how long one transaction may stay open
 
 

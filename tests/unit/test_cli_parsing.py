@@ -43,3 +43,15 @@ def test_connect_timeout_comes_from_the_environment():
 
 def test_client_logs_go_to_python_logging_not_stderr():
     assert KafkaSettings("b:9092").client_config()["logger"].name == "kafka_eos.librdkafka"
+
+
+def test_secrets_stay_out_of_reprs():
+    from kafka_eos.spec import parse_spec
+
+    settings = KafkaSettings("b:9092", extra={"sasl.username": "u", "sasl.password": "s3cret"})
+    assert "s3cret" not in repr(settings) and "b:9092" in repr(settings)
+    spec = parse_spec({"name": "p", "source": {"topics": ["t"]}, "transform": "identity",
+                       "sink": {"kind": "sql", "table": "t", "url": "postgresql://u:${PW}@db/x"}},
+                      "p.yaml", {"PW": "s3cret"})
+    assert spec.sink.url == "postgresql://u:s3cret@db/x"
+    assert "s3cret" not in repr(spec)

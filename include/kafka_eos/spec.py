@@ -173,23 +173,42 @@ def spec_paths() -> list[Path]:
     return sorted(pipelines_dir().glob("*.yaml"))
 
 
-def _expand_url(value: Any, where: str, environ: Mapping[str, str]) -> str | None:
-    """Expand ``${VAR}`` in a SQL URL from the environment; a URL that expands to nothing is
-    None (the default SQLite file)."""
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _expand_url(value: Any, where: str, environ: Mapping[str, str] | None) -> str | None:
+    """Expand ``${VAR}`` and ``${VAR:-default}`` in a SQL URL from the environment; a URL that
+    expands to nothing is None (the default SQLite file). With no environment (parsing a DAG
+    file) the URL stays a template: secrets are resolved only where the pipeline runs.
+
+    :raises SpecError: ``${VAR}`` names a variable that is not set (it never silently becomes
+        the local SQLite file).
+    """
     if value is None:
         return None
     if not isinstance(value, str):
         raise SpecError(f"{where}: sink.url: must be a string (a SQLAlchemy URL)")
-    expanded = re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", lambda m: environ.get(m.group(1), ""), value)
-    return expanded.strip() or None
+    if environ is None:
+        return value
+
+    def lookup(match: re.Match) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in environ:
+            return environ[name]
+        if default is None:
+            raise SpecError(f"{where}: sink.url: environment variable {name} is not set "
+                            f"(write ${{{name}:-}} to fall back to the default SQLite file)")
+        return default
+
+    return _VAR.sub(lookup, value).strip() or None
 
 
 def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | None = None) -> PipelineSpec:
     """Validate a parsed YAML document into a :class:`PipelineSpec` (the transform is not imported).
 
-    :param environ: where ``${VAR}`` in ``sink.url`` is looked up (default: no variables).
+    :param environ: where ``${VAR}`` in ``sink.url`` is looked up; None (parsing a DAG file)
+        leaves the URL unexpanded.
     """
-    environ = environ or {}
     top = _mapping(raw, where, "")
     _known(top, where, "", {"name", "source", "transform", "sink", "schedule", "manifest_topic"})
     name = _str(top, where, "name")

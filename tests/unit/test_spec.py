@@ -86,7 +86,13 @@ def test_sql_sink_takes_no_topics():
 def test_sql_url_expands_environment_variables():
     doc = {**GOOD, "sink": {"kind": "sql", "table": "t", "url": "${DB_URL}"}}
     assert parse_spec(doc, "s.yaml", {"DB_URL": "postgresql://h/db"}).sink.url == "postgresql://h/db"
-    assert parse_spec(doc, "s.yaml", {}).sink.url is None
+    # Unset: an error naming the variable, never a silent local SQLite file.
+    with pytest.raises(SpecError, match=r"^s.yaml: sink.url: environment variable DB_URL is not set"):
+        parse_spec(doc, "s.yaml", {})
+    fallback = {**GOOD, "sink": {"kind": "sql", "table": "t", "url": "${DB_URL:-}"}}
+    assert parse_spec(fallback, "s.yaml", {}).sink.url is None  # the default SQLite file
+    # Parsing a DAG file resolves nothing: the template stays as written.
+    assert parse_spec(doc, "s.yaml").sink.url == "${DB_URL}"
 
 
 def test_unknown_transform_is_a_spec_error(tmp_path):

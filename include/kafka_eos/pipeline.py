@@ -101,7 +101,10 @@ def _plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str, cks, offsets
     history = starts = None
     if any(ck is None for ck in cks.values()):
         manifest = ManifestStore(settings, spec.manifest_topic)
-        starts = manifest.starts(spec.name)
+        # Only `latest` needs the first plan's starts: `earliest` means each partition's log
+        # start, whenever a partition without a checkpoint is planned.
+        if spec.source.starting_offsets == "latest":
+            starts = manifest.starts(spec.name)
         if spec.sink.kind == "kafka":
             history = manifest.checkpoint_history(spec.name)
     plan = plan_ranges(spec, run_id, offsets, cks, stale=stale, history=history, starts=starts)

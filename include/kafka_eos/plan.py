@@ -102,9 +102,9 @@ def plan_ranges(spec: PipelineSpec, run_id: str, offsets: Mapping[TP, PartitionO
         committed again (offsets retention); idle ones among them get a ``refresh`` range.
     :param history: for partitions without a checkpoint, the last checkpoint kafka-eos committed
         (from the run manifest: ``offset``, ``run_id``, ``committed_at``), where there is one.
-    :param starts: where the pipeline's first plan started each partition (from the run manifest),
-        when there was a first plan: partitions still without a checkpoint go on from there, not
-        from their log start (``starting_offsets: latest`` survives a partly committed first run).
+    :param starts: with ``starting_offsets: latest``, where the pipeline's first plan started each
+        partition (from the run manifest): partitions still without a checkpoint go on from there,
+        not from their log start (``latest`` survives a partly committed first run).
     :raises CheckpointLost: a partition lost a checkpoint that kafka-eos had committed.
     :raises DataLossError: a checkpoint below the log start with ``on_data_loss: fail``.
     :raises TopicRecreated: a checkpoint beyond the high watermark.

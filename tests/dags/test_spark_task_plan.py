@@ -25,13 +25,14 @@ def test_spark_task_replans_after_retention_deleted_part_of_the_stored_range(kaf
     for i in range(10):
         producer.produce(topic, value=f"v{i}".encode())
     producer.flush(30)
-    stored = prepare_plan(spec, kafka_settings, "run-1")  # the plan task
-    assert (stored.ranges[0].from_offset, stored.ranges[0].until) == (0, 10)
+    kafka_admin.alter_group_offsets(kafka_settings, spec.source.group_id, {(topic, 0): 2})  # an earlier run
+    stored = prepare_plan(spec, kafka_settings, "run-2")  # the plan task
+    assert (stored.ranges[0].from_offset, stored.ranges[0].until) == (2, 10)
 
     admin = kafka_admin.admin_client(kafka_settings)
     admin.delete_records([TopicPartition(topic, 0, 4)])[TopicPartition(topic, 0, 4)].result(30)
 
-    plan = KafkaEosSparkSubmitOperator.plan_to_run(kafka_settings, spec, "run-1")  # the Spark task
+    plan = KafkaEosSparkSubmitOperator.plan_to_run(kafka_settings, spec, "run-2")  # the Spark task
     (r,) = plan.ranges
-    assert (r.from_offset, r.until, r.expected) == (4, 10, None)
-    assert [(s.from_offset, s.until) for s in plan.skipped] == [(0, 4)]
+    assert (r.from_offset, r.until, r.expected) == (4, 10, 2)
+    assert [(s.from_offset, s.until) for s in plan.skipped] == [(2, 4)]

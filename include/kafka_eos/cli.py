@@ -51,6 +51,12 @@ def _spec(args, import_transform: bool = True) -> PipelineSpec:
     return spec
 
 
+def _print_drift(drift) -> None:
+    for d in drift:
+        print(f"  DRIFT {d.topic}-{d.partition}: SQL sink at {d.sink}, Kafka mirror at {d.kafka} "
+              "(`kafka-eos run` repairs it)")
+
+
 def _print_json(value) -> None:
     print(json.dumps(value, indent=2, default=str))
 
@@ -87,9 +93,7 @@ def cmd_plan(args) -> int:
                      for r in plan.ranges], ("partition", "checkpoint", "from", "until", "offsets")))
     for s in plan.skipped:
         print(f"  SKIPPED (data loss) {s.topic}-{s.partition}: [{s.from_offset}, {s.until})")
-    for d in drift:
-        print(f"  DRIFT {d.topic}-{d.partition}: SQL sink at {d.sink}, Kafka mirror at {d.kafka} "
-              "(`kafka-eos run` repairs it)")
+    _print_drift(drift)
     return 0
 
 
@@ -117,7 +121,7 @@ def cmd_run(args) -> int:
             spark = get_session(f"kafka-eos {spec.name}", driver_java_options=spark_log4j_options(args.verbose))
         with console.spark_progress(spark):
             summary = run_batch(spark, spec, plan, settings)
-        console.step(f"  verify every checkpoint is at its range's end")
+        console.step("  verify every checkpoint is at its range's end")
         verify(spec, settings, plan)
     if args.json:
         _print_json(summary.as_dict())
@@ -147,9 +151,7 @@ def cmd_checkpoint(args) -> int:
     print(f"pipeline {spec.name} (group {spec.source.group_id}); lag is counted to the LSO")
     print(table([(f"{r['topic']}-{r['partition']}", r["checkpoint"], r["lso"], r["high_watermark"], r["lag"])
                  for r in rows], ("partition", "checkpoint", "LSO", "HW", "lag")))
-    for d in drift:
-        print(f"  DRIFT {d.topic}-{d.partition}: SQL sink at {d.sink}, Kafka mirror at {d.kafka} "
-              "(`kafka-eos run` repairs it)")
+    _print_drift(drift)
     return 0
 
 

@@ -161,10 +161,7 @@ class ManifestStore:
 
     def starts(self, pipeline: str) -> dict[tuple[str, int], int]:
         """Where the pipeline's first plan started each partition; empty before a first plan."""
-        record = None
-        for key, rec in self.scan(starts_key(pipeline), tombstones=True):
-            if key == starts_key(pipeline):
-                record = rec
+        record = self.latest(starts_key(pipeline))
         return {} if record is None else {(t, p): o for t, p, o in record["starts"]}
 
     def forget_checkpoints(self, pipeline: str) -> None:
@@ -178,9 +175,9 @@ class ManifestStore:
             raise TimeoutError(f"tombstones of {pipeline!r}'s checkpoints not delivered to {self.topic!r}")
 
     def latest(self, key: str) -> dict | None:
-        """The newest record under exactly ``key``, or None."""
+        """The newest record under exactly ``key``, or None (none, or deleted by a tombstone)."""
         found = None
-        for k, rec in self.scan(key):
+        for k, rec in self.scan(key, tombstones=True):
             if k == key:
                 found = rec
         return found

@@ -255,23 +255,17 @@ class Spool:
     holds one batch at a time, however large the run."""
 
     def __init__(self, rows: Iterable[dict]) -> None:
-        self.count = 0
         self._file = tempfile.TemporaryFile(prefix="kafka-eos-sql-")
         for batch in _batches(iter(rows)):
             pickle.dump(batch, self._file, protocol=pickle.HIGHEST_PROTOCOL)
-            self.count += len(batch)
 
-    def batches(self) -> Iterator[list[dict]]:
+    def rows(self) -> Iterator[dict]:
         self._file.seek(0)
         while True:
             try:
-                yield pickle.load(self._file)
+                yield from pickle.load(self._file)
             except EOFError:
                 return
-
-    def rows(self) -> Iterator[dict]:
-        for batch in self.batches():
-            yield from batch
 
     def close(self) -> None:
         self._file.close()

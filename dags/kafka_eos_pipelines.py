@@ -18,7 +18,7 @@ from airflow.sdk import DAG, CronDataIntervalTimetable
 
 from kafka_eos.errors import SpecError
 from kafka_eos.paths import pipelines_dir
-from kafka_eos.spec import PipelineSpec, check_group_owner, parse_spec
+from kafka_eos.spec import PipelineSpec, check_owners, parse_spec
 from kafka_eos_airflow.hooks import KafkaEosHook
 from kafka_eos_airflow.operators import (KafkaEosPlanOperator, KafkaEosSparkSubmitOperator,
                                          KafkaEosVerifyOperator)
@@ -46,7 +46,7 @@ def _doc_md(spec: PipelineSpec) -> str:
         "",
         f"Reads the committed records of {', '.join(f'`{t}`' for t in src.topics)} by explicit offset "
         f"ranges (checkpoint: consumer group `{src.group_id}`, at most {src.max_records_per_partition} "
-        f"offsets per partition and run), applies `{spec.transform}` and writes {target} exactly once, "
+        f"offsets per partition and {src.max_records_per_run} in all per run), applies `{spec.transform}` and writes {target} exactly once, "
         f"commit scope `{sink.commit}`.",
         "",
         "| task | does |",
@@ -108,7 +108,7 @@ def dags_from_folder(folder: str | Path, **kwargs) -> dict[str, DAG]:
         try:
             if any(o.name == spec.name for o in others):
                 raise SpecError(f"{spec.path}: name: pipeline name {spec.name!r} is used by another spec too")
-            check_group_owner(spec, others)
+            check_owners(spec, others)
         except SpecError as exc:
             log.error("kafka-eos: skipping pipeline spec %s", exc)
             continue

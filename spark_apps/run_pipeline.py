@@ -5,8 +5,9 @@
 
 (``make jars`` resolves the connector into .local/jars/spark/; Airflow's operator passes them.)
 
-The plan arrives verbatim as a file (never on the command line); Kafka settings and secrets
-arrive through the environment (KAFKA_BOOTSTRAP_SERVERS, KAFKA_EOS_CLIENT_CONFIG).
+The plan arrives verbatim as a file (never on the command line); Kafka settings through the
+environment (KAFKA_BOOTSTRAP_SERVERS), secrets in a file it names (KAFKA_EOS_CLIENT_CONFIG_FILE)
+or in KAFKA_EOS_CLIENT_CONFIG.
 """
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
             earlier = [tp for tp, r in per.items() if r.status == NOOP]
             missing: list[str] = []
             if earlier:
-                parts = ManifestStore(settings, spec.manifest_topic).partition_records(spec.name, plan.run_id)
+                _run, parts = ManifestStore.of(spec, settings).run_records(plan.run_id)
                 for t, p in earlier:
                     rec = parts.get(f"{t}-{p}")
                     if rec is None:
@@ -142,7 +142,7 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
                       "dead_letters": run_dead, "committed_at": now_iso()}
             if missing:
                 record["counts_missing_for"] = missing
-            ManifestStore(settings, spec.manifest_topic).put(run_key(spec.name, plan.run_id), record)
+            ManifestStore.of(spec, settings).put(run_key(spec.name, plan.run_id), record)
         records_in = out + dead
         if status == NOOP:
             counts = None  # an earlier attempt committed: this one counted nothing

@@ -160,7 +160,7 @@ def cmd_pipelines(args) -> int:
     from kafka_eos.pipeline import checkpoint_rows
 
     settings = _settings(args)
-    found, last_runs = [], {}
+    found = []
     for path in spec_paths():
         row: dict = {"name": path.stem, "spec": str(path)}
         try:
@@ -168,11 +168,9 @@ def cmd_pipelines(args) -> int:
             row.update(name=spec.name, sink=spec.sink.kind,
                        target=spec.sink.topic if spec.sink.kind == "kafka" else spec.sink.table,
                        commit=spec.sink.commit)
-            if spec.manifest_topic not in last_runs:
-                last_runs[spec.manifest_topic] = ManifestStore(settings, spec.manifest_topic).last_runs()
             partitions, _drift = checkpoint_rows(spec, settings)
             row["lag"] = sum(p["lag"] for p in partitions)
-            last = last_runs[spec.manifest_topic].get(spec.name)
+            last = ManifestStore.of(spec, settings).last_run()
             row["last_run"] = None if last is None else {
                 "run_id": last["plan"]["run_id"], "status": last.get("status"),
                 "at": last.get("committed_at") or last.get("updated_at")}

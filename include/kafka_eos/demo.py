@@ -93,7 +93,7 @@ def reset(settings: KafkaSettings, specs: list[PipelineSpec]) -> None:
         except KafkaException:
             pass  # no such group yet
     for spec in specs:  # a deliberate fresh start: the manifest forgets the old checkpoints too
-        ManifestStore(settings, spec.manifest_topic).forget_checkpoints(spec.name)
+        ManifestStore.of(spec, settings).forget_checkpoints()
     existing = set(admin.list_topics(timeout=30).topics)
     doomed = [t for t in PARTITIONS if t in existing]
     if doomed:
@@ -131,13 +131,8 @@ def run_dag(spec: PipelineSpec, env: dict[str, str]) -> float:
 
 def run_summaries(settings: KafkaSettings, spec: PipelineSpec, since: str) -> list[dict]:
     """The pipeline's runs committed since ``since`` (ISO time), from the manifest, oldest first."""
-    latest: dict[str, dict] = {}
-    for key, rec in ManifestStore(settings, spec.manifest_topic).scan(f"{spec.name}:"):
-        if rec.get("pipeline") == spec.name and "plan" in rec:  # run records, not partition records
-            latest[key] = rec
-    return sorted((r for r in latest.values()
-                   if r.get("status") == "committed" and r.get("started_at", "") >= since),
-                  key=lambda r: r["committed_at"])
+    return [r for r in ManifestStore.of(spec, settings).runs_since(since)
+            if r.get("status") == "committed" and r.get("started_at", "") >= since]
 
 
 def check_kafka_pipeline(report: Report, settings: KafkaSettings, spec: PipelineSpec, truth: Produced) -> list:

@@ -148,12 +148,15 @@ def all_partitions(settings: KafkaSettings) -> list[TP]:
     return sorted((t, p) for t, tmd in md.topics.items() if tmd.error is None for p in tmd.partitions)
 
 
-def ensure_compacted_topic(settings: KafkaSettings, topic: str, partitions: int = 1) -> None:
-    """Create ``topic`` compacted when it is missing (the run manifest topic), and wait until
-    it can be used."""
+def ensure_compacted_topic(settings: KafkaSettings, topic: str, partitions: int = 1,
+                           retention_ms: int | None = None) -> None:
+    """Create ``topic`` compacted when it is missing (a run manifest), and wait until it can be
+    used. With ``retention_ms`` it is ``compact,delete``: records older than that go too."""
     md = admin_client(settings).list_topics(timeout=ADMIN_TIMEOUT_S)
     replication = min(3, len(md.brokers)) or 1
-    _create(settings, {topic: partitions}, replication, {"cleanup.policy": "compact"}, md)
+    config = {"cleanup.policy": "compact"} if retention_ms is None else \
+        {"cleanup.policy": "compact,delete", "retention.ms": str(retention_ms)}
+    _create(settings, {topic: partitions}, replication, config, md)
 
 
 def create_topics(settings: KafkaSettings, topics: Mapping[str, int], config: Mapping[str, str] | None = None) -> None:

@@ -1,23 +1,60 @@
-"""The run manifest: a compacted topic of JSON records keyed ``<pipeline>:<run id>`` (the run's
-plan and summary) and ``<pipeline>:<run id>:<topic>-<p>`` (one per source partition, written
-inside that partition's transaction in per_partition scope). It is the audit trail.
+"""The run manifest: one single-partition topic per pipeline (``kafka-eos.manifest.<pipeline>``),
+``compact,delete``, of JSON records. It is the pipeline's audit trail and its memory:
+
+- ``<pipeline>:<run id>``: the run's plan (status ``planned``, written before anything runs, outside
+  any transaction), then its summary (``committed`` / ``noop``). Every run record carries the plan.
+- ``<pipeline>:<run id>:<topic>-<p>``: per_partition scope, one per source partition, written
+  inside that partition's transaction.
+- ``<pipeline>:checkpoint:<topic>-<p>``: the last checkpoint kafka-eos committed for a source
+  partition, written inside the transaction that commits it (Kafka sinks).
+- ``<pipeline>:starts``: where the pipeline's first plan started each partition.
+- ``<pipeline>:state``: a snapshot of the memory above (checkpoints and starts) as read up to
+  offset ``read_upto``; a ``reset`` snapshot forgets everything before it.
+
+Every lookup walks the topic backwards from its end and stops at the first record that settles
+it (the newest plan, the newest run record, the newest snapshot), so its cost does not grow with
+the number of runs; a state lookup that had to read far writes a new snapshot. A topic per
+pipeline means no other pipeline's open transaction pins its LSO; plans are looked up
+read_uncommitted (they are never written in a transaction), so not even the pipeline's own
+killed attempt hides them.
 """
 
 from __future__ import annotations
 
 import json
+import time
 import uuid
+from contextlib import closing
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from kafka_eos.errors import PlanError
-from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, ensure_compacted_topic, partition_offsets
+from kafka_eos.errors import BrokerError, PlanError
+from kafka_eos.kafka_admin import (ADMIN_TIMEOUT_S, TP, PartitionOffsets, admin_client, ensure_compacted_topic,
+                                  partition_offsets)
 from kafka_eos.plan import Plan
 from kafka_eos.settings import KafkaSettings
 
+if TYPE_CHECKING:  # pragma: no cover
+    from kafka_eos.spec import PipelineSpec
+
 PLANNED, COMMITTED, NOOP = "planned", "committed", "noop"
+
+#: Records read by the first step of a backwards walk; each further step reads twice as many,
+#: up to MAX_TAIL_STEP. Lookups settle within a few records of the end (a run writes a plan, a
+#: summary and a few records per partition), so the first step is usually all.
+TAIL_STEP = 16
+MAX_TAIL_STEP = 1024
+#: A state lookup that read more records than this writes a fresh snapshot, so the next one
+#: stops sooner: lookups cost the same after 100,000 runs as after 10.
+SNAPSHOT_AFTER = 200
+#: How long manifest records are kept (``compact,delete``): the audit trail of 30 days of runs.
+MANIFEST_RETENTION_MS = 30 * 24 * 3600 * 1000
+#: A snapshot older than this is written again, however short the lookups, so retention never
+#: deletes the newest snapshot of a pipeline that plans at least this often.
+SNAPSHOT_MAX_AGE_S = MANIFEST_RETENTION_MS / 1000 / 4
 
 
 def run_key(pipeline: str, run_id: str) -> str:
@@ -38,11 +75,20 @@ def starts_key(pipeline: str) -> str:
     return f"{pipeline}:starts"
 
 
+def state_key(pipeline: str) -> str:
+    """Key of the pipeline's memory snapshots."""
+    return f"{pipeline}:state"
+
+
 def checkpoint_record(run_id: str, group_id: str, topic: str, partition: int, offset: int) -> dict:
     """The manifest's memory of a checkpoint, written inside the transaction that commits it:
     a checkpoint the broker later expires is recognised as lost, never as a new partition."""
     return {"checkpoint": True, "group_id": group_id, "topic": topic, "partition": partition,
             "offset": offset, "run_id": run_id, "committed_at": now_iso()}
+
+
+def plan_record(plan: Plan) -> dict:
+    return {"status": PLANNED, "plan": json.loads(plan.to_json()), "updated_at": now_iso()}
 
 
 def now_iso() -> str:
@@ -53,131 +99,257 @@ def _record_time(record: dict) -> str:
     return record.get("committed_at") or record.get("updated_at") or record.get("started_at") or ""
 
 
-class ManifestStore:
-    """Reads and writes run manifest records.
+def _is_run(record: dict | None) -> bool:
+    return record is not None and isinstance(record.get("plan"), dict)
 
-    Writes outside a transaction use an idempotent producer; records that belong to a commit are
-    produced by the commit protocol on its transactional producer (see :mod:`kafka_eos.txn`).
+
+@dataclass
+class ManifestState:
+    """What the manifest remembers of a pipeline: the last checkpoint kafka-eos committed per
+    source partition, and where its first plan started each partition (empty before one)."""
+
+    checkpoints: dict[TP, dict] = field(default_factory=dict)
+    starts: dict[TP, int] | None = None
+    #: The LSO the lookup started from: everything below it is accounted for.
+    read_upto: int = 0
+    records_read: int = 0
+    #: When the newest snapshot was written (epoch seconds), None when the walk found none.
+    snapshot_at: float | None = None
+    #: False when retention deleted records and no snapshot was found: the memory may be gone.
+    complete: bool = True
+
+    def remember(self, rec: dict) -> None:
+        """Take a checkpoint record, keeping the highest offset per partition (checkpoints only
+        move forward between resets)."""
+        tp = (rec["topic"], rec["partition"])
+        if tp not in self.checkpoints or rec["offset"] > self.checkpoints[tp]["offset"]:
+            self.checkpoints[tp] = rec
+
+
+class ManifestStore:
+    """Reads and writes one pipeline's run manifest.
+
+    Writes outside a transaction use a plain producer (acks=all, in order); records that belong
+    to a commit are produced by the commit protocol on its transactional producer (see
+    :mod:`kafka_eos.txn`).
+    ``records_read`` counts the records this store's lookups have read (the cost of a lookup).
     """
 
-    def __init__(self, settings: KafkaSettings, topic: str) -> None:
+    def __init__(self, settings: KafkaSettings, topic: str, pipeline: str) -> None:
         self.settings = settings
         self.topic = topic
+        self.pipeline = pipeline
+        self.records_read = 0
+
+    @classmethod
+    def of(cls, spec: "PipelineSpec", settings: KafkaSettings) -> "ManifestStore":
+        """The manifest of pipeline ``spec``."""
+        return cls(settings, spec.manifest_topic, spec.name)
 
     def ensure_topic(self) -> None:
-        ensure_compacted_topic(self.settings, self.topic)
+        ensure_compacted_topic(self.settings, self.topic, retention_ms=MANIFEST_RETENTION_MS)
 
-    def put(self, key: str, record: dict) -> None:
-        producer = Producer(self.settings.client_config(**{"enable.idempotence": True}))
-        producer.produce(self.topic, key=key.encode(), value=json.dumps(record, sort_keys=True).encode())
+    # -- writes -----------------------------------------------------------------------------
+    def put(self, key: str, record: dict | None) -> None:
+        self.put_many([(key, record)])
+
+    def put_many(self, records: list[tuple[str, dict | None]]) -> None:
+        # Not idempotent: librdkafka's idempotent producer spends 0.5-1 s acquiring a producer id
+        # before its first send, on every plan. A record written twice is harmless here (lookups
+        # take the newest, compaction drops the other); one request in flight keeps the order.
+        producer = Producer(self.settings.client_config(**{
+            "enable.idempotence": False, "acks": "all", "max.in.flight.requests.per.connection": 1}))
+        for key, record in records:
+            value = None if record is None else json.dumps(record, sort_keys=True).encode()
+            producer.produce(self.topic, key=key.encode(), value=value)
         if producer.flush(ADMIN_TIMEOUT_S) != 0:
-            raise TimeoutError(f"manifest record {key!r} not delivered to {self.topic!r}")
+            raise TimeoutError(f"manifest records {records[0][0]!r}… not delivered to {self.topic!r}")
 
     def put_plan(self, plan: Plan) -> None:
-        self.put(run_key(plan.pipeline, plan.run_id),
-                 {"status": PLANNED, "plan": json.loads(plan.to_json()), "updated_at": now_iso()})
-
-    def scan(self, prefix: str = "", tombstones: bool = False) -> Iterator[tuple[str, dict | None]]:
-        """Every committed record whose key starts with ``prefix``, oldest first (read_committed);
-        with ``tombstones``, deletions too (as None)."""
-        consumer = Consumer(self.settings.client_config(**{
-            # A throwaway group id: the consumer never joins or commits (assign, not subscribe).
-            "group.id": f"kafka-eos.manifest-reader.{uuid.uuid4()}",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-        }))
-        try:
-            md = consumer.list_topics(self.topic, timeout=ADMIN_TIMEOUT_S).topics.get(self.topic)
-            if md is None or md.error is not None:
-                return
-            offsets = partition_offsets(self.settings, [(self.topic, p) for p in md.partitions])
-            ends = {p: o.high_watermark for (_t, p), o in offsets.items()}
-            todo = {p for p, high in ends.items() if high > 0}
-            consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in todo])
-            while todo:
-                msg = consumer.poll(1.0)
-                if msg is None:
-                    continue
-                if msg.error():
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
-                        todo.discard(msg.partition())
-                        continue
-                    raise RuntimeError(f"reading manifest {self.topic!r}: {msg.error().str()}")
-                if msg.offset() + 1 >= ends[msg.partition()]:
-                    todo.discard(msg.partition())
-                key = (msg.key() or b"").decode()
-                if key.startswith(prefix) and (msg.value() is not None or tombstones):
-                    yield key, None if msg.value() is None else json.loads(msg.value())
-        finally:
-            consumer.close()
-
-    def stored_plan(self, pipeline: str, run_id: str) -> Plan | None:
-        """The plan stored for run ``run_id`` (every run record carries it), or None.
-
-        :raises PlanError: the stored plan is malformed or belongs to another pipeline.
-        """
-        key = run_key(pipeline, run_id)
-        record = self.latest(key)
-        if record is None or "plan" not in record:
-            return None
-        plan = Plan.from_json(json.dumps(record["plan"]), f"manifest {self.topic!r} key {key!r}")
-        if plan.pipeline != pipeline:
-            raise PlanError(f"manifest {self.topic!r} key {key!r}: plan of pipeline {plan.pipeline!r}")
-        return plan
-
-    def partition_records(self, pipeline: str, run_id: str) -> dict[str, dict]:
-        """The newest per-partition record of a run, by ``<topic>-<p>``."""
-        prefix = run_key(pipeline, run_id) + ":"
-        return {key[len(prefix):]: rec for key, rec in self.scan(prefix)}
-
-    def last_runs(self) -> dict[str, dict]:
-        """The newest run record (planned, committed or noop) of every pipeline, by pipeline name."""
-        last: dict[str, dict] = {}
-        for _key, rec in self.scan():
-            plan = rec.get("plan")
-            if not isinstance(plan, dict) or "pipeline" not in plan:
-                continue  # a per-partition record
-            name = plan["pipeline"]
-            if name not in last or _record_time(rec) >= _record_time(last[name]):
-                last[name] = rec
-        for name, rec in last.items():
-            # An empty plan is stored, then skipped: its run record stays "planned".
-            if rec.get("status") == PLANNED and Plan.from_json(json.dumps(rec["plan"])).is_empty:
-                last[name] = {**rec, "status": "empty"}
-        return last
-
-    def checkpoint_history(self, pipeline: str) -> dict[tuple[str, int], dict]:
-        """The last checkpoint kafka-eos committed for each source partition of ``pipeline``."""
-        found: dict[str, dict | None] = {}
-        for key, rec in self.scan(f"{pipeline}:checkpoint:", tombstones=True):
-            found[key] = rec
-        return {(r["topic"], r["partition"]): r for r in found.values() if r is not None}
+        self.put(run_key(plan.pipeline, plan.run_id), plan_record(plan))
 
     def put_starts(self, plan: Plan) -> None:
         """Remember where a pipeline's first plan started each partition."""
         self.put(starts_key(plan.pipeline), {"run_id": plan.run_id, "created_at": now_iso(),
                                              "starts": [[r.topic, r.partition, r.from_offset] for r in plan.ranges]})
 
-    def starts(self, pipeline: str) -> dict[tuple[str, int], int]:
-        """Where the pipeline's first plan started each partition; empty before a first plan."""
-        record = self.latest(starts_key(pipeline))
-        return {} if record is None else {(t, p): o for t, p, o in record["starts"]}
+    def put_snapshot(self, state: ManifestState, reset: bool = False) -> None:
+        self.put(state_key(self.pipeline), {
+            "snapshot": True, "reset": reset, "read_upto": state.read_upto, "written_at": now_iso(),
+            "checkpoints": [rec for _tp, rec in sorted(state.checkpoints.items())],
+            "starts": None if state.starts is None else [[t, p, o] for (t, p), o in sorted(state.starts.items())]})
 
-    def forget_checkpoints(self, pipeline: str) -> None:
-        """Delete the manifest's memory of ``pipeline``'s checkpoints and first starts (a
-        deliberate fresh start, together with the group's offsets)."""
-        producer = Producer(self.settings.client_config(**{"enable.idempotence": True}))
-        producer.produce(self.topic, key=starts_key(pipeline).encode(), value=None)
-        for topic, partition in self.checkpoint_history(pipeline):
-            producer.produce(self.topic, key=checkpoint_key(pipeline, topic, partition).encode(), value=None)
-        if producer.flush(ADMIN_TIMEOUT_S) != 0:
-            raise TimeoutError(f"tombstones of {pipeline!r}'s checkpoints not delivered to {self.topic!r}")
+    def forget_checkpoints(self) -> None:
+        """Forget the pipeline's checkpoints and first starts (a deliberate fresh start, together
+        with the group's offsets): a ``reset`` snapshot that lookups do not walk past."""
+        if self._offsets() is not None:
+            self.put_snapshot(ManifestState(), reset=True)
 
-    def latest(self, key: str) -> dict | None:
-        """The newest record under exactly ``key``, or None (none, or deleted by a tombstone)."""
-        found = None
-        for k, rec in self.scan(key, tombstones=True):
-            if k == key:
-                found = rec
-        return found
+    # -- lookups ----------------------------------------------------------------------------
+    def stored_plan(self, run_id: str) -> Plan | None:
+        """The plan stored for run ``run_id`` while it is the pipeline's newest plan, else None.
+
+        Read uncommitted (plans are never written in a transaction, so nothing of an aborted one
+        is taken): an open transaction, even of this pipeline's own killed attempt, hides nothing.
+        An older run's plan is not looked for: a later run's plan starts from the same or a
+        later checkpoint, so that run re-plans (and its commit check keeps it exactly-once).
+
+        :raises PlanError: the stored plan is malformed or belongs to another pipeline.
+        """
+        key = run_key(self.pipeline, run_id)
+        with closing(self._tail(committed=False)) as records:
+            for _offset, _ts, found, rec in records:
+                if not _is_run(rec) or rec.get("status") != PLANNED:
+                    continue
+                if found != key:
+                    return None
+                plan = Plan.from_json(json.dumps(rec["plan"]), f"manifest {self.topic!r} key {key!r}")
+                if plan.pipeline != self.pipeline:
+                    raise PlanError(f"manifest {self.topic!r} key {key!r}: plan of pipeline {plan.pipeline!r}")
+                return plan
+        return None
+
+    def run_records(self, run_id: str) -> tuple[dict | None, dict[str, dict]]:
+        """Run ``run_id``'s newest committed run record (its summary, else its plan) and, in
+        per_partition scope, the newest record of each source partition (``<topic>-<p>``).
+        The walk stops at the run's plan, or at another run's plan (an older run)."""
+        key = run_key(self.pipeline, run_id)
+        record, parts = None, {}
+        with closing(self._tail(committed=True)) as records:
+            for _offset, _ts, found, rec in records:
+                if rec is None:
+                    continue
+                if _is_run(rec):
+                    if found != key:
+                        if rec.get("status") == PLANNED:
+                            break
+                        continue
+                    record = record or rec
+                    if rec.get("status") == PLANNED:
+                        break
+                elif found.startswith(key + ":"):
+                    parts.setdefault(found[len(key) + 1:], rec)
+        return record, parts
+
+    def last_run(self) -> dict | None:
+        """The pipeline's newest run record (planned, committed or noop; an empty plan that was
+        stored and then skipped reads ``empty``), or None."""
+        with closing(self._tail(committed=True)) as records:
+            for _offset, _ts, _key, rec in records:
+                if _is_run(rec):
+                    if rec.get("status") == PLANNED and Plan.from_json(json.dumps(rec["plan"])).is_empty:
+                        return {**rec, "status": "empty"}
+                    return rec
+        return None
+
+    def runs_since(self, since: str) -> list[dict]:
+        """The newest record of each run whose records are newer than ``since`` (ISO time),
+        oldest first."""
+        found: dict[str, dict] = {}
+        with closing(self._tail(committed=True)) as records:
+            for _offset, _ts, key, rec in records:
+                if not _is_run(rec):
+                    continue
+                if _record_time(rec) < since:
+                    break
+                found.setdefault(key, rec)
+        return sorted(found.values(), key=_record_time)
+
+    def state(self) -> ManifestState:
+        """The pipeline's memory: its newest snapshot, with every checkpoint and starts record
+        written since the offset that snapshot had read up to."""
+        offsets = self._offsets()
+        if offsets is None:
+            return ManifestState()
+        state = ManifestState(read_upto=offsets.lso)
+        start_read, stop = self.records_read, None
+        with closing(self._tail(committed=True, offsets=offsets)) as records:
+            for offset, ts, key, rec in records:
+                if stop is not None and offset < stop:
+                    break
+                if rec is None:
+                    continue
+                if rec.get("snapshot") is True and key == state_key(self.pipeline):
+                    if state.snapshot_at is None:
+                        state.snapshot_at, stop = ts, rec["read_upto"]
+                    for ck in rec["checkpoints"]:
+                        state.remember(ck)
+                    if state.starts is None and rec["starts"] is not None:
+                        state.starts = {(t, p): o for t, p, o in rec["starts"]}
+                    if rec["reset"]:
+                        break
+                elif rec.get("checkpoint") is True:
+                    state.remember(rec)
+                elif key == starts_key(self.pipeline) and state.starts is None:
+                    state.starts = {(t, p): o for t, p, o in rec["starts"]}
+        state.records_read = self.records_read - start_read
+        state.complete = state.snapshot_at is not None or offsets.log_start == 0
+        return state
+
+    def refresh_state(self) -> ManifestState:
+        """:meth:`state`, and a new snapshot when that lookup read far or found none (or an old
+        one): the next lookup stops at it. Called by every plan."""
+        state = self.state()
+        if state.snapshot_at is None or state.records_read > SNAPSHOT_AFTER \
+                or time.time() - state.snapshot_at > SNAPSHOT_MAX_AGE_S:
+            if state.read_upto > 0:
+                self.put_snapshot(state)
+        return state
+
+    # -- the backwards walk -----------------------------------------------------------------
+    def _offsets(self) -> PartitionOffsets | None:
+        """The manifest partition's offsets; None when the topic does not exist (yet)."""
+        admin = admin_client(self.settings)  # kept alive while its answer is read
+        md = admin.list_topics(self.topic, timeout=ADMIN_TIMEOUT_S).topics.get(self.topic)
+        if md is None or md.error is not None:
+            return None
+        return partition_offsets(self.settings, [(self.topic, 0)])[(self.topic, 0)]
+
+    def _tail(self, committed: bool, offsets=None) -> Iterator[tuple[int, float, str, dict | None]]:
+        """The manifest's records newest first, as ``(offset, timestamp s, key, record or None)``,
+        read in growing steps from the end (the LSO when ``committed``, else the high
+        watermark) back to the log start; the caller stops when it has what it needs."""
+        offsets = offsets or self._offsets()
+        if offsets is None:
+            return
+        high, step = (offsets.lso if committed else offsets.high_watermark), TAIL_STEP
+        consumer = Consumer(self.settings.client_config(**{
+            # A throwaway group id: the consumer never joins or commits (assign, not subscribe).
+            "group.id": f"kafka-eos.manifest-reader.{uuid.uuid4()}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed" if committed else "read_uncommitted",
+            "enable.partition.eof": True,
+            # A walk reads what is there: no waiting at the end of the log for more to arrive.
+            "fetch.wait.max.ms": 10,
+        }))
+        try:
+            while high > offsets.log_start:
+                low = max(offsets.log_start, high - step)
+                yield from reversed(self._read(consumer, low, high))
+                high, step = low, min(2 * step, MAX_TAIL_STEP)
+        finally:
+            consumer.close()
+
+    def _read(self, consumer: Consumer, low: int, high: int) -> list[tuple[int, float, str, dict | None]]:
+        """The records at offsets ``[low, high)`` (compaction and transaction markers leave gaps)."""
+        consumer.assign([TopicPartition(self.topic, 0, low)])
+        found = []
+        deadline = time.monotonic() + ADMIN_TIMEOUT_S
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    return found
+                raise BrokerError(f"reading manifest {self.topic!r}: {msg.error().str()}")
+            if msg.offset() >= high:
+                return found
+            self.records_read += 1
+            value = msg.value()
+            found.append((msg.offset(), msg.timestamp()[1] / 1000, (msg.key() or b"").decode(),
+                          None if value is None else json.loads(value)))
+            if msg.offset() == high - 1:
+                return found
+        raise BrokerError(f"reading manifest {self.topic!r} offsets [{low}, {high}): no answer in "
+                          f"{ADMIN_TIMEOUT_S:g}s")

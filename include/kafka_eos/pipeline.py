@@ -9,10 +9,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from kafka_eos.errors import CheckpointConflict, KafkaEosError
+from kafka_eos.errors import CheckpointConflict, CheckpointLost, KafkaEosError
 from kafka_eos.kafka_admin import (TP, alter_group_offsets, committed_offsets_and_times, offsets_retention_s,
                                    partition_offsets, partitions_of)
-from kafka_eos.manifest import ManifestStore
+from kafka_eos.manifest import ManifestState, ManifestStore
 from kafka_eos.plan import Plan, plan_ranges
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
@@ -85,12 +85,16 @@ def _cluster_state(spec: PipelineSpec, settings: KafkaSettings):
     return {tp: cks.get(tp) for tp in tps}, drift, partition_offsets(settings, tps), times
 
 
-def _plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str, cks, offsets, times) -> tuple[Plan, bool]:
+def _plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str, cks, offsets, times,
+          state: ManifestState | None = None) -> tuple[Plan, bool]:
     """:func:`plan_ranges` with what the run manifest and the offsets' commit times add: which
     group offsets are old enough to be committed again, and, for partitions without one, the last
     checkpoint kafka-eos committed and the start the pipeline's first plan chose.
 
+    :param state: the manifest's memory when the caller has read it already.
     :returns: the plan, and whether it is the pipeline's first plan (no checkpoint, no start).
+    :raises CheckpointLost: no partition has a checkpoint, and the manifest's memory of the
+        pipeline is gone too (retention deleted records and no snapshot is left).
     """
     # Kafka deletes the offsets of a group without members `offsets.retention.minutes` after
     # their last commit: an idle partition's checkpoint is committed again at half that age.
@@ -100,13 +104,18 @@ def _plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str, cks, offsets
              if ck is not None and (times.get(tp) is None or now - times[tp] > keep_alive_s)}
     history = starts = None
     if any(ck is None for ck in cks.values()):
-        manifest = ManifestStore(settings, spec.manifest_topic)
+        state = state or ManifestStore.of(spec, settings).state()
+        if spec.sink.kind == "kafka" and not state.complete and all(ck is None for ck in cks.values()):
+            raise CheckpointLost(
+                f"group {spec.source.group_id!r} has no committed offsets, and the manifest {spec.manifest_topic!r} "
+                "holds records of earlier runs but its memory of their checkpoints is gone (retention): "
+                "nothing is re-read; set the group's offsets (kafka-consumer-groups --reset-offsets) to go on")
         # Only `latest` needs the first plan's starts: `earliest` means each partition's log
         # start, whenever a partition without a checkpoint is planned.
         if spec.source.starting_offsets == "latest":
-            starts = manifest.starts(spec.name)
+            starts = state.starts or {}
         if spec.sink.kind == "kafka":
-            history = manifest.checkpoint_history(spec.name)
+            history = state.checkpoints
     plan = plan_ranges(spec, run_id, offsets, cks, stale=stale, history=history, starts=starts)
     return plan, starts is not None and not starts and all(ck is None for ck in cks.values())
 
@@ -143,19 +152,22 @@ def prepare_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> Pl
     checkpoint (not run yet, and its records still exist) or its end (committed: the re-run is a
     no-op). Otherwise the run is planned anew, so ``on_data_loss`` decides about deleted records.
     """
-    manifest = ManifestStore(settings, spec.manifest_topic)
+    manifest = ManifestStore.of(spec, settings)
     manifest.ensure_topic()
     cks, drift, offsets, times = _cluster_state(spec, settings)
     if drift:
         repair_drift(spec, settings, drift)
-    stored = manifest.stored_plan(spec.name, run_id)
+    # Every plan reads the manifest's memory (a bounded walk from its end) and snapshots it when
+    # the walk was long: a later lookup, however many runs later, stops at that snapshot.
+    state = manifest.refresh_state()
+    stored = manifest.stored_plan(run_id)
     if stored is not None and all(
             cks.get(r.tp) == r.until
             # Not run yet: still applies unless retention deleted part of its range since.
             or (cks.get(r.tp) == r.expected and (r.empty or r.from_offset >= offsets[r.tp].log_start))
             for r in stored.active):
         return stored
-    plan, first = _plan(spec, settings, run_id, cks, offsets, times)
+    plan, first = _plan(spec, settings, run_id, cks, offsets, times, state)
     if first:
         manifest.put_starts(plan)  # later plans start this plan's uncommitted partitions here
     manifest.put_plan(plan)

@@ -7,6 +7,7 @@ every rule is testable without a broker; :func:`make_plan` gathers that state fr
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Collection, Mapping
@@ -122,7 +123,8 @@ def plan_ranges(spec: PipelineSpec, run_id: str, offsets: Mapping[TP, PartitionO
     starts = starts or {}
     first_run = all(checkpoints.get(tp) is None for tp in offsets) and not starts
     cap = spec.source.max_records_per_partition
-    ranges, skipped = [], []
+    bounds: dict[TP, tuple[int, int]] = {}
+    skipped = []
     for tp in sorted(offsets):
         topic, partition = tp
         off = offsets[tp]
@@ -152,7 +154,25 @@ def plan_ranges(spec: PipelineSpec, run_id: str, offsets: Mapping[TP, PartitionO
             start = pos
         # The end is the LSO seen now: read_committed readers stop there, and an end beyond
         # it makes Spark's executors poll until timeout. The cap is an offset span.
-        until = max(start, min(off.lso, start + cap))
-        ranges.append(PartitionRange(topic, partition, start, until, ck,
-                                     refresh=until == start == ck and tp in stale))
+        bounds[tp] = (start, max(start, min(off.lso, start + cap)))
+    spans = shares({tp: until - start for tp, (start, until) in bounds.items()}, spec.source.max_records_per_run)
+    ranges = []
+    for tp, (start, _until) in bounds.items():
+        until, ck = start + spans[tp], checkpoints.get(tp)
+        ranges.append(PartitionRange(tp[0], tp[1], start, until, ck, refresh=until == start == ck and tp in stale))
     return Plan(pipeline=spec.name, run_id=run_id, ranges=tuple(ranges), skipped=tuple(skipped))
+
+
+def shares(spans: Mapping[TP, int], limit: int) -> dict[TP, int]:
+    """Cut per-partition offset spans down to ``limit`` in all, each in proportion to its size,
+    as Spark's ``maxOffsetsPerTrigger`` does: a share below one offset rounds up (every partition
+    with a backlog moves), larger shares round down (the total stays within ``limit``, give or
+    take those round-ups)."""
+    total = sum(spans.values())
+    if total <= limit:
+        return dict(spans)
+    out = {}
+    for tp, span in spans.items():
+        share = limit * span / total
+        out[tp] = min(span, math.ceil(share) if share < 1 else math.floor(share))
+    return out

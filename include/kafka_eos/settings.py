@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Mapping
 
 from kafka_eos.errors import KafkaEosError
@@ -18,6 +20,11 @@ BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 #: Environment variable with extra librdkafka settings as a JSON object (security, SASL ...).
 #: Secrets travel here, never on a command line.
 CLIENT_CONFIG_ENV = "KAFKA_EOS_CLIENT_CONFIG"
+#: Environment variable naming a file with the same JSON object. The Airflow Spark task hands
+#: settings to spark-submit this way: the file is readable by its owner only, and the
+#: environment carries just its path (Airflow's Spark hook turns environment variables into
+#: ``--conf`` arguments on YARN and Kubernetes, where every process list shows them).
+CLIENT_CONFIG_FILE_ENV = "KAFKA_EOS_CLIENT_CONFIG_FILE"
 #: Environment variable with the seconds to wait for a first answer from the cluster.
 CONNECT_TIMEOUT_ENV = "KAFKA_EOS_CONNECT_TIMEOUT_S"
 #: A reachable cluster answers metadata in milliseconds; 10 s rides out a slow DNS or TLS
@@ -72,11 +79,19 @@ class KafkaSettings:
                 opts["kafka.ssl.truststore.type"] = "PEM"
         return opts
 
-    def to_environ(self) -> dict:
-        """Environment variables that carry these settings to a child process (e.g. spark-submit)."""
-        env = {BOOTSTRAP_ENV: self.bootstrap_servers}
+    def to_environ(self, config_file: Path) -> dict:
+        """Environment variables that carry these settings to a child process (e.g. spark-submit),
+        with no secret among them: ``extra`` goes to ``config_file``, created readable by its
+        owner only, and the environment names the file.
+
+        :raises FileExistsError: ``config_file`` exists (it is never overwritten or reused).
+        """
+        env = {BOOTSTRAP_ENV: self.bootstrap_servers, CONNECT_TIMEOUT_ENV: str(self.connect_timeout_s)}
         if self.extra:
-            env[CLIENT_CONFIG_ENV] = json.dumps(dict(self.extra))
+            fd = os.open(config_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                json.dump(dict(self.extra), out)
+            env[CLIENT_CONFIG_FILE_ENV] = str(config_file)
         return env
 
     @classmethod
@@ -89,15 +104,14 @@ class KafkaSettings:
         servers = bootstrap or environ.get(BOOTSTRAP_ENV) or default_bootstrap
         if not servers:
             raise KafkaEosError(f"no Kafka bootstrap servers: pass --bootstrap or set {BOOTSTRAP_ENV}")
-        extra: dict = {}
-        raw = environ.get(CLIENT_CONFIG_ENV)
-        if raw:
+        extra = _json_object(environ.get(CLIENT_CONFIG_ENV), CLIENT_CONFIG_ENV)
+        path = environ.get(CLIENT_CONFIG_FILE_ENV)
+        if path:
             try:
-                extra = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise KafkaEosError(f"{CLIENT_CONFIG_ENV} is not a JSON object: {exc}") from None
-            if not isinstance(extra, dict):
-                raise KafkaEosError(f"{CLIENT_CONFIG_ENV} is not a JSON object")
+                text = Path(path).read_text()
+            except OSError as exc:
+                raise KafkaEosError(f"{CLIENT_CONFIG_FILE_ENV}: cannot read {path}: {exc.strerror}") from None
+            extra.update(_json_object(text, f"{CLIENT_CONFIG_FILE_ENV} file {path}"))
         raw_timeout = environ.get(CONNECT_TIMEOUT_ENV)
         try:
             timeout = float(raw_timeout) if raw_timeout else DEFAULT_CONNECT_TIMEOUT_S
@@ -107,3 +121,20 @@ class KafkaSettings:
             raise KafkaEosError(f"{CONNECT_TIMEOUT_ENV}: {raw_timeout!r} is not a positive number of seconds")
         return cls(bootstrap_servers=servers, extra={str(k): str(v) for k, v in extra.items()},
                    connect_timeout_s=timeout)
+
+
+def _json_object(raw: str | None, where: str) -> dict:
+    """The JSON object in ``raw`` ({} when empty).
+
+    :raises KafkaEosError: naming ``where`` (never the content: it may hold a password).
+    """
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise KafkaEosError(f"{where} is not a JSON object: {exc.msg} at line {exc.lineno} column {exc.colno}") \
+            from None
+    if not isinstance(value, dict):
+        raise KafkaEosError(f"{where} is not a JSON object")
+    return value

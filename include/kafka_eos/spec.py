@@ -19,8 +19,9 @@ from kafka_eos.paths import pipelines_dir
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-#: The compacted topic that holds every pipeline's run manifests (docs/architecture.md, "Run manifest").
-DEFAULT_MANIFEST_TOPIC = "kafka-eos.manifest"
+#: Each pipeline's run manifest is a topic of its own, this prefix + the pipeline's name
+#: (docs/architecture.md, "Run manifest"): no other pipeline's transaction can hide its records.
+MANIFEST_TOPIC_PREFIX = "kafka-eos.manifest."
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,9 @@ class SourceSpec:
     starting_offsets: str = "earliest"  # earliest | latest
     max_records_per_partition: int = 100_000
     on_data_loss: str = "fail"  # fail | skip
+    #: Cap of one run over all partitions (an offset span, shared in proportion to each
+    #: partition's backlog): an atomic transaction stays small enough to commit in its timeout.
+    max_records_per_run: int = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -54,8 +58,12 @@ class PipelineSpec:
     transform: str
     sink: SinkSpec
     schedule: str | None = None
-    manifest_topic: str = DEFAULT_MANIFEST_TOPIC
+    manifest_topic: str = ""  # "" -> MANIFEST_TOPIC_PREFIX + name
     path: str = "<inline>"
+
+    def __post_init__(self) -> None:
+        if not self.manifest_topic:
+            object.__setattr__(self, "manifest_topic", MANIFEST_TOPIC_PREFIX + self.name)
 
     def transactional_id(self, topic: str | None = None, partition: int | None = None) -> str:
         """The stable transactional.id of this pipeline's work (docs/architecture.md, "Commit protocol", step 1).
@@ -88,6 +96,7 @@ def spec_document(spec: PipelineSpec) -> dict:
            "source": {"topics": list(src.topics), "group_id": src.group_id,
                       "starting_offsets": src.starting_offsets,
                       "max_records_per_partition": src.max_records_per_partition,
+                      "max_records_per_run": src.max_records_per_run,
                       "on_data_loss": src.on_data_loss}}
     if spec.schedule is not None:
         doc["schedule"] = spec.schedule
@@ -136,23 +145,30 @@ def load_spec(name_or_path: str, environ: Mapping[str, str] | None = None,
         first = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
         raise SpecError(f"{path}: not valid YAML ({first})") from None
     spec = parse_spec(raw, str(path), os.environ if environ is None else environ)
-    check_group_owner(spec, _bundled_specs(exclude=path))
+    check_owners(spec, _bundled_specs(exclude=path))
     if import_transform:
         spec.load_transform()  # a transform that does not import is a spec error, found up front
     return spec
 
 
-def check_group_owner(spec: PipelineSpec, others: Iterable[PipelineSpec]) -> None:
-    """A consumer group belongs to one pipeline: it holds that pipeline's checkpoint and is the
-    base of its transactional ids. Two pipelines sharing one would overwrite each other's
-    checkpoint and fence each other's transactions.
+def check_owners(spec: PipelineSpec, others: Iterable[PipelineSpec]) -> None:
+    """A consumer group and a manifest topic belong to one pipeline. The group holds that
+    pipeline's checkpoint and is the base of its transactional ids: two pipelines sharing one
+    would overwrite each other's checkpoint and fence each other's transactions. The manifest
+    topic is written inside the pipeline's transactions: a shared one lets one pipeline's open
+    transaction hide the other's plans (read_committed stops at its LSO).
 
-    :raises SpecError: naming both specs and the group.
+    :raises SpecError: naming both specs and the group or topic.
     """
     for other in others:
-        if other.source.group_id == spec.source.group_id and other.name != spec.name:
+        if other.name == spec.name:
+            continue  # the same pipeline in another file is not another owner
+        if other.source.group_id == spec.source.group_id:
             raise SpecError(f"{spec.path}: source.group_id: {spec.source.group_id!r} is also the group of pipeline "
                             f"{other.name!r} ({other.path}); each pipeline needs a group of its own")
+        if other.manifest_topic == spec.manifest_topic:
+            raise SpecError(f"{spec.path}: manifest_topic: {spec.manifest_topic!r} is also the manifest of pipeline "
+                            f"{other.name!r} ({other.path}); each pipeline needs a manifest topic of its own")
 
 
 def _bundled_specs(exclude: Path) -> list[PipelineSpec]:
@@ -217,7 +233,7 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
 
     src = _mapping(top.get("source"), where, "source")
     _known(src, where, "source.", {"topics", "group_id", "starting_offsets",
-                                   "max_records_per_partition", "on_data_loss"})
+                                   "max_records_per_partition", "max_records_per_run", "on_data_loss"})
     topics = src.get("topics")
     if not isinstance(topics, list) or not topics:
         raise SpecError(f"{where}: source.topics: a non-empty list of topic names is required")
@@ -228,6 +244,7 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
         group_id=_str(src, where, "group_id", f"kafka-eos.{name}", "source."),
         starting_offsets=_choice(src, where, "starting_offsets", ("earliest", "latest"), "source."),
         max_records_per_partition=_positive_int(src, where, "max_records_per_partition", 100_000),
+        max_records_per_run=_positive_int(src, where, "max_records_per_run", 1_000_000),
         on_data_loss=_choice(src, where, "on_data_loss", ("fail", "skip"), "source."),
     )
 
@@ -267,7 +284,7 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
         if sink.dlq_topic or sink.topic:
             raise SpecError(f"{where}: sink.{'dlq_topic' if sink.dlq_topic else 'topic'}: not for a sql sink "
                             "(dead letters go to the kafka_eos_dead_letters table)")
-    manifest = top.get("manifest_topic", DEFAULT_MANIFEST_TOPIC)
+    manifest = top.get("manifest_topic", MANIFEST_TOPIC_PREFIX + name)
     _topic_name(manifest, where, "manifest_topic")
     schedule = top.get("schedule")
     if schedule is not None and not isinstance(schedule, str):

@@ -110,7 +110,7 @@ class TransactionalCommit:
                     f"{where}: aborted by the transaction coordinator after the transaction timeout of "
                     f"{self.timeout_ms / 1000:g}s (open {open_s:.0f}s here); librdkafka reports it as "
                     f"{err.name()}. Nothing of it is visible; raise sink.transaction_timeout_s (up to the "
-                    "brokers' transaction.max.timeout.ms) or lower source.max_records_per_partition")
+                    "brokers' transaction.max.timeout.ms) or lower source.max_records_per_run")
             return ProducerFenced(f"{where}: fenced by a newer attempt of the same work: {err.str()}")
         if err.fatal():
             return TransactionFailed(f"{where}: fatal {err.name()}: {err.str()}")

@@ -38,8 +38,6 @@ if TYPE_CHECKING:  # pragma: no cover
 RUN_PIPELINE_APP = str(PROJECT_ROOT / "spark_apps" / "run_pipeline.py")
 
 #: Failures a retry cannot fix: a person has to change the spec, reset a group or re-plan.
-# A missing stored plan is retriable: the manifest's records can be hidden for a while behind
-# an open transaction of a killed attempt (read_committed stops at its LSO).
 _NOT_RETRIABLE = (SpecError, DataLossError, TopicRecreated)
 
 
@@ -65,9 +63,9 @@ def stored_plan(settings: KafkaSettings, spec: PipelineSpec, run_id: str) -> Pla
     """
     from kafka_eos.manifest import ManifestStore, run_key
 
-    plan = ManifestStore(settings, spec.manifest_topic).stored_plan(spec.name, run_id)
+    plan = ManifestStore.of(spec, settings).stored_plan(run_id)
     if plan is None:
-        raise PlanError(f"manifest {spec.manifest_topic!r} holds no plan under "
+        raise PlanError(f"manifest {spec.manifest_topic!r}: the newest plan is not the one of "
                         f"{run_key(spec.name, run_id)!r}: run the plan task of this run first")
     return plan
 
@@ -130,7 +128,8 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
     """spark-submit ``spark_apps/run_pipeline.py`` on the run's stored plan.
 
     The plan comes from the run manifest (never XCom) and reaches Spark verbatim in a file;
-    Kafka settings and secrets reach it through the environment (``env_vars``), never argv.
+    Kafka settings reach it through the environment (``env_vars``) and secrets through a file
+    of the task's own that the environment names: never argv, never an environment variable.
     An empty plan skips Spark and the task succeeds. The plan file is local to the Airflow
     worker: use client deploy mode (the default).
 
@@ -179,13 +178,23 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
                       len(plan.active), plan.created_at)
         self.name = self.name or f"kafka-eos-{spec.name}"
         self.conf = {**spark_conf, **(self.conf or {})}
-        # The driver and its Python workers run kafka_eos's commit code: this interpreter.
-        self.env_vars = {**(self.env_vars or {}), "PYSPARK_PYTHON": sys.executable, **settings.to_environ()}
+        # A private folder (mode 0700): the plan, and the Kafka client settings in a file of
+        # their own, which the environment only names.
         with tempfile.TemporaryDirectory(prefix="kafka-eos-plan-") as tmp:
+            self.env_vars = self.spark_environ(settings, Path(tmp))
             plan_file = Path(tmp) / f"{spec.name}.plan.json"
             plan_file.write_text(plan.to_json())
             self.application_args = ["--spec", spec.path, "--plan", str(plan_file)]
             super().execute(context)
+
+    def spark_environ(self, settings: KafkaSettings, folder: Path) -> dict[str, str]:
+        """The environment of spark-submit: the operator's ``env_vars``, the interpreter, and the
+        Kafka settings with their secrets in a file under ``folder`` (see
+        :meth:`KafkaSettings.to_environ`). Nothing secret is in it: Airflow's Spark hook turns
+        it into ``--conf`` arguments on YARN and Kubernetes masters."""
+        # The driver and its Python workers run kafka_eos's commit code: this interpreter.
+        return {**(self.env_vars or {}), "PYSPARK_PYTHON": sys.executable,
+                **settings.to_environ(folder / "kafka-client.json")}
 
 
 class KafkaEosVerifyOperator(_PipelineOperator):
@@ -197,6 +206,7 @@ class KafkaEosVerifyOperator(_PipelineOperator):
     """
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from kafka_eos.manifest import ManifestStore
         from kafka_eos.pipeline import verify
 
         run_id = context["run_id"]
@@ -205,7 +215,8 @@ class KafkaEosVerifyOperator(_PipelineOperator):
             settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
             plan = stored_plan(settings, spec, run_id)
             checkpoints = verify(spec, settings, plan)
-            record, partitions = self._manifest_records(settings, spec, run_id)
+            found, partitions = ManifestStore.of(spec, settings).run_records(run_id)
+            record = found or {}
         summary = {
             "pipeline": spec.name,
             "run_id": run_id,
@@ -229,20 +240,3 @@ class KafkaEosVerifyOperator(_PipelineOperator):
             # data is committed; only the audit record is missing.
             self.log.warning("manifest record of run %s is %r, not 'committed'", run_id, summary["status"])
         return summary
-
-    @staticmethod
-    def _manifest_records(settings: KafkaSettings, spec: PipelineSpec,
-                          run_id: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-        """The run's newest summary record and, in per_partition scope, the newest record of each
-        source partition (``<topic>-<p>`` -> record), in one pass over the manifest."""
-        from kafka_eos.manifest import ManifestStore, run_key
-
-        key = run_key(spec.name, run_id)
-        record: dict[str, Any] = {}
-        partitions: dict[str, dict[str, Any]] = {}
-        for found_key, rec in ManifestStore(settings, spec.manifest_topic).scan(key):
-            if found_key == key:
-                record = rec
-            elif found_key.startswith(key + ":"):
-                partitions[found_key[len(key) + 1:]] = rec
-        return record, partitions

@@ -20,7 +20,7 @@ import yaml
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from kafka_eos import kafka_admin
-from kafka_eos.manifest import ManifestStore, run_key
+from kafka_eos.manifest import ManifestStore
 from kafka_eos.paths import pipelines_dir
 from kafka_eos.settings import KafkaSettings
 
@@ -154,12 +154,10 @@ def test_orders_enriched_dag_run(airflow_db, connections, kafka_settings, pipeli
     assert [(m.key(), m.value()) for m in dead] == [(b"bad-1", MALFORMED)]
     assert dict(dead[0].headers())["kafka-eos.reason"] == b"malformed JSON"
 
-    manifest = ManifestStore(kafka_settings, f"{name}.manifest")
-    summary = manifest.latest(run_key(name, dag_run.run_id))
+    summary, parts = ManifestStore(kafka_settings, f"{name}.manifest", name).run_records(dag_run.run_id)
     assert summary["status"] == "committed"
     assert (summary["records_in"], summary["records_out"], summary["dead_letters"]) == (6, 5, 1)
-    parts = dict(manifest.scan(run_key(name, dag_run.run_id) + ":"))
-    assert sorted(parts) == [f"{run_key(name, dag_run.run_id)}:{topics['orders']}-{p}" for p in range(3)]
+    assert sorted(parts) == [f"{topics['orders']}-{p}" for p in range(3)]
     verified = returned(dag_run, "verify")
     assert (verified["status"], verified["records_out"], verified["dead_letters"]) == ("committed", 5, 1)
     assert returned(dag_run, "plan")["partitions"] == 3
@@ -192,6 +190,6 @@ def test_revenue_per_minute_dag_run(airflow_db, connections, kafka_settings, pip
         dead = conn.execute("select key, value, reason from kafka_eos_dead_letters where pipeline = ?",
                             (name,)).fetchall()
     assert dead == [(b"bad-1", MALFORMED, "malformed JSON")]
-    summary = ManifestStore(kafka_settings, f"{name}.manifest").latest(run_key(name, dag_run.run_id))
+    summary, _parts = ManifestStore(kafka_settings, f"{name}.manifest", name).run_records(dag_run.run_id)
     assert summary["status"] == "committed"
     assert (summary["records_in"], summary["dead_letters"]) == (6, 1)

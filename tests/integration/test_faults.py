@@ -38,7 +38,7 @@ def write_spec_file(spec, path: Path) -> Path:
 
 def spark_submit(spec_file: Path, plan_file: Path, settings, crash_at: str | None) -> subprocess.CompletedProcess:
     """The Spark entry point in its own process, as Airflow's SparkSubmitOperator runs it."""
-    env = {**os.environ, **settings.to_environ(), "PYSPARK_PYTHON": sys.executable}
+    env = {**os.environ, **settings.to_environ(plan_file.with_suffix(".client.json")), "PYSPARK_PYTHON": sys.executable}
     env.pop("KAFKA_EOS_CRASH_AT", None)
     if crash_at:
         env["KAFKA_EOS_CRASH_AT"] = crash_at
@@ -81,9 +81,9 @@ def test_killed_spark_job_then_same_plan_again_is_exactly_once(spark, kafka_sett
     out = [json.loads(m.value)["order_id"] for m in read_committed(kafka_settings, spec.sink.topic)]
     assert Counter(out) == Counter(o["order_id"] for o in truth.committed)
     # The run's record counts every committed record once, across both attempts.
-    from kafka_eos.manifest import ManifestStore, run_key
+    from kafka_eos.manifest import ManifestStore
 
-    record = ManifestStore(kafka_settings, spec.manifest_topic).latest(run_key(spec.name, "run-1"))
+    record, _parts = ManifestStore.of(spec, kafka_settings).run_records("run-1")
     assert (record["status"], record["records_out"]) == ("committed", len(out))
 
     # A committed run re-run with the same plan is a no-op.

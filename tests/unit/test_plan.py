@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kafka_eos.errors import DataLossError, PlanError, TopicRecreated
+from kafka_eos.errors import DataLossError, PlanError, SpecError, TopicRecreated
 from kafka_eos.kafka_admin import PartitionOffsets
 from kafka_eos.plan import Plan, plan_ranges
 from kafka_eos.spec import parse_spec
@@ -117,3 +117,20 @@ def test_a_partly_committed_first_run_keeps_its_starting_policy():
     # Without the first plan's starts, partition 1 would look like a partition added later.
     plan = plan_ranges(spec(starting_offsets="latest"), "r2", offsets, {("t", 0): 40, ("t", 1): None})
     assert plan.ranges[1].from_offset == 0
+
+
+def test_a_run_is_capped_in_all_in_proportion_to_each_backlog():
+    offsets = {("t", 0): off(0, 10), ("t", 1): off(0, 20), ("t", 2): off(0, 70), ("t", 3): off(0, 1)}
+    none = dict.fromkeys(offsets)
+    plan = plan_ranges(spec(max_records_per_run=50), "r", offsets, none)
+    # 50 of 101: shares of 4.95, 9.9 and 34.65 round down; one of 0.495 rounds up (it moves too).
+    assert [(r.from_offset, r.until) for r in plan.ranges] == [(0, 4), (0, 9), (0, 34), (0, 1)]
+    # Within the cap, nothing changes; the per-partition cap applies first.
+    assert [r.until for r in plan_ranges(spec(max_records_per_run=101), "r", offsets, none).ranges] == [10, 20, 70, 1]
+    capped = plan_ranges(spec(max_records_per_partition=10, max_records_per_run=20), "r", offsets, none)
+    assert [r.until for r in capped.ranges] == [6, 6, 6, 1]
+
+
+def test_max_records_per_run_must_be_positive():
+    with pytest.raises(SpecError, match=r"^p.yaml: source.max_records_per_run: "):
+        spec(max_records_per_run=0)

@@ -134,13 +134,13 @@ def test_spec_document_round_trips():
 
 
 def test_a_group_belongs_to_one_pipeline(tmp_path):
-    from kafka_eos.spec import check_group_owner, load_spec
+    from kafka_eos.spec import check_owners, load_spec
 
     a = parse_spec({**GOOD, "name": "a", "source": {"topics": ["in"], "group_id": "shared"}}, "a.yaml")
     b = parse_spec({**GOOD, "name": "b", "source": {"topics": ["in"], "group_id": "shared"}}, "b.yaml")
     with pytest.raises(SpecError, match=r"^b.yaml: source.group_id: 'shared' is also the group of pipeline 'a'"):
-        check_group_owner(b, [a])
-    check_group_owner(a, [a])  # the same pipeline in another file is not another owner
+        check_owners(b, [a])
+    check_owners(a, [a])  # the same pipeline in another file is not another owner
 
     # A spec anywhere may not take a bundled pipeline's group.
     taker = tmp_path / "taker.yaml"
@@ -148,6 +148,20 @@ def test_a_group_belongs_to_one_pipeline(tmp_path):
                                      "source": {"topics": ["orders"], "group_id": "kafka-eos.orders_enriched"}}))
     with pytest.raises(SpecError, match=r"is also the group of pipeline 'orders_enriched'"):
         load_spec(str(taker))
+
+
+def test_a_manifest_topic_belongs_to_one_pipeline():
+    from kafka_eos.spec import check_owners
+
+    a = parse_spec({**GOOD, "name": "a"}, "a.yaml")
+    b = parse_spec({**GOOD, "name": "b", "source": {"topics": ["in"], "group_id": "b"}}, "b.yaml")
+    assert (a.manifest_topic, b.manifest_topic) == ("kafka-eos.manifest.a", "kafka-eos.manifest.b")
+    check_owners(b, [a])
+    shared = parse_spec({**GOOD, "name": "b", "source": {"topics": ["in"], "group_id": "b"},
+                         "manifest_topic": "kafka-eos.manifest.a"}, "b.yaml")
+    with pytest.raises(SpecError, match=r"^b.yaml: manifest_topic: 'kafka-eos.manifest.a' is also the manifest "
+                                        r"of pipeline 'a' \(a.yaml\); each pipeline needs a manifest topic"):
+        check_owners(shared, [a])
 
 
 def test_transaction_timeout_is_a_kafka_sink_setting():

@@ -322,7 +322,7 @@ def write(results: "DataFrame | None", dead_letters: "DataFrame | None", spec: P
     # The mirror: standard lag tools see progress; the planner repairs it if this is lost.
     alter_group_offsets(settings, spec.source.group_id, {r.tp: r.until for r in plan.active})
     if status == COMMITTED:
-        ManifestStore(settings, spec.manifest_topic).put(
+        ManifestStore.of(spec, settings).put(
             run_key(spec.name, plan.run_id),
             {**summary, "status": COMMITTED, "records_in": records_in, "records_out": out,
              "dead_letters": dead, "committed_at": now_iso(),

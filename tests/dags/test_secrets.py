@@ -1,0 +1,158 @@
+"""A pipeline run against a SASL broker keeps the password out of process lists, environment
+variables that kafka-eos sets, task logs and Airflow's database (XCom included).
+
+Before: the Spark task put the client settings, password included, into spark-submit's
+environment (``KAFKA_EOS_CLIENT_CONFIG``), and Airflow's Spark hook turns that environment into
+``--conf spark.kubernetes.driverEnv.…=…`` / ``spark.yarn.appMasterEnv.…`` arguments on Kubernetes
+and YARN masters, where every process list shows them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+from test_dag_runs import VALID_ORDERS, produce_orders, read_committed, run_dag, write_spec
+
+from kafka_eos import kafka_admin
+from kafka_eos.settings import KafkaSettings
+
+pytestmark = pytest.mark.integration
+
+USER = "alice"
+
+
+def _three_free_ports() -> int:
+    """A port p with p + 1 and p + 2 free too (plaintext, controller and SASL listeners)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        socks = [socket.socket() for _ in range(3)]
+        try:
+            for i, sock in enumerate(socks):
+                sock.bind(("127.0.0.1", port + i))
+            return port
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError("no three adjacent free ports on 127.0.0.1")
+
+
+@pytest.fixture
+def sasl_broker(tmp_path):
+    """A broker of this test's own with a SASL/PLAIN listener (user ``alice``) beside the plaintext
+    one the broker's own start-up check and the test's setup use. Yields (plaintext settings, SASL
+    bootstrap, password)."""
+    from kafka_eos.local_kafka import HOST, LocalBroker
+
+    password = f"pw-{uuid.uuid4().hex}"
+    port = _three_free_ports()
+    sasl = f"{HOST}:{port + 2}"
+    broker = LocalBroker(home=tmp_path / "kafka", port=port, overrides=(
+        ("listeners", f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{port + 1},SASL_PLAINTEXT://{sasl}"),
+        ("advertised.listeners", f"PLAINTEXT://{HOST}:{port},SASL_PLAINTEXT://{sasl}"),
+        ("listener.security.protocol.map", "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT"),
+        ("sasl.enabled.mechanisms", "PLAIN"),
+        ("listener.name.sasl_plaintext.plain.sasl.jaas.config",
+         f'org.apache.kafka.common.security.plain.PlainLoginModule required user_{USER}="{password}";'),
+    ))
+    broker.start()
+    yield KafkaSettings(broker.bootstrap), sasl, password
+    broker.stop()
+    shutil.rmtree(broker.home, ignore_errors=True)
+
+
+class ProcessWatch(threading.Thread):
+    """Samples every process's command line, and the environment of the Spark job's processes,
+    until stopped."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.stopped = threading.Event()
+        self.cmdlines: set[str] = set()
+        self.spark_environ: dict[str, str] = {}
+
+    def run(self) -> None:
+        while not self.stopped.wait(0.05):
+            for proc in Path("/proc").glob("[0-9]*"):
+                try:
+                    cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                    if "run_pipeline.py" in cmdline:
+                        for var in (proc / "environ").read_bytes().split(b"\0"):
+                            name, _, value = var.decode(errors="replace").partition("=")
+                            self.spark_environ[name] = value
+                except OSError:
+                    continue  # gone, or not ours to read
+                self.cmdlines.add(cmdline)
+
+
+def test_a_sasl_run_keeps_the_password_out_of_argv_env_logs_and_the_database(
+        airflow_db, sasl_broker, pipelines_module, monkeypatch, capfd, caplog, unique):
+    plain, sasl_bootstrap, password = sasl_broker
+    name = f"sasl-{unique}"
+    topics = {"orders": f"{name}.orders", "enriched": f"{name}.enriched", "dlq": f"{name}.dlq"}
+    kafka_admin.create_topics(plain, {topics["orders"]: 2, topics["enriched"]: 2, topics["dlq"]: 1})
+    write_spec("orders_enriched", name, topics, {"topic": topics["enriched"], "dlq_topic": topics["dlq"]})
+    produce_orders(plain, topics["orders"])
+    # The connections live in the environment here (AIRFLOW_CONN_*, the harness's own store); the
+    # password is in the Kafka connection's password field, as the docs tell users to keep it.
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EOS_KAFKA", json.dumps({
+        "conn_type": "kafka", "login": USER, "password": password,
+        "extra": {"bootstrap.servers": sasl_bootstrap, "security.protocol": "SASL_PLAINTEXT",
+                  "sasl.mechanism": "PLAIN"}}))
+
+    watch = ProcessWatch()
+    watch.start()
+    try:
+        run_dag(pipelines_module, name)
+    finally:
+        watch.stopped.set()
+        watch.join()
+
+    # The run really went through the SASL listener, with the password: the output is there.
+    assert len(read_committed(plain, topics["enriched"])) == len(VALID_ORDERS)
+    # The watch saw the Spark job, its command line and its environment ...
+    assert any("run_pipeline.py" in c for c in watch.cmdlines) and watch.spark_environ
+    # ... and the password in neither (AIRFLOW_CONN_* is the harness's connection store).
+    assert not [c for c in watch.cmdlines if password in c]
+    assert not [k for k, v in watch.spark_environ.items() if password in v and not k.startswith("AIRFLOW_CONN_")]
+    assert "KAFKA_EOS_CLIENT_CONFIG_FILE" in watch.spark_environ
+    # Task logs (what Airflow printed and logged, spark-submit's output included) ...
+    out, err = capfd.readouterr()
+    logs = out + err + caplog.text
+    assert "KAFKA_EOS_SUMMARY" in logs  # the Spark job's own output is among them
+    assert password not in logs
+    # ... and every file under AIRFLOW_HOME: log files and the metadata database, XCom included.
+    airflow_home = Path(airflow_db).parent
+    leaks = [str(f) for f in airflow_home.rglob("*") if f.is_file() and password.encode() in f.read_bytes()]
+    assert not leaks
+    # The client settings file is gone with the task.
+    assert not Path(watch.spark_environ["KAFKA_EOS_CLIENT_CONFIG_FILE"]).exists()
+
+
+def test_on_yarn_no_secret_reaches_the_spark_submit_command(monkeypatch, tmp_path):
+    """Airflow's Spark hook turns env_vars into --conf arguments on YARN (and, with the same loop,
+    on Kubernetes, whose hook needs the cncf.kubernetes provider, not installed here): what the
+    Spark task gives it must hold no secret."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+    from kafka_eos_airflow.operators import KafkaEosSparkSubmitOperator
+
+    password = f"pw-{uuid.uuid4().hex}"
+    settings = KafkaSettings("b:9092", extra={"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
+                                              "sasl.username": USER, "sasl.password": password})
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CLUSTER", json.dumps({"conn_type": "spark", "host": "yarn"}))
+    operator = KafkaEosSparkSubmitOperator(task_id="spark", pipeline="orders_enriched", conn_id="spark_cluster")
+    env = operator.spark_environ(settings, tmp_path)
+    command = SparkSubmitHook(conn_id="spark_cluster", env_vars=env)._build_spark_submit_command("app.py")
+    assert any("KAFKA_EOS_CLIENT_CONFIG_FILE" in arg for arg in command)  # the hook did put env into argv
+    assert not [arg for arg in command if password in arg]
+    assert json.loads((tmp_path / "kafka-client.json").read_text())["sasl.password"] == password

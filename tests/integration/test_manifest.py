@@ -1,0 +1,133 @@
+"""The run manifest scales and isolates: a lookup costs the same after 100,000 runs as after 10,
+and an open transaction hides no pipeline's plan.
+
+Before: every pipeline shared one single-partition manifest topic, written inside the pipelines'
+transactions and read read_committed from offset 0. Each lookup read the whole history, and one
+pipeline's open transaction (a killed Spark job's, until its timeout) pinned the LSO that every
+pipeline's plan lookup stopped at: the plan a plan task had just stored was not found.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from confluent_kafka import Producer
+
+from kafka_eos import kafka_admin
+from kafka_eos.manifest import (COMMITTED, TAIL_STEP, ManifestStore, checkpoint_key, checkpoint_record, now_iso,
+                                plan_record, run_key)
+from kafka_eos.pipeline import prepare_plan
+from kafka_eos.plan import PartitionRange, Plan
+from kafka_eos.spec import parse_spec
+
+pytestmark = pytest.mark.integration
+
+
+def _spec(name: str, source: str, tmp_path):
+    return parse_spec({"name": name, "source": {"topics": [source]}, "transform": "identity",
+                       "sink": {"kind": "kafka", "topic": f"{source}.out"}}, str(tmp_path / f"{name}.yaml"))
+
+
+def test_an_open_transaction_hides_no_plan(kafka_settings, unique, tmp_path):
+    source = f"in-{unique}"
+    kafka_admin.create_topics(kafka_settings, {source: 1, f"{source}.out": 1})
+    producer = Producer(kafka_settings.client_config(**{"enable.idempotence": True}))
+    for i in range(5):
+        producer.produce(source, value=f"r{i}".encode(), partition=0)
+    producer.flush(30)
+    a, b = _spec(f"{unique}-a", source, tmp_path), _spec(f"{unique}-b", source, tmp_path)
+    prepare_plan(a, kafka_settings, "a-1")
+
+    # A killed attempt of pipeline a: its commit transaction, under a's own transactional.id,
+    # stays open on a's manifest (its summary record) until the coordinator times it out.
+    zombie = Producer(kafka_settings.client_config(**{"transactional.id": a.transactional_id(),
+                                                      "transaction.timeout.ms": 600_000}))
+    zombie.init_transactions(30)
+    zombie.begin_transaction()
+    zombie.produce(a.manifest_topic, key=run_key(a.name, "a-1").encode(),
+                   value=json.dumps({"status": COMMITTED, "plan": {}}).encode())
+    zombie.flush(30)
+    try:
+        # Another pipeline's plan task stores a plan; its Spark task finds it.
+        planned_b = prepare_plan(b, kafka_settings, "b-1")
+        assert ManifestStore.of(b, kafka_settings).stored_plan("b-1") == planned_b
+        # The pipeline's own next run plans while its zombie is still open, and finds its plan.
+        planned_a = prepare_plan(a, kafka_settings, "a-2")
+        assert ManifestStore.of(a, kafka_settings).stored_plan("a-2") == planned_a
+        assert [r.until for r in planned_a.active] == [5]
+    finally:
+        zombie.abort_transaction(30)
+
+
+def _history(store: ManifestStore, runs: int, every: int = 1000) -> Plan:
+    """``runs`` runs' records as a Kafka-sink pipeline with one source partition writes them: the
+    plan, then the summary and the checkpoint's memory (written here without a transaction),
+    and the plan task's snapshot maintenance (here every ``every`` runs, not every plan: a worse
+    case). Returns the last plan."""
+    producer = Producer(store.settings.client_config(**{"enable.idempotence": True, "linger.ms": 50}))
+    plan = None
+    for i in range(runs):
+        plan = Plan(store.pipeline, f"run-{i}", (PartitionRange("in", 0, 10 * i, 10 * (i + 1), 10 * i),))
+        summary = {**plan_record(plan), "pipeline": store.pipeline, "run_id": plan.run_id, "status": COMMITTED,
+                   "records_in": 10, "records_out": 10, "dead_letters": 0, "committed_at": now_iso()}
+        for key, record in ((run_key(store.pipeline, plan.run_id), plan_record(plan)),
+                            (run_key(store.pipeline, plan.run_id), summary),
+                            (checkpoint_key(store.pipeline, "in", 0),
+                             checkpoint_record(plan.run_id, "g", "in", 0, 10 * (i + 1)))):
+            while True:
+                try:
+                    producer.produce(store.topic, key=key.encode(), value=json.dumps(record).encode())
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+        if (i + 1) % every == 0:
+            assert producer.flush(60) == 0
+            store.refresh_state()
+    assert producer.flush(60) == 0
+    return plan
+
+
+def test_a_lookup_costs_the_same_after_100000_runs_as_after_10(kafka_settings, unique, tmp_path, capsys):
+    costs = {}
+    for runs in (10, 100_000):
+        store = ManifestStore(kafka_settings, f"kafka-eos.manifest.{unique}-{runs}", f"{unique}-{runs}")
+        store.ensure_topic()
+        started = time.monotonic()
+        last = _history(store, runs)
+        written_s = time.monotonic() - started
+        store.refresh_state()  # what the next plan task does first
+        lookups = {
+            "stored plan of the last run": lambda: store.stored_plan(last.run_id) == last,
+            "stored plan of the first run (none)": lambda: store.stored_plan("run-0") is None,
+            "last run": lambda: store.last_run()["plan"]["run_id"] == last.run_id,
+            "run records of the last run": lambda: store.run_records(last.run_id)[0]["status"] == COMMITTED,
+            "checkpoint memory": lambda: store.state().checkpoints[("in", 0)]["offset"] == 10 * runs,
+        }
+        for what, lookup in lookups.items():
+            before, started = store.records_read, time.monotonic()
+            assert lookup(), what
+            costs[(what, runs)] = (store.records_read - before, 1000 * (time.monotonic() - started))
+        end = kafka_admin.partition_offsets(kafka_settings, [(store.topic, 0)])[(store.topic, 0)].high_watermark
+        costs[("manifest records", runs)] = (end, written_s)
+
+    with capsys.disabled():
+        print("\nlookup                               records read (ms) after 10 runs | after 100,000 runs")
+        for what in (w for w, r in costs if r == 10):
+            (n10, ms10), (nbig, msbig) = costs[(what, 10)], costs[(what, 100_000)]
+            print(f"  {what:36} {n10:>8} ({ms10:6.0f}) | {nbig:>8} ({msbig:6.0f})")
+    for what in (w for w, r in costs if r == 10 and w != "manifest records"):
+        assert costs[(what, 100_000)][0] == costs[(what, 10)][0], what
+    assert costs[("manifest records", 100_000)][0] >= 300_000
+
+
+def test_a_reset_forgets_the_memory(kafka_settings, unique):
+    store = ManifestStore(kafka_settings, f"kafka-eos.manifest.{unique}", unique)
+    store.ensure_topic()
+    _history(store, 300, every=100)
+    assert store.state().checkpoints[("in", 0)]["offset"] == 3000
+    store.forget_checkpoints()
+    state = store.state()
+    assert (state.checkpoints, state.starts) == ({}, None)
+    assert state.records_read == TAIL_STEP  # one step: the walk stops at the reset snapshot

@@ -131,3 +131,31 @@ def test_a_reset_forgets_the_memory(kafka_settings, unique):
     state = store.state()
     assert (state.checkpoints, state.starts) == ({}, None)
     assert state.records_read == TAIL_STEP  # one step: the walk stops at the reset snapshot
+
+
+def test_a_memory_that_retention_deleted_is_not_taken_for_a_new_pipeline(kafka_settings, unique, tmp_path):
+    """A pipeline paused longer than the manifest's retention, whose group offsets the broker
+    expired too: its next plan fails naming the group, it does not re-read from the log start."""
+    from confluent_kafka import OFFSET_END, TopicPartition
+
+    from kafka_eos.errors import CheckpointLost
+
+    source = f"in-{unique}"
+    kafka_admin.create_topics(kafka_settings, {source: 1, f"{source}.out": 1})
+    producer = Producer(kafka_settings.client_config())
+    for i in range(5):
+        producer.produce(source, value=f"r{i}".encode(), partition=0)
+    assert producer.flush(30) == 0
+    spec = _spec(unique, source, tmp_path)
+    store = ManifestStore.of(spec, kafka_settings)
+    store.ensure_topic()
+    _history(store, 3, every=10**9)  # runs, then nothing for longer than the retention:
+    admin = kafka_admin.admin_client(kafka_settings)
+    for fut in admin.delete_records([TopicPartition(store.topic, 0, OFFSET_END)]).values():
+        fut.result(30)
+    with pytest.raises(CheckpointLost, match=rf"^group 'kafka-eos.{unique}' has no committed offsets, and the "
+                                             rf"manifest 'kafka-eos.manifest.{unique}' holds records of earlier runs"):
+        prepare_plan(spec, kafka_settings, "after-the-pause")
+    # A new pipeline (an empty manifest) plans from the log start as ever.
+    fresh = _spec(f"{unique}-new", source, tmp_path)
+    assert [(r.from_offset, r.until) for r in prepare_plan(fresh, kafka_settings, "first").active] == [(0, 5)]

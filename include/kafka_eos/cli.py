@@ -26,8 +26,9 @@ from kafka_eos.spec import PipelineSpec, load_spec, spec_paths
 
 log = logging.getLogger("kafka_eos.cli")
 
-#: Exit codes: 1 a kafka-eos error (bad input, Kafka refused, a check failed), 2 anything else.
-EXIT_ERROR, EXIT_UNEXPECTED = 1, 2
+#: Exit codes: 1 a kafka-eos error (bad input, Kafka refused, a check failed), 2 anything else;
+#: 3 ``txn hanging`` found partitions held by open transactions.
+EXIT_ERROR, EXIT_UNEXPECTED, EXIT_FOUND = 1, 2, 3
 
 
 def _settings(args) -> KafkaSettings:
@@ -194,6 +195,63 @@ def cmd_pipelines(args) -> int:
     return 0
 
 
+def cmd_txn_hanging(args) -> int:
+    from kafka_eos.health.attribute import attribute
+    from kafka_eos.health.detect import find_stalls, topic_partitions
+    from kafka_eos.spec import bundled_specs
+
+    settings = _settings(args)
+    tps = topic_partitions(settings, args.topic)
+    stalls = attribute(settings, find_stalls(settings, tps, args.older_than), bundled_specs())
+    if args.json:
+        _print_json({"older_than_s": args.older_than, "partitions_checked": len(tps),
+                     "stalled": [s.as_dict() for s in stalls]})
+        return EXIT_FOUND if stalls else 0
+    if not stalls:
+        print(f"no partition held by an open transaction for longer than {seconds(args.older_than)} "
+              f"({len(tps)} partitions checked)")
+        return 0
+    print(f"{len(stalls)} partition(s) held by an open transaction for longer than {seconds(args.older_than)} "
+          f"({len(tps)} checked); read_committed readers stop at the LSO:")
+    rows = []
+    for s in stalls:
+        c = s.culprit or {}
+        rows.append((f"{s.topic}-{s.partition}", s.lso, s.high_watermark, s.waiting,
+                     "?" if s.stuck_s is None else seconds(s.stuck_s), c.get("producer_id", "?"),
+                     c.get("transactional_id") or "-", c.get("pipeline") or "-", c.get("verdict", "?")))
+    print(table(rows, ("partition", "LSO", "HW", "waiting", "open for", "producer", "transactional.id",
+                       "pipeline", "verdict")))
+    for s in stalls:
+        if s.attribution_error:
+            print(f"  {s.topic}-{s.partition}: attribution unavailable: {s.attribution_error}")
+        elif s.culprit and s.culprit["verdict"] == "long-running" and s.culprit["transaction_timeout_s"]:
+            print(f"  {s.topic}-{s.partition}: the coordinator aborts it at its "
+                  f"{seconds(s.culprit['transaction_timeout_s'])} timeout unless it commits first")
+    first = stalls[0]
+    print(f"To abort one (a dry run first): kafka-eos txn abort --topic {first.topic} --partition "
+          f"{first.partition} --start-offset {first.lso}")
+    return EXIT_FOUND
+
+
+def cmd_txn_abort(args) -> int:
+    from kafka_eos.health.abort import abort_transaction, find_open_transaction
+    from kafka_eos.spec import bundled_specs
+
+    settings = _settings(args)
+    txn = find_open_transaction(settings, args.topic, args.partition, args.start_offset, bundled_specs())
+    owner = f", pipeline {txn['pipeline']}" if txn["pipeline"] else ""
+    print(f"{args.topic}-{args.partition}: open transaction starting at offset {txn['start_offset']}: producer "
+          f"{txn['producer_id']} epoch {txn['producer_epoch']}, transactional.id {txn['transactional_id'] or '?'}"
+          f"{owner}, {txn['verdict']}, last write {txn['last_write']}")
+    if not args.yes:
+        print("dry run: nothing changed. Add --yes to abort it.")
+        return 0
+    done = abort_transaction(settings, args.topic, args.partition, txn)
+    print(f"aborted: {done['method']}; LSO {done['lso_before']} -> {done['lso_after']} "
+          f"(high watermark {done['high_watermark']})")
+    return 0
+
+
 def cmd_demo(args) -> int:
     from kafka_eos.demo import run_demo
 
@@ -213,6 +271,8 @@ def _common_flags(parser: argparse.ArgumentParser, suppress: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from kafka_eos.health.detect import DEFAULT_OLDER_THAN_S
+
     parser = argparse.ArgumentParser(
         prog="kafka-eos", description="Exactly-once Kafka -> Spark pipelines: plan, run and inspect them, "
                                       "and run a local broker. Docs: docs/cli.md.")
@@ -243,6 +303,27 @@ def build_parser() -> argparse.ArgumentParser:
     command("pipelines", cmd_pipelines, "the pipeline specs under include/pipelines/: sink, scope, lag, last run",
             json_flag=True)
     command("demo", cmd_demo, "the main job on the embedded default (local broker, Spark, Airflow)")
+    t = command("txn", None, "open transactions that pin partitions: find them (hanging), abort one (abort)")
+    actions = t.add_subparsers(dest="action", required=True, metavar="ACTION")
+    h = actions.add_parser("hanging", help="partitions held by an open transaction, and who holds them "
+                                           f"(exit {EXIT_FOUND} when there are some)")
+    _common_flags(h, suppress=True)
+    h.add_argument("--topic", action="append", help="a topic to check (repeatable; default: every topic that is "
+                                                    "not internal)")
+    h.add_argument("--older-than", type=float, default=DEFAULT_OLDER_THAN_S, metavar="SECONDS",
+                   help=f"report transactions open longer than this (default {DEFAULT_OLDER_THAN_S:g}: longer "
+                        "than a kafka-eos transaction may last)")
+    h.add_argument("--json", action="store_true", help="print JSON for scripts")
+    h.set_defaults(func=cmd_txn_hanging)
+    a = actions.add_parser("abort", help="abort the open transaction that starts at an offset (a dry run "
+                                         "without --yes)")
+    _common_flags(a, suppress=True)
+    a.add_argument("--topic", required=True)
+    a.add_argument("--partition", type=int, required=True)
+    a.add_argument("--start-offset", type=int, required=True, help="where the transaction starts on the "
+                                                                   "partition (its LSO; see `txn hanging`)")
+    a.add_argument("--yes", action="store_true", help="really abort it")
+    a.set_defaults(func=cmd_txn_abort)
     return parser
 
 

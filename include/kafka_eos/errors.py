@@ -57,3 +57,11 @@ class DeadLetterWithoutTopic(KafkaEosError):
 
 class PlanError(KafkaEosError):
     """A stored plan cannot be used (missing, malformed, or for another pipeline)."""
+
+
+class NoOpenTransaction(KafkaEosError):
+    """An abort names a partition and start offset where no open transaction starts."""
+
+
+class AbortFailed(KafkaEosError):
+    """An abort ran, and the partition's LSO is still pinned at the transaction's start."""

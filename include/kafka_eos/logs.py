@@ -95,6 +95,8 @@ def setup_cli_logging(verbose: bool = False) -> Path:
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     # py4j logs every gateway call at DEBUG and each connection at INFO: of no use to a user.
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    # kafka-python (the transaction admin API) logs every connection at INFO.
+    logging.getLogger("kafka").setLevel(logging.WARNING)
     return log_file
 
 

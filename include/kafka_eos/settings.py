@@ -34,6 +34,15 @@ DEFAULT_CONNECT_TIMEOUT_S = 10.0
 CLIENT_LOGGER = logging.getLogger("kafka_eos.librdkafka")
 
 
+#: librdkafka setting -> kafka-python argument, for what both clients have.
+_KAFKA_PYTHON_NAMES = {
+    "security.protocol": "security_protocol", "sasl.mechanism": "sasl_mechanism",
+    "sasl.username": "sasl_plain_username", "sasl.password": "sasl_plain_password",
+    "ssl.ca.location": "ssl_cafile", "ssl.certificate.location": "ssl_certfile",
+    "ssl.key.location": "ssl_keyfile", "ssl.key.password": "ssl_password",
+}
+
+
 @dataclass(frozen=True)
 class KafkaSettings:
     """Where the cluster is and how to talk to it.
@@ -78,6 +87,16 @@ class KafkaSettings:
                 opts["kafka.ssl.truststore.location"] = value
                 opts["kafka.ssl.truststore.type"] = "PEM"
         return opts
+
+    def kafka_python_config(self) -> dict:
+        """The same settings for kafka-python's clients (the transaction admin API); librdkafka
+        settings it has no equivalent for are left out."""
+        conf: dict = {"bootstrap_servers": self.bootstrap_servers.split(","),
+                      "request_timeout_ms": int(max(self.connect_timeout_s, 30.0) * 1000)}
+        for key, name in _KAFKA_PYTHON_NAMES.items():
+            if key in self.extra:
+                conf[name] = self.extra[key]
+        return conf
 
     def to_environ(self, config_file: Path) -> dict:
         """Environment variables that carry these settings to a child process (e.g. spark-submit),

@@ -145,7 +145,7 @@ def load_spec(name_or_path: str, environ: Mapping[str, str] | None = None,
         first = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
         raise SpecError(f"{path}: not valid YAML ({first})") from None
     spec = parse_spec(raw, str(path), os.environ if environ is None else environ)
-    check_owners(spec, _bundled_specs(exclude=path))
+    check_owners(spec, bundled_specs(exclude=path))
     if import_transform:
         spec.load_transform()  # a transform that does not import is a spec error, found up front
     return spec
@@ -171,11 +171,11 @@ def check_owners(spec: PipelineSpec, others: Iterable[PipelineSpec]) -> None:
                             f"{other.name!r} ({other.path}); each pipeline needs a manifest topic of its own")
 
 
-def _bundled_specs(exclude: Path) -> list[PipelineSpec]:
+def bundled_specs(exclude: Path | None = None) -> list[PipelineSpec]:
     """The parsable specs under include/pipelines/ other than ``exclude`` (transforms not imported)."""
     found = []
     for path in spec_paths():
-        if path.resolve() == exclude.resolve():
+        if exclude is not None and path.resolve() == exclude.resolve():
             continue
         try:
             found.append(parse_spec(yaml.safe_load(path.read_text()), str(path)))

@@ -19,6 +19,23 @@ def test_global_flags_parse_before_or_after_the_command(argv):
     assert (args.command, args.pipeline, args.bootstrap, args.verbose, args.json) == ("run", "p", "b:9092", True, True)
 
 
+@pytest.mark.parametrize("argv", [
+    ["--bootstrap", "b:9092", "txn", "hanging", "--topic", "a", "--topic", "b", "--older-than", "30"],
+    ["txn", "hanging", "--topic", "a", "--bootstrap", "b:9092", "--topic", "b", "--older-than", "30"],
+])
+def test_txn_hanging_parses_with_flags_anywhere(argv):
+    args = build_parser().parse_args(argv)
+    assert (args.action, args.topic, args.older_than, args.bootstrap) == ("hanging", ["a", "b"], 30.0, "b:9092")
+
+
+def test_txn_abort_needs_partition_and_start_offset_and_is_a_dry_run_without_yes(capsys):
+    args = build_parser().parse_args(["txn", "abort", "--topic", "t", "--partition", "1", "--start-offset", "7"])
+    assert (args.topic, args.partition, args.start_offset, args.yes) == ("t", 1, 7, False)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["txn", "abort", "--topic", "t", "--partition", "1"])
+    assert "--start-offset" in capsys.readouterr().err
+
+
 def test_global_flags_default_when_absent():
     args = build_parser().parse_args(["checkpoint", "p"])
     assert (args.bootstrap, args.verbose, args.json) == (None, False, False)

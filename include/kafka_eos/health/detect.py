@@ -1,0 +1,152 @@
+"""Stalled partitions: the LSO (read_committed end) below the high watermark, held there by an
+open transaction for longer than a threshold.
+
+No history is needed: the LSO of a partition is the first offset of its oldest open
+transaction, so the record at the LSO (read uncommitted) is that transaction's first write on
+the partition, and its timestamp says how long the transaction has been open there. A caller
+that observes over time (a sensor's trigger) can pass its previous observation instead and
+count from when it first saw the LSO at that offset.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Mapping
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from kafka_eos.errors import BrokerError
+from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, TP, admin_client, partition_offsets
+from kafka_eos.settings import KafkaSettings
+
+#: Default threshold: a transaction open longer than this is reported. kafka-eos's own
+#: transactions last at most their timeout (sink.transaction_timeout_s, 300 s by default); a
+#: minute more keeps a pipeline's own slow commit from being reported as hung.
+DEFAULT_OLDER_THAN_S = 360.0
+
+
+@dataclass
+class Stall:
+    """A partition whose LSO is pinned below its high watermark by an open transaction."""
+
+    topic: str
+    partition: int
+    lso: int
+    high_watermark: int
+    #: When the transaction's first record on this partition was written (epoch ms), or when
+    #: the caller first saw the LSO at this offset; None when neither is known.
+    open_since_ms: int | None
+    #: Seconds the LSO has been held, as of the observation.
+    stuck_s: float | None
+    #: Who holds it (see :mod:`kafka_eos.health.attribute`); None until attributed.
+    culprit: dict | None = None
+    #: Why attribution was not possible, when it was not.
+    attribution_error: str | None = None
+    waiting: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        #: Offsets behind the LSO that read_committed readers cannot reach (records of the open
+        #: transaction and, possibly, committed records of others behind it).
+        self.waiting = self.high_watermark - self.lso
+
+    @property
+    def tp(self) -> TP:
+        return (self.topic, self.partition)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def topic_partitions(settings: KafkaSettings, topics: Iterable[str] | None = None) -> list[TP]:
+    """The partitions of ``topics`` (default: every topic that is not internal).
+
+    :raises BrokerError: a named topic does not exist.
+    """
+    admin = admin_client(settings)  # kept alive while its answer is read
+    md = admin.list_topics(timeout=ADMIN_TIMEOUT_S)
+    names = list(topics) if topics else sorted(t for t in md.topics if not t.startswith("__"))
+    out = []
+    for name in names:
+        tmd = md.topics.get(name)
+        if tmd is None or tmd.error is not None:
+            raise BrokerError(f"topic {name!r} does not exist")
+        out += [(name, p) for p in sorted(tmd.partitions)]
+    return out
+
+
+def find_stalls(settings: KafkaSettings, tps: Iterable[TP], older_than_s: float = DEFAULT_OLDER_THAN_S,
+                previous: Mapping[str, dict] | None = None, now_ms: int | None = None) -> list[Stall]:
+    """The partitions of ``tps`` whose LSO has been held below the high watermark for longer
+    than ``older_than_s``.
+
+    :param previous: an earlier observation (:func:`observation` of an earlier result): a
+        partition whose LSO has not moved since is counted from when it was first seen there,
+        if that is earlier than its record's timestamp says.
+    :param now_ms: the clock (epoch ms), for tests.
+    """
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    pinned = {tp: o for tp, o in partition_offsets(settings, list(tps)).items() if o.lso < o.high_watermark}
+    first_writes = _timestamps_at(settings, {tp: o.lso for tp, o in pinned.items()})
+    stalls = []
+    for tp, o in sorted(pinned.items()):
+        since = first_writes.get(tp)
+        seen = (previous or {}).get(f"{tp[0]}-{tp[1]}")
+        if seen is not None and seen.get("lso") == o.lso and seen.get("open_since_ms") is not None:
+            since = seen["open_since_ms"] if since is None else min(since, seen["open_since_ms"])
+        stuck = None if since is None else max(0.0, (now_ms - since) / 1000)
+        if stuck is not None and stuck < older_than_s:
+            continue
+        stalls.append(Stall(tp[0], tp[1], o.lso, o.high_watermark, since, stuck))
+    return stalls
+
+
+def observation(stalls: Iterable[Stall], settings: KafkaSettings, tps: Iterable[TP],
+                now_ms: int | None = None) -> dict[str, dict]:
+    """What a caller keeps between two looks (JSON-serialisable): for every pinned partition,
+    its LSO and since when it has been held there."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    seen = {f"{s.topic}-{s.partition}": {"lso": s.lso, "open_since_ms": s.open_since_ms} for s in stalls}
+    for tp, o in partition_offsets(settings, list(tps)).items():
+        key = f"{tp[0]}-{tp[1]}"
+        if o.lso < o.high_watermark and key not in seen:
+            seen[key] = {"lso": o.lso, "open_since_ms": now_ms}
+    return seen
+
+
+def _timestamps_at(settings: KafkaSettings, offsets: Mapping[TP, int]) -> dict[TP, int]:
+    """The timestamp (epoch ms) of the record at each given offset, read uncommitted; a
+    partition whose record cannot be read in time is left out."""
+    if not offsets:
+        return {}
+    consumer = Consumer(settings.client_config(**{
+        # A throwaway group id: the consumer never joins or commits (assign, not subscribe).
+        "group.id": f"kafka-eos.health-reader.{uuid.uuid4()}",
+        "enable.auto.commit": False,
+        "isolation.level": "read_uncommitted",
+        "enable.partition.eof": True,
+        "fetch.wait.max.ms": 10,
+    }))
+    found: dict[TP, int] = {}
+    try:
+        consumer.assign([TopicPartition(t, p, o) for (t, p), o in offsets.items()])
+        deadline = time.monotonic() + ADMIN_TIMEOUT_S
+        todo = set(offsets)
+        while todo and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            tp = (msg.topic(), msg.partition())
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    todo.discard(tp)
+                    continue
+                raise BrokerError(f"reading {tp[0]}-{tp[1]} at offset {offsets.get(tp)}: {msg.error().str()}")
+            if tp in todo:
+                found[tp] = msg.timestamp()[1]
+                todo.discard(tp)
+                consumer.pause([TopicPartition(tp[0], tp[1])])
+    finally:
+        consumer.close()
+    return found

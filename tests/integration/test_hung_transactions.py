@@ -1,0 +1,144 @@
+"""Hung transactions on a real broker: a SIGKILLed producer's open transaction is found, named
+and aborted; live and healthy partitions raise nothing; a pipeline recognises its own.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from confluent_kafka import Producer
+
+from kafka_eos import kafka_admin
+from kafka_eos.batch import run_batch
+from kafka_eos.cli import EXIT_ERROR, EXIT_FOUND, main
+from kafka_eos.health.attribute import attribute
+from kafka_eos.health.detect import find_stalls
+from kafka_eos.pipeline import prepare_plan, verify
+from kafka_eos.readers import read_committed
+
+pytestmark = pytest.mark.integration
+
+#: A producer that opens a transaction on the given partitions, writes one record to each, says
+#: so, and waits to be killed. Its transaction timeout is long (10 min): only an abort ends it.
+OPEN_AND_WAIT = """
+import sys, time
+from confluent_kafka import Producer
+bootstrap, txid, *tps = sys.argv[1:]
+p = Producer({"bootstrap.servers": bootstrap, "transactional.id": txid, "transaction.timeout.ms": 600000})
+p.init_transactions(30)
+p.begin_transaction()
+for tp in tps:
+    topic, partition = tp.rsplit(":", 1)
+    p.produce(topic, value=b"never committed", partition=int(partition))
+p.flush(30)
+print("open", flush=True)
+time.sleep(3600)
+"""
+
+
+def produce(settings, topic: str, partition: int, n: int, tag: str) -> None:
+    producer = Producer(settings.client_config(**{"enable.idempotence": True}))
+    for i in range(n):
+        producer.produce(topic, value=f"{tag}-{i}".encode(), partition=partition)
+    assert producer.flush(30) == 0
+
+
+def killed_transaction(settings, tmp_path, txid: str, *tps: tuple[str, int]) -> None:
+    """Open a transaction in another process and SIGKILL that process."""
+    script = tmp_path / "open_and_wait.py"
+    script.write_text(OPEN_AND_WAIT)
+    proc = subprocess.Popen([sys.executable, str(script), settings.bootstrap_servers, txid,
+                             *(f"{t}:{p}" for t, p in tps)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "open"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+
+
+def cli(capsys, settings, *argv: str) -> tuple[int, str, str]:
+    """The CLI in-process, the broker given after the subcommand (as users type it too)."""
+    code = main([*argv, "--bootstrap", settings.bootstrap_servers])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_killed_producers_transaction_is_found_named_and_aborted(kafka_settings, make_spec, spark, tmp_path,
+                                                                  capsys, unique):
+    spec = make_spec(partitions=2)
+    source, other = spec.source.topics[0], f"other-{unique}"
+    kafka_admin.create_topics(kafka_settings, {other: 1})
+    produce(kafka_settings, source, 1, 3, "before")
+    txid = f"stranger-{unique}"
+    killed_transaction(kafka_settings, tmp_path, txid, (source, 1), (other, 0))
+    produce(kafka_settings, source, 1, 100, "behind")  # committed, but behind the open transaction
+    time.sleep(1.2)
+
+    code, out, _err = cli(capsys, kafka_settings, "txn", "hanging", "--topic", source, "--topic", other, "--older-than", "1",
+                          "--json")
+    assert code == EXIT_FOUND
+    found = {(s["topic"], s["partition"]): s for s in json.loads(out)["stalled"]}
+    assert set(found) == {(source, 1), (other, 0)}
+    held = found[(source, 1)]
+    assert (held["lso"], held["high_watermark"], held["waiting"]) == (3, 104, 101)
+    assert held["stuck_s"] >= 1
+    culprit = held["culprit"]
+    assert (culprit["transactional_id"], culprit["start_offset"], culprit["verdict"]) == (txid, 3, "long-running")
+    assert culprit["producer_id"] == found[(other, 0)]["culprit"]["producer_id"] >= 0
+    assert culprit["pipeline"] is None and culprit["transaction_timeout_s"] == 600
+
+    # The pipeline reads up to the LSO only: the 100 committed records wait.
+    plan = prepare_plan(spec, kafka_settings, "blocked")
+    assert [(r.partition, r.until) for r in plan.ranges] == [(0, 0), (1, 3)]
+
+    # Refused: a wrong start offset, a wrong partition; a dry run changes nothing.
+    code, _out, err = cli(capsys, kafka_settings, "txn", "abort", "--topic", source, "--partition", "1", "--start-offset", "4")
+    assert code == EXIT_ERROR
+    assert err.strip() == f"kafka-eos: {source}-1: no open transaction starts at offset 4 (open transactions start at: 3)"
+    code, _out, err = cli(capsys, kafka_settings, "txn", "abort", "--topic", source, "--partition", "0", "--start-offset", "3")
+    assert code == EXIT_ERROR and "no open transaction starts at offset 3 (open transactions start at: none is open)" in err
+    code, out, _err = cli(capsys, kafka_settings, "txn", "abort", "--topic", source, "--partition", "1", "--start-offset", "3")
+    assert code == 0 and f"transactional.id {txid}" in out and "dry run: nothing changed" in out
+    assert kafka_admin.partition_offsets(kafka_settings, [(source, 1)])[(source, 1)].lso == 3
+
+    code, out, _err = cli(capsys, kafka_settings, "txn", "abort", "--topic", source, "--partition", "1", "--start-offset", "3", "--yes")
+    assert code == 0 and "aborted:" in out
+    offsets = kafka_admin.partition_offsets(kafka_settings, [(source, 1), (other, 0)])
+    assert all(o.lso == o.high_watermark for o in offsets.values())  # the whole transaction, both topics
+    code, out, _err = cli(capsys, kafka_settings, "txn", "hanging", "--topic", source, "--topic", other, "--older-than", "0")
+    assert code == 0 and out.startswith("no partition held by an open transaction")
+
+    # The blocked pipeline now takes the records behind it, once.
+    for run_id in ("after-abort", "again"):
+        plan = prepare_plan(spec, kafka_settings, run_id)
+        run_batch(spark, spec, plan, kafka_settings)
+        verify(spec, kafka_settings, plan)
+    values = sorted(m.value for m in read_committed(kafka_settings, spec.sink.topic))
+    assert values == sorted([f"before-{i}".encode() for i in range(3)] + [f"behind-{i}".encode() for i in range(100)])
+
+
+def test_live_short_and_committed_transactions_are_not_reported(kafka_settings, make_spec, capsys):
+    spec = make_spec(partitions=1)
+    source = spec.source.topics[0]
+    produce(kafka_settings, source, 0, 5, "ok")
+    code, out, _err = cli(capsys, kafka_settings, "txn", "hanging", "--topic", source, "--older-than", "0")
+    assert code == 0  # healthy
+
+    # A live transaction under the pipeline's own transactional.id, open for a moment.
+    live = Producer(kafka_settings.client_config(**{"transactional.id": spec.transactional_id()}))
+    live.init_transactions(30)
+    live.begin_transaction()
+    live.produce(source, value=b"in flight", partition=0)
+    live.flush(30)
+    tps = [(source, 0)]
+    assert find_stalls(kafka_settings, tps, older_than_s=60) == []  # under the threshold
+    (stall,) = attribute(kafka_settings, find_stalls(kafka_settings, tps, older_than_s=0), [spec])
+    assert (stall.lso, stall.culprit["pipeline"], stall.culprit["transactional_id"]) == (
+        5, spec.name, spec.transactional_id())
+    live.commit_transaction(30)
+    assert find_stalls(kafka_settings, tps, older_than_s=0) == []  # committed: cleared

@@ -77,3 +77,43 @@ def unique(request) -> str:
     base = request.node.name.replace("[", "-").replace("]", "").replace("_", "-")[:30]
     return f"{base}-{uuid.uuid4().hex[:8]}"
 
+
+
+#: A producer that opens a transaction on the given partitions, writes one record to each, says
+#: so, and waits to be killed. Its transaction timeout is long (10 min): only an abort ends it.
+_OPEN_AND_WAIT = """
+import sys, time
+from confluent_kafka import Producer
+bootstrap, txid, *tps = sys.argv[1:]
+p = Producer({"bootstrap.servers": bootstrap, "transactional.id": txid, "transaction.timeout.ms": 600000})
+p.init_transactions(30)
+p.begin_transaction()
+for tp in tps:
+    topic, partition = tp.rsplit(":", 1)
+    p.produce(topic, value=b"never committed", partition=int(partition))
+p.flush(30)
+print("open", flush=True)
+time.sleep(3600)
+"""
+
+
+@pytest.fixture
+def killed_transaction(tmp_path, kafka_settings):
+    """``killed_transaction(txid, (topic, partition), ...)``: a transaction opened on those
+    partitions by another process, which is then SIGKILLed: a real hung transaction."""
+    import signal
+    import subprocess
+
+    script = tmp_path / "open_and_wait.py"
+    script.write_text(_OPEN_AND_WAIT)
+
+    def open_and_kill(txid: str, *tps: tuple[str, int]) -> None:
+        proc = subprocess.Popen([sys.executable, str(script), kafka_settings.bootstrap_servers, txid,
+                                 *(f"{t}:{p}" for t, p in tps)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().strip() == "open"
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+
+    return open_and_kill

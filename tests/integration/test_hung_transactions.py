@@ -5,9 +5,6 @@ and aborted; live and healthy partitions raise nothing; a pipeline recognises it
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -23,42 +20,12 @@ from kafka_eos.readers import read_committed
 
 pytestmark = pytest.mark.integration
 
-#: A producer that opens a transaction on the given partitions, writes one record to each, says
-#: so, and waits to be killed. Its transaction timeout is long (10 min): only an abort ends it.
-OPEN_AND_WAIT = """
-import sys, time
-from confluent_kafka import Producer
-bootstrap, txid, *tps = sys.argv[1:]
-p = Producer({"bootstrap.servers": bootstrap, "transactional.id": txid, "transaction.timeout.ms": 600000})
-p.init_transactions(30)
-p.begin_transaction()
-for tp in tps:
-    topic, partition = tp.rsplit(":", 1)
-    p.produce(topic, value=b"never committed", partition=int(partition))
-p.flush(30)
-print("open", flush=True)
-time.sleep(3600)
-"""
-
 
 def produce(settings, topic: str, partition: int, n: int, tag: str) -> None:
     producer = Producer(settings.client_config(**{"enable.idempotence": True}))
     for i in range(n):
         producer.produce(topic, value=f"{tag}-{i}".encode(), partition=partition)
     assert producer.flush(30) == 0
-
-
-def killed_transaction(settings, tmp_path, txid: str, *tps: tuple[str, int]) -> None:
-    """Open a transaction in another process and SIGKILL that process."""
-    script = tmp_path / "open_and_wait.py"
-    script.write_text(OPEN_AND_WAIT)
-    proc = subprocess.Popen([sys.executable, str(script), settings.bootstrap_servers, txid,
-                             *(f"{t}:{p}" for t, p in tps)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "open"
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
 
 
 def cli(capsys, settings, *argv: str) -> tuple[int, str, str]:
@@ -68,14 +35,14 @@ def cli(capsys, settings, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_a_killed_producers_transaction_is_found_named_and_aborted(kafka_settings, make_spec, spark, tmp_path,
-                                                                  capsys, unique):
+def test_a_killed_producers_transaction_is_found_named_and_aborted(kafka_settings, make_spec, spark,
+                                                                  killed_transaction, capsys, unique):
     spec = make_spec(partitions=2)
     source, other = spec.source.topics[0], f"other-{unique}"
     kafka_admin.create_topics(kafka_settings, {other: 1})
     produce(kafka_settings, source, 1, 3, "before")
     txid = f"stranger-{unique}"
-    killed_transaction(kafka_settings, tmp_path, txid, (source, 1), (other, 0))
+    killed_transaction(txid, (source, 1), (other, 0))
     produce(kafka_settings, source, 1, 100, "behind")  # committed, but behind the open transaction
     time.sleep(1.2)
 

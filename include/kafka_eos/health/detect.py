@@ -58,6 +58,21 @@ class Stall:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def summary(self) -> str:
+        """One line for a person: where, how long, who, and the command that aborts it."""
+        held = "for an unknown time" if self.stuck_s is None else f"for {self.stuck_s:.0f}s"
+        text = (f"{self.topic}-{self.partition}: LSO {self.lso} < HW {self.high_watermark} ({self.waiting} offsets "
+                f"waiting), held {held}")
+        c = self.culprit
+        if c:
+            owner = f", pipeline {c['pipeline']}" if c.get("pipeline") else ""
+            text += (f" by producer {c['producer_id']} epoch {c['producer_epoch']}, transactional.id "
+                     f"{c.get('transactional_id') or '?'}{owner}, {c['verdict']}")
+        elif self.attribution_error:
+            text += f"; attribution unavailable: {self.attribution_error}"
+        return (text + f"; abort: kafka-eos txn abort --topic {self.topic} --partition {self.partition} "
+                f"--start-offset {self.lso}")
+
 
 def topic_partitions(settings: KafkaSettings, topics: Iterable[str] | None = None) -> list[TP]:
     """The partitions of ``topics`` (default: every topic that is not internal).
@@ -95,9 +110,11 @@ def find_stalls(settings: KafkaSettings, tps: Iterable[TP], older_than_s: float 
         seen = (previous or {}).get(f"{tp[0]}-{tp[1]}")
         if seen is not None and seen.get("lso") == o.lso and seen.get("open_since_ms") is not None:
             since = seen["open_since_ms"] if since is None else min(since, seen["open_since_ms"])
+        if since is None and previous is not None:
+            continue  # unreadable and first seen now: the caller's observation starts the clock
         stuck = None if since is None else max(0.0, (now_ms - since) / 1000)
         if stuck is not None and stuck < older_than_s:
-            continue
+            continue  # a one-shot look reports an age it cannot read, rather than hide the partition
         stalls.append(Stall(tp[0], tp[1], o.lso, o.high_watermark, since, stuck))
     return stalls
 

@@ -1,0 +1,83 @@
+"""Deferrable sensors over Kafka partitions. They defer to read-only triggers
+(:mod:`kafka_eos_airflow.triggers`) and decide in ``execute_complete``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseSensorOperator
+from airflow.sdk.exceptions import AirflowFailException
+
+from kafka_eos.health.detect import DEFAULT_OLDER_THAN_S
+
+from kafka_eos_airflow.hooks import KafkaEosHook
+from kafka_eos_airflow.triggers import HungTransactionTrigger
+
+if TYPE_CHECKING:  # pragma: no cover
+    from airflow.sdk import Context
+
+
+def pipeline_topics(pipeline: str) -> list[str]:
+    """Every topic a pipeline reads or writes: sources, sink, dead letters, its manifest."""
+    from kafka_eos.spec import load_spec
+
+    spec = load_spec(pipeline, import_transform=False)
+    topics = [*spec.source.topics, spec.sink.topic, spec.sink.dlq_topic, spec.manifest_topic]
+    return list(dict.fromkeys(t for t in topics if t))
+
+
+class HungTransactionSensor(BaseSensorOperator):
+    """Fail when an open transaction holds a watched partition's LSO longer than ``older_than_s``;
+    succeed when the partitions stay clear for ``healthy_for_s``.
+
+    The failure names every held partition: LSO and high watermark, how long, the producer and
+    transactional.id holding it (where Kafka's admin API permits), and the command that aborts it.
+
+    :param topics: topics to watch. (templated)
+    :param pipelines: pipelines (spec names or paths) whose topics are watched too; their own
+        transactions are named as theirs. (templated)
+    :param older_than_s: how long a transaction may hold a partition (default 360 s: longer than
+        a kafka-eos transaction may stay open).
+    :param healthy_for_s: how long the partitions must stay clear for success.
+    :param poll_interval_s: seconds between two looks.
+    :param kafka_conn_id: the ``kafka`` connection. (templated)
+    """
+
+    template_fields: Sequence[str] = ("topics", "pipelines", "kafka_conn_id")
+
+    def __init__(self, *, topics: Sequence[str] = (), pipelines: Sequence[str] = (),
+                 older_than_s: float = DEFAULT_OLDER_THAN_S, healthy_for_s: float = 300.0,
+                 poll_interval_s: float = 30.0, kafka_conn_id: str = KafkaEosHook.default_conn_name,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.topics = list(topics)
+        self.pipelines = list(pipelines)
+        self.older_than_s = older_than_s
+        self.healthy_for_s = healthy_for_s
+        self.poll_interval_s = poll_interval_s
+        self.kafka_conn_id = kafka_conn_id
+
+    def execute(self, context: Context) -> None:
+        topics = list(dict.fromkeys([*self.topics, *(t for p in self.pipelines for t in pipeline_topics(p))]))
+        if not topics:
+            raise AirflowFailException(f"{self.task_id}: no topics to watch (give topics or pipelines)")
+        self.defer(
+            trigger=HungTransactionTrigger(topics, self.kafka_conn_id, self.older_than_s, self.healthy_for_s,
+                                           self.poll_interval_s, self.pipelines),
+            method_name="execute_complete",
+            # The trigger ends by itself after healthy_for_s; the margin covers slow looks.
+            timeout=timedelta(seconds=self.healthy_for_s + 10 * self.poll_interval_s + 600))
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        if event["status"] == "stalled":
+            raise AirflowFailException(
+                f"{len(event['stalls'])} partition(s) held by an open transaction for longer than "
+                f"{event['older_than_s']:g}s (read_committed readers stop there): " + " | ".join(event["summaries"]))
+        self.log.info("%d partition(s) clear of long open transactions for %ss", event["partitions"],
+                      event["healthy_for_s"])
+        return event
+
+    def poke(self, context: Context) -> bool:  # pragma: no cover - execute() defers instead
+        raise NotImplementedError("HungTransactionSensor is deferrable only")

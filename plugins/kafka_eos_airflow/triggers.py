@@ -1,0 +1,70 @@
+"""Triggers of kafka-eos's deferrable sensors. They only read (a trigger may run twice): offsets,
+the record at an LSO, and the transaction admin API's descriptions."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from kafka_eos.health.detect import DEFAULT_OLDER_THAN_S
+
+
+class HungTransactionTrigger(BaseTrigger):
+    """Watch partitions for an open transaction that holds their LSO longer than ``older_than_s``.
+
+    Fires ``{"status": "stalled", "stalls": [...]}`` at the first such partition (attributed where
+    the admin API allows), or ``{"status": "healthy", "partitions": n}`` once the partitions have
+    stayed clear for ``healthy_for_s``. Between looks it keeps only its last observation.
+
+    :param topics: the topics to watch (all their partitions).
+    :param kafka_conn_id: the ``kafka`` connection (see :class:`~kafka_eos_airflow.hooks.KafkaEosHook`).
+    """
+
+    def __init__(self, topics: list[str], kafka_conn_id: str, older_than_s: float = DEFAULT_OLDER_THAN_S,
+                 healthy_for_s: float = 300.0, poll_interval_s: float = 30.0,
+                 pipelines: list[str] | None = None) -> None:
+        super().__init__()
+        self.topics = list(topics)
+        self.kafka_conn_id = kafka_conn_id
+        self.older_than_s = older_than_s
+        self.healthy_for_s = healthy_for_s
+        self.poll_interval_s = poll_interval_s
+        self.pipelines = list(pipelines or [])
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return ("kafka_eos_airflow.triggers.HungTransactionTrigger", {
+            "topics": self.topics, "kafka_conn_id": self.kafka_conn_id, "older_than_s": self.older_than_s,
+            "healthy_for_s": self.healthy_for_s, "poll_interval_s": self.poll_interval_s,
+            "pipelines": self.pipelines})
+
+    def look(self, previous: dict[str, dict] | None) -> tuple[list, dict[str, dict], int]:
+        """One look (blocking): the stalls found, the observation to keep, partitions checked."""
+        from kafka_eos.health.attribute import attribute
+        from kafka_eos.health.detect import find_stalls, observation, topic_partitions
+        from kafka_eos.spec import load_spec
+
+        from kafka_eos_airflow.hooks import KafkaEosHook
+
+        settings = KafkaEosHook(self.kafka_conn_id).get_settings()
+        tps = topic_partitions(settings, self.topics)
+        stalls = find_stalls(settings, tps, self.older_than_s, previous=previous)
+        specs = [load_spec(p, import_transform=False) for p in self.pipelines]
+        return attribute(settings, stalls, specs), observation(stalls, settings, tps), len(tps)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        started, previous = time.monotonic(), None
+        while True:
+            # The clients block: off the event loop.
+            stalls, previous, checked = await asyncio.to_thread(self.look, previous)
+            if stalls:
+                yield TriggerEvent({"status": "stalled", "older_than_s": self.older_than_s,
+                                    "stalls": [s.as_dict() for s in stalls],
+                                    "summaries": [s.summary() for s in stalls]})
+                return
+            if time.monotonic() - started >= self.healthy_for_s:
+                yield TriggerEvent({"status": "healthy", "partitions": checked, "healthy_for_s": self.healthy_for_s})
+                return
+            await asyncio.sleep(self.poll_interval_s)

@@ -20,6 +20,7 @@ from kafka_eos.errors import SpecError
 from kafka_eos.paths import pipelines_dir
 from kafka_eos.spec import PipelineSpec, check_owners, parse_spec
 from kafka_eos_airflow.hooks import KafkaEosHook
+from kafka_eos_airflow.notifiers import failure_notifiers
 from kafka_eos_airflow.operators import (KafkaEosPlanOperator, KafkaEosSparkSubmitOperator,
                                          KafkaEosVerifyOperator)
 
@@ -31,7 +32,9 @@ DAG_ID_PREFIX = "kafka_eos__"
 START_DATE = datetime(2026, 1, 1, tzinfo=timezone.utc)
 #: Tasks are idempotent (a retry reuses the stored plan and no-ops a landed commit), so retrying
 #: is safe; 30 s lets a coordinator move or a leader election settle.
-DEFAULT_ARGS = {"owner": "kafka-eos", "retries": 2, "retry_delay": timedelta(seconds=30)}
+DEFAULT_ARGS = {"owner": "kafka-eos", "retries": 2, "retry_delay": timedelta(seconds=30),
+                # Alerts go to the kafka_eos_alerts_webhook / _smtp connections, where defined.
+                "on_failure_callback": failure_notifiers()}
 
 
 def _doc_md(spec: PipelineSpec) -> str:

@@ -271,7 +271,7 @@ def _common_flags(parser: argparse.ArgumentParser, suppress: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from kafka_eos.health.detect import DEFAULT_OLDER_THAN_S
+    from kafka_eos.health import DEFAULT_OLDER_THAN_S
 
     parser = argparse.ArgumentParser(
         prog="kafka-eos", description="Exactly-once Kafka -> Spark pipelines: plan, run and inspect them, "

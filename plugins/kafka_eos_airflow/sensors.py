@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from kafka_eos.health.detect import DEFAULT_OLDER_THAN_S
+from kafka_eos.health import DEFAULT_OLDER_THAN_S
 
 from kafka_eos_airflow.hooks import KafkaEosHook
+from kafka_eos_airflow.notifiers import HungTransactionsFound
 from kafka_eos_airflow.triggers import HungTransactionTrigger
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -72,9 +73,10 @@ class HungTransactionSensor(BaseSensorOperator):
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         if event["status"] == "stalled":
-            raise AirflowFailException(
+            raise HungTransactionsFound(
                 f"{len(event['stalls'])} partition(s) held by an open transaction for longer than "
-                f"{event['older_than_s']:g}s (read_committed readers stop there): " + " | ".join(event["summaries"]))
+                f"{event['older_than_s']:g}s (read_committed readers stop there): " + " | ".join(event["summaries"]),
+                event["stalls"])
         self.log.info("%d partition(s) clear of long open transactions for %ss", event["partitions"],
                       event["healthy_for_s"])
         return event

@@ -9,7 +9,7 @@ from typing import Any, AsyncIterator
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from kafka_eos.health.detect import DEFAULT_OLDER_THAN_S
+from kafka_eos.health import DEFAULT_OLDER_THAN_S
 
 
 class HungTransactionTrigger(BaseTrigger):

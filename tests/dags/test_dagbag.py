@@ -35,7 +35,7 @@ def test_every_bundled_spec_has_a_dag(dagbag):
     from kafka_eos.paths import pipelines_dir
 
     specs = sorted(p.stem for p in pipelines_dir().glob("*.yaml"))
-    assert sorted(dagbag.dag_ids) == sorted(f"kafka_eos__{s}" for s in specs)
+    assert sorted(dagbag.dag_ids) == sorted([*(f"kafka_eos__{s}" for s in specs), "kafka_eos_watchdog"])
     assert set(BUNDLED) <= set(dagbag.dag_ids)
 
 
@@ -56,6 +56,20 @@ def test_dag_is_well_formed(dagbag, dag_id):
     for task in dag.tasks:
         assert task.retries >= 1, task.task_id
         assert task.retry_delay.total_seconds() == 30
+
+
+def test_the_watchdog_watches_every_pipeline_and_alerts(dagbag):
+    from kafka_eos.spec import spec_paths
+    from kafka_eos_airflow.notifiers import KafkaEosEmailNotifier, KafkaEosWebhookNotifier
+
+    dag = dagbag.dags["kafka_eos_watchdog"]
+    assert dag.doc_md and "kafka-eos" in dag.tags and dag.max_active_runs == 1 and dag.catchup is False
+    (task,) = dag.tasks
+    assert task.pipelines == [str(p) for p in spec_paths()] and task.retries == 0
+    assert sorted(type(n).__name__ for n in task.on_failure_callback) == sorted(
+        [KafkaEosEmailNotifier.__name__, KafkaEosWebhookNotifier.__name__])
+    for pipeline_task in dagbag.dags["kafka_eos__orders_enriched"].tasks:  # every pipeline task alerts too
+        assert len(pipeline_task.on_failure_callback) == 2
 
 
 def test_tags_name_sink_and_commit_scope(dagbag):
@@ -85,10 +99,11 @@ def test_parsing_imports_neither_pyspark_nor_kafka_clients():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PLUGINS_DIR), str(DAGS_DIR)]),
            # Unroutable: a parse that tried to reach Kafka would hang or fail here.
            "KAFKA_BOOTSTRAP_SERVERS": "192.0.2.1:9"}
-    res = subprocess.run([sys.executable, "-c", "import json;" + code, str(DAGS_DIR / "kafka_eos_pipelines.py")],
-                         env=env, capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert json.loads(res.stdout.strip().splitlines()[-1]) == []
+    for dag_file in ("kafka_eos_pipelines.py", "kafka_eos_watchdog.py"):
+        res = subprocess.run([sys.executable, "-c", "import json;" + code, str(DAGS_DIR / dag_file)],
+                             env=env, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert json.loads(res.stdout.strip().splitlines()[-1]) == [], dag_file
 
 
 def test_a_bad_spec_is_skipped_and_the_others_still_get_dags(pipelines_module, tmp_path, caplog):

@@ -5,10 +5,14 @@ over a real hung transaction and over healthy partitions; its trigger serializes
 from __future__ import annotations
 
 import asyncio
+import email
 import importlib
 import importlib.util
 import json
 import os
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -52,11 +56,12 @@ def test_the_trigger_serializes_and_only_reads(kafka_settings, killed_transactio
 SENSOR_DAG = '''
 from datetime import datetime
 from airflow.sdk import DAG
+from kafka_eos_airflow.notifiers import failure_notifiers
 from kafka_eos_airflow.sensors import HungTransactionSensor
 
 with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), catchup=False, tags=["test"]) as dag:
     HungTransactionSensor(task_id="watch", topics={topics!r}, older_than_s={older_than_s}, healthy_for_s=3,
-                          poll_interval_s=1, retries=0)
+                          poll_interval_s=1, retries=0, on_failure_callback=failure_notifiers())
 '''
 
 
@@ -71,8 +76,52 @@ def run_sensor_dag(dag_id: str, topics: list[str], older_than_s: float):
     return {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
 
 
-def test_the_sensor_fails_naming_the_culprit_and_passes_on_healthy_partitions(
-        airflow_db, kafka_settings, killed_transaction, monkeypatch, capfd, unique):
+@pytest.fixture
+def alert_receivers(monkeypatch):
+    """A real HTTP receiver and a real SMTP server on loopback, and the Airflow connections that
+    point the kafka-eos notifiers at them. Yields (webhook bodies, mails)."""
+    from aiosmtpd.controller import Controller
+
+    bodies: list = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            length = int(self.headers["Content-Length"])
+            bodies.append((self.path, self.headers["Content-Type"], json.loads(self.rfile.read(length))))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args):
+            pass
+
+    mails: list = []
+
+    class Inbox:
+        async def handle_DATA(self, server, session, envelope):  # noqa: N802 - aiosmtpd's name
+            mails.append((envelope.mail_from, envelope.rcpt_tos, envelope.content.decode()))
+            return "250 OK"
+
+    http = HTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        smtp_port = sock.getsockname()[1]
+    smtp = Controller(Inbox(), hostname="127.0.0.1", port=smtp_port)
+    smtp.start()
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EOS_ALERTS_WEBHOOK", json.dumps({
+        "conn_type": "http", "host": "127.0.0.1", "port": http.server_address[1], "schema": "http"}))
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EOS_ALERTS_SMTP", json.dumps({
+        "conn_type": "smtp", "host": "127.0.0.1", "port": smtp_port,
+        "extra": {"to": "ops@example.com", "from_email": "kafka-eos@example.com", "disable_tls": True,
+                  "disable_ssl": True}}))
+    yield bodies, mails
+    smtp.stop()
+    http.shutdown()
+
+
+def test_the_sensor_fails_naming_the_culprit_alerts_and_passes_on_healthy_partitions(
+        airflow_db, kafka_settings, killed_transaction, alert_receivers, monkeypatch, capfd, unique):
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EOS_KAFKA", json.dumps({
         "conn_type": "kafka", "extra": {"bootstrap.servers": kafka_settings.bootstrap_servers}}))
     held, healthy = f"held-{unique}", f"healthy-{unique}"
@@ -81,13 +130,35 @@ def test_the_sensor_fails_naming_the_culprit_and_passes_on_healthy_partitions(
     for topic in (held, healthy):
         producer.produce(topic, value=b"committed", partition=1)
     assert producer.flush(30) == 0
-    killed_transaction(f"stranger-{unique}", (held, 1))
+    txid = f"stranger-{unique}"
+    killed_transaction(txid, (held, 1))
 
-    assert run_sensor_dag(f"sensor_healthy_{unique.replace('-', '_')}", [healthy], 1) == {"watch": "success"}
-    assert run_sensor_dag(f"sensor_held_{unique.replace('-', '_')}", [held, healthy], 1) == {"watch": "failed"}
+    healthy_dag, held_dag = (f"sensor_{what}_{unique.replace('-', '_')}" for what in ("healthy", "held"))
+    assert run_sensor_dag(healthy_dag, [healthy], 1) == {"watch": "success"}
+    bodies, mails = alert_receivers
+    assert (bodies, mails) == ([], [])  # a healthy watch alerts nobody
+    assert run_sensor_dag(held_dag, [held, healthy], 1) == {"watch": "failed"}
     out, err = capfd.readouterr()  # the task's log
     log = out + err
     assert (f"1 partition(s) held by an open transaction for longer than 1s (read_committed readers stop there): "
             f"{held}-1: LSO 1 < HW 2 (1 offsets waiting), held for ") in log
-    assert f"transactional.id stranger-{unique}, long-running; abort: kafka-eos txn abort --topic {held} " \
-           "--partition 1 --start-offset 1" in log
+    abort = f"kafka-eos txn abort --topic {held} --partition 1 --start-offset 1"
+    assert f"transactional.id {txid}, long-running; abort: {abort}" in log
+
+    # The webhook got the alert as JSON (Slack reads its text) ...
+    ((_path, content_type, alert),) = bodies
+    assert content_type == "application/json"
+    assert alert["text"].startswith(f"kafka-eos: {held_dag} / watch failed (run manual__")
+    assert (alert["dag_id"], alert["task_id"]) == (held_dag, "watch") and alert["run_id"].startswith("manual__")
+    ((stall),) = alert["stalls"]
+    assert (stall["partition"], stall["lso"], stall["high_watermark"], stall["transactional_id"], stall["verdict"],
+            stall["abort"]) == (f"{held}-1", 1, 2, txid, "long-running", abort)
+    assert stall["producer_id"] >= 0 and stall["open_for_s"] >= 1
+    # ... and so did the mailbox.
+    ((sender, recipients, mail),) = mails
+    assert (sender, recipients) == ("kafka-eos@example.com", ["ops@example.com"])
+    message = email.message_from_string(mail)
+    assert message["Subject"].startswith(f"kafka-eos: {held_dag} / watch failed")
+    body = "".join(part.get_payload(decode=True).decode() for part in message.walk()
+                   if part.get_content_type() == "text/html")
+    assert f"<b>{held}-1</b>: LSO 1 &lt; HW 2" in body and txid in body and abort in body

@@ -5,4 +5,11 @@ it on an operator's explicit request (:mod:`.abort`).
 An open transaction pins the LSO of every partition it wrote to; read_committed readers,
 kafka-eos's own pipelines included, stop there, while lag measured to the high watermark
 blames the consumer. See docs/operations.md, "Hung transactions".
+
+This module imports nothing: DAG files read the default below at parse time.
 """
+
+#: Default threshold: a transaction open longer than this is reported. kafka-eos's own
+#: transactions last at most their timeout (sink.transaction_timeout_s, 300 s by default); a
+#: minute more keeps a pipeline's own slow commit from being reported as hung.
+DEFAULT_OLDER_THAN_S = 360.0

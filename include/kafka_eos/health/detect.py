@@ -18,13 +18,10 @@ from typing import Iterable, Mapping
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from kafka_eos.errors import BrokerError
+from kafka_eos.health import DEFAULT_OLDER_THAN_S
 from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, TP, admin_client, partition_offsets
 from kafka_eos.settings import KafkaSettings
 
-#: Default threshold: a transaction open longer than this is reported. kafka-eos's own
-#: transactions last at most their timeout (sink.transaction_timeout_s, 300 s by default); a
-#: minute more keeps a pipeline's own slow commit from being reported as hung.
-DEFAULT_OLDER_THAN_S = 360.0
 
 
 @dataclass

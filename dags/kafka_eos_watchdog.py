@@ -1,0 +1,40 @@
+"""The watchdog: every 5 minutes, every bundled pipeline's topics (sources, sink, dead letters,
+run manifest) are watched for an open transaction that holds a partition's LSO longer than a
+kafka-eos transaction may last. A held partition fails the run and alerts (webhook, e-mail)
+with the partition, its holder and the command that aborts it.
+
+DAG wiring only: the sensor and its read-only trigger live in plugins/kafka_eos_airflow/.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from airflow.sdk import DAG, CronTriggerTimetable
+
+from kafka_eos.spec import spec_paths
+from kafka_eos_airflow.notifiers import failure_notifiers
+from kafka_eos_airflow.sensors import HungTransactionSensor
+
+#: A run watches for 4 of its 5 minutes, then makes room for the next one.
+WATCH_S = 240
+
+with DAG(
+    dag_id="kafka_eos_watchdog",
+    schedule=CronTriggerTimetable("*/5 * * * *", timezone="UTC"),
+    start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+    catchup=False,
+    max_active_runs=1,
+    default_args={"owner": "kafka-eos", "retries": 1, "retry_delay": timedelta(seconds=30),
+                  "on_failure_callback": failure_notifiers()},
+    tags=["kafka-eos", "watchdog"],
+    doc_md=__doc__,
+) as dag:
+    HungTransactionSensor(
+        task_id="hung_transactions",
+        pipelines=[str(p) for p in spec_paths()],
+        healthy_for_s=WATCH_S,
+        poll_interval_s=30,
+        # One alert per problem and run: a failed watch is not retried into a second alert.
+        retries=0,
+    )

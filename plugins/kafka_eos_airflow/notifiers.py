@@ -1,0 +1,116 @@
+"""Operator alerts: a webhook (JSON POST with a Slack-compatible ``text``) and e-mail, sent by
+Airflow's own HTTP and SMTP providers, configured through Airflow Connections.
+
+- ``kafka_eos_alerts_webhook`` (type ``http``): host, port, schema; the endpoint path is the
+  notifier's ``endpoint`` (default: the connection's URL itself).
+- ``kafka_eos_alerts_smtp`` (type ``smtp``): the mail server; its extra holds ``to`` (a
+  comma-separated list) and optionally ``from_email``.
+
+A notifier whose connection does not exist logs that and sends nothing: a deployment chooses its
+channels by defining connections, and the DAGs carry both notifiers.
+
+An alert says what is wrong and what to do: DAG, run, task, the one-line error, and, when a
+hung-transaction sensor failed, each held partition with its LSO, high watermark, age, producer,
+transactional.id and the command that aborts it.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.http.notifications.http import HttpNotifier
+from airflow.providers.smtp.notifications.smtp import SmtpNotifier
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
+
+if TYPE_CHECKING:  # pragma: no cover
+    from airflow.sdk import Context
+
+WEBHOOK_CONN_ID = "kafka_eos_alerts_webhook"
+SMTP_CONN_ID = "kafka_eos_alerts_smtp"
+
+
+class HungTransactionsFound(AirflowFailException):
+    """A sensor found partitions held by open transactions; ``stalls`` has them as dicts."""
+
+    def __init__(self, message: str, stalls: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.stalls = stalls
+
+
+def alert(context: Context) -> dict[str, Any]:
+    """The alert of a failed task: the facts, and a Slack-compatible one-paragraph ``text``."""
+    ti, dag_run = context["ti"], context.get("dag_run")
+    exc = context.get("exception")
+    error = (str(exc).strip().splitlines() or ["failed"])[0] if exc is not None else "failed"
+    run_id = getattr(dag_run, "run_id", None) or context.get("run_id")
+    stalls = [{
+        "partition": f"{s['topic']}-{s['partition']}", "lso": s["lso"], "high_watermark": s["high_watermark"],
+        "open_for_s": s["stuck_s"], "producer_id": (s.get("culprit") or {}).get("producer_id"),
+        "transactional_id": (s.get("culprit") or {}).get("transactional_id"),
+        "verdict": (s.get("culprit") or {}).get("verdict"), "attribution_error": s.get("attribution_error"),
+        "abort": f"kafka-eos txn abort --topic {s['topic']} --partition {s['partition']} --start-offset {s['lso']}",
+    } for s in getattr(exc, "stalls", [])]
+    text = f"kafka-eos: {ti.dag_id} / {ti.task_id} failed (run {run_id}, try {ti.try_number}): {error}"
+    return {"text": text, "dag_id": ti.dag_id, "run_id": run_id, "task_id": ti.task_id,
+            "try_number": ti.try_number, "error": error, "stalls": stalls}
+
+
+def _connection(conn_id: str, log) -> Any | None:
+    try:
+        return BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        log.info("kafka-eos alert not sent: no Airflow connection %r", conn_id)
+        return None
+
+
+class KafkaEosWebhookNotifier(HttpNotifier):
+    """POST the alert as JSON to the ``kafka_eos_alerts_webhook`` connection (Slack incoming
+    webhooks read its ``text``)."""
+
+    def __init__(self, *, http_conn_id: str = WEBHOOK_CONN_ID, endpoint: str | None = None, **kwargs: Any) -> None:
+        super().__init__(http_conn_id=http_conn_id, endpoint=endpoint,
+                         headers={"Content-Type": "application/json"}, **kwargs)
+
+    def notify(self, context: Context) -> None:
+        if _connection(self.http_conn_id, self.log) is None:
+            return
+        # Set after template rendering: the payload is data, not a Jinja template.
+        self.json = alert(context)
+        super().notify(context)
+
+
+class KafkaEosEmailNotifier(SmtpNotifier):
+    """Mail the alert through the ``kafka_eos_alerts_smtp`` connection, to its extra's ``to``."""
+
+    def __init__(self, *, smtp_conn_id: str = SMTP_CONN_ID, **kwargs: Any) -> None:
+        super().__init__(to=[], smtp_conn_id=smtp_conn_id, **kwargs)
+
+    def notify(self, context: Context) -> None:
+        conn = _connection(self.smtp_conn_id, self.log)
+        if conn is None:
+            return
+        extra = conn.extra_dejson
+        self.to = [t.strip() for t in str(extra.get("to", "")).split(",") if t.strip()]
+        if not self.to:
+            self.log.warning("kafka-eos alert not sent: connection %r has no 'to' in its extra", self.smtp_conn_id)
+            return
+        self.from_email = extra.get("from_email") or self.from_email or "kafka-eos@localhost"
+        a = alert(context)
+        self.subject = a["text"][:200]
+        rows = "".join(
+            f"<li><b>{html.escape(s['partition'])}</b>: LSO {s['lso']} &lt; HW {s['high_watermark']}, open "
+            f"{s['open_for_s']} s, producer {s['producer_id']}, transactional.id "
+            f"{html.escape(str(s['transactional_id']))} ({s['verdict']}). To abort it: "
+            f"<code>{html.escape(s['abort'])}</code></li>" for s in a["stalls"])
+        self.html_content = (f"<p>{html.escape(a['text'])}</p><p>DAG {html.escape(a['dag_id'])}, run "
+                             f"{html.escape(str(a['run_id']))}, task {html.escape(a['task_id'])}, try "
+                             f"{a['try_number']}.</p>" + (f"<ul>{rows}</ul>" if rows else ""))
+        super().notify(context)
+
+
+def failure_notifiers() -> list:
+    """What every kafka-eos DAG calls when a task fails: both channels (each sends only when its
+    connection exists)."""
+    return [KafkaEosWebhookNotifier(), KafkaEosEmailNotifier()]

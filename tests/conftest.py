@@ -99,16 +99,17 @@ time.sleep(3600)
 
 @pytest.fixture
 def killed_transaction(tmp_path, kafka_settings):
-    """``killed_transaction(txid, (topic, partition), ...)``: a transaction opened on those
-    partitions by another process, which is then SIGKILLed: a real hung transaction."""
+    """``killed_transaction(txid, (topic, partition), ..., bootstrap=None)``: a transaction opened on
+    those partitions by another process (on the session's broker unless ``bootstrap``), which is
+    then SIGKILLed: a real hung transaction."""
     import signal
     import subprocess
 
     script = tmp_path / "open_and_wait.py"
     script.write_text(_OPEN_AND_WAIT)
 
-    def open_and_kill(txid: str, *tps: tuple[str, int]) -> None:
-        proc = subprocess.Popen([sys.executable, str(script), kafka_settings.bootstrap_servers, txid,
+    def open_and_kill(txid: str, *tps: tuple[str, int], bootstrap: str | None = None) -> None:
+        proc = subprocess.Popen([sys.executable, str(script), bootstrap or kafka_settings.bootstrap_servers, txid,
                                  *(f"{t}:{p}" for t, p in tps)], stdout=subprocess.PIPE, text=True)
         try:
             assert proc.stdout.readline().strip() == "open"
@@ -117,3 +118,64 @@ def killed_transaction(tmp_path, kafka_settings):
             proc.wait(30)
 
     return open_and_kill
+
+
+def _three_free_ports() -> int:
+    """A port p with p + 1 and p + 2 free too (plaintext, controller and SASL listeners)."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        socks = [socket.socket() for _ in range(3)]
+        try:
+            for i, sock in enumerate(socks):
+                sock.bind(("127.0.0.1", port + i))
+            return port
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError("no three adjacent free ports on 127.0.0.1")
+
+
+@pytest.fixture
+def sasl_broker_factory(tmp_path):
+    """``sasl_broker_factory(users, authorizer=False)``: a broker of this test's own with a
+    SASL/PLAIN listener for ``users`` (name -> password) beside the plaintext one that the broker's
+    start-up check and the test's setup use. With ``authorizer``, ACLs apply to SASL users and the
+    plaintext client is a super user. Returns (plaintext settings, SASL bootstrap)."""
+    import shutil
+
+    from kafka_eos.local_kafka import HOST, LocalBroker
+    from kafka_eos.settings import KafkaSettings
+
+    started = []
+
+    def start(users: dict[str, str], authorizer: bool = False):
+        port = _three_free_ports()
+        sasl = f"{HOST}:{port + 2}"
+        accounts = " ".join(f'user_{name}="{password}"' for name, password in users.items())
+        overrides = [
+            ("listeners", f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{port + 1},SASL_PLAINTEXT://{sasl}"),
+            ("advertised.listeners", f"PLAINTEXT://{HOST}:{port},SASL_PLAINTEXT://{sasl}"),
+            ("listener.security.protocol.map",
+             "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT"),
+            ("sasl.enabled.mechanisms", "PLAIN"),
+            ("listener.name.sasl_plaintext.plain.sasl.jaas.config",
+             f"org.apache.kafka.common.security.plain.PlainLoginModule required {accounts};"),
+        ]
+        if authorizer:
+            overrides += [("authorizer.class.name", "org.apache.kafka.metadata.authorizer.StandardAuthorizer"),
+                          ("super.users", "User:ANONYMOUS")]
+        broker = LocalBroker(home=tmp_path / f"kafka-sasl-{len(started)}", port=port, overrides=tuple(overrides))
+        started.append(broker)
+        broker.start()
+        return KafkaSettings(broker.bootstrap), sasl
+
+    yield start
+    for broker in started:
+        broker.stop()
+        shutil.rmtree(broker.home, ignore_errors=True)

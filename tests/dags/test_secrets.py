@@ -10,8 +10,6 @@ and YARN masters, where every process list shows them.
 from __future__ import annotations
 
 import json
-import shutil
-import socket
 import threading
 import uuid
 from pathlib import Path
@@ -27,47 +25,12 @@ pytestmark = pytest.mark.integration
 USER = "alice"
 
 
-def _three_free_ports() -> int:
-    """A port p with p + 1 and p + 2 free too (plaintext, controller and SASL listeners)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        socks = [socket.socket() for _ in range(3)]
-        try:
-            for i, sock in enumerate(socks):
-                sock.bind(("127.0.0.1", port + i))
-            return port
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError("no three adjacent free ports on 127.0.0.1")
-
-
 @pytest.fixture
-def sasl_broker(tmp_path):
-    """A broker of this test's own with a SASL/PLAIN listener (user ``alice``) beside the plaintext
-    one the broker's own start-up check and the test's setup use. Yields (plaintext settings, SASL
-    bootstrap, password)."""
-    from kafka_eos.local_kafka import HOST, LocalBroker
-
+def sasl_broker(sasl_broker_factory):
+    """Yields (plaintext settings, SASL bootstrap, password of user alice)."""
     password = f"pw-{uuid.uuid4().hex}"
-    port = _three_free_ports()
-    sasl = f"{HOST}:{port + 2}"
-    broker = LocalBroker(home=tmp_path / "kafka", port=port, overrides=(
-        ("listeners", f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{port + 1},SASL_PLAINTEXT://{sasl}"),
-        ("advertised.listeners", f"PLAINTEXT://{HOST}:{port},SASL_PLAINTEXT://{sasl}"),
-        ("listener.security.protocol.map", "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT"),
-        ("sasl.enabled.mechanisms", "PLAIN"),
-        ("listener.name.sasl_plaintext.plain.sasl.jaas.config",
-         f'org.apache.kafka.common.security.plain.PlainLoginModule required user_{USER}="{password}";'),
-    ))
-    broker.start()
-    yield KafkaSettings(broker.bootstrap), sasl, password
-    broker.stop()
-    shutil.rmtree(broker.home, ignore_errors=True)
+    plain, sasl = sasl_broker_factory({USER: password})
+    return plain, sasl, password
 
 
 class ProcessWatch(threading.Thread):

@@ -10,6 +10,7 @@ count from when it first saw the LSO at that offset.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -21,6 +22,8 @@ from kafka_eos.errors import BrokerError
 from kafka_eos.health import DEFAULT_OLDER_THAN_S
 from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, TP, admin_client, partition_offsets
 from kafka_eos.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
 
 
 
@@ -153,10 +156,16 @@ def _timestamps_at(settings: KafkaSettings, offsets: Mapping[TP, int]) -> dict[T
                 continue
             tp = (msg.topic(), msg.partition())
             if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    todo.discard(tp)
+                if msg.error().code() != KafkaError._PARTITION_EOF:
+                    # Not permitted to read (no READ on the topic), or the record is gone: the
+                    # partition is still reported, its age unknown.
+                    log.info("cannot read %s at its LSO: %s", msg.topic(), msg.error().str())
+                    if msg.topic() is None:
+                        break
+                    todo -= {t for t in todo if t[0] == msg.topic()}
                     continue
-                raise BrokerError(f"reading {tp[0]}-{tp[1]} at offset {offsets.get(tp)}: {msg.error().str()}")
+                todo.discard(tp)
+                continue
             if tp in todo:
                 found[tp] = msg.timestamp()[1]
                 todo.discard(tp)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import getpass
 import json
 import logging
 import os
@@ -234,7 +235,7 @@ def cmd_txn_hanging(args) -> int:
 
 
 def cmd_txn_abort(args) -> int:
-    from kafka_eos.health.abort import abort_transaction, find_open_transaction
+    from kafka_eos.health.abort import AUDIT_TOPIC, abort_transaction, find_open_transaction, record_abort
     from kafka_eos.spec import bundled_specs
 
     settings = _settings(args)
@@ -247,8 +248,9 @@ def cmd_txn_abort(args) -> int:
         print("dry run: nothing changed. Add --yes to abort it.")
         return 0
     done = abort_transaction(settings, args.topic, args.partition, txn)
+    record_abort(settings, args.topic, args.partition, txn, done, who=getpass.getuser(), via="kafka-eos txn abort")
     print(f"aborted: {done['method']}; LSO {done['lso_before']} -> {done['lso_after']} "
-          f"(high watermark {done['high_watermark']})")
+          f"(high watermark {done['high_watermark']}); recorded in {AUDIT_TOPIC}")
     return 0
 
 

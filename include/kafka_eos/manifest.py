@@ -103,6 +103,23 @@ def _is_run(record: dict | None) -> bool:
     return record is not None and isinstance(record.get("plan"), dict)
 
 
+def produce_json(settings: KafkaSettings, topic: str, records: list[tuple[str, dict | None]]) -> None:
+    """Write ``(key, record)`` pairs as JSON (None: a tombstone), in order, outside any transaction.
+
+    :raises TimeoutError: not every record was acknowledged in time.
+    """
+    # Not idempotent: librdkafka's idempotent producer spends 0.5-1 s acquiring a producer id
+    # before its first send, on every plan. A record written twice is harmless here (lookups
+    # take the newest, compaction drops the other); one request in flight keeps the order.
+    producer = Producer(settings.client_config(**{
+        "enable.idempotence": False, "acks": "all", "max.in.flight.requests.per.connection": 1}))
+    for key, record in records:
+        value = None if record is None else json.dumps(record, sort_keys=True).encode()
+        producer.produce(topic, key=key.encode(), value=value)
+    if producer.flush(ADMIN_TIMEOUT_S) != 0:
+        raise TimeoutError(f"records {records[0][0]!r}… not delivered to {topic!r}")
+
+
 @dataclass
 class ManifestState:
     """What the manifest remembers of a pipeline: the last checkpoint kafka-eos committed per
@@ -151,19 +168,7 @@ class ManifestStore:
 
     # -- writes -----------------------------------------------------------------------------
     def put(self, key: str, record: dict | None) -> None:
-        self.put_many([(key, record)])
-
-    def put_many(self, records: list[tuple[str, dict | None]]) -> None:
-        # Not idempotent: librdkafka's idempotent producer spends 0.5-1 s acquiring a producer id
-        # before its first send, on every plan. A record written twice is harmless here (lookups
-        # take the newest, compaction drops the other); one request in flight keeps the order.
-        producer = Producer(self.settings.client_config(**{
-            "enable.idempotence": False, "acks": "all", "max.in.flight.requests.per.connection": 1}))
-        for key, record in records:
-            value = None if record is None else json.dumps(record, sort_keys=True).encode()
-            producer.produce(self.topic, key=key.encode(), value=value)
-        if producer.flush(ADMIN_TIMEOUT_S) != 0:
-            raise TimeoutError(f"manifest records {records[0][0]!r}… not delivered to {self.topic!r}")
+        produce_json(self.settings, self.topic, [(key, record)])
 
     def put_plan(self, plan: Plan) -> None:
         self.put(run_key(plan.pipeline, plan.run_id), plan_record(plan))

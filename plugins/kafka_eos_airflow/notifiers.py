@@ -17,6 +17,7 @@ transactional.id and the command that aborts it.
 from __future__ import annotations
 
 import html
+import json
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.http.notifications.http import HttpNotifier
@@ -28,6 +29,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from airflow.sdk import Context
 
 WEBHOOK_CONN_ID = "kafka_eos_alerts_webhook"
+#: The DAG that aborts a held partition's transaction (dags/kafka_eos_runbooks.py).
+RUNBOOK_DAG_ID = "kafka_eos_runbook_abort_transaction"
 SMTP_CONN_ID = "kafka_eos_alerts_smtp"
 
 
@@ -51,6 +54,8 @@ def alert(context: Context) -> dict[str, Any]:
         "transactional_id": (s.get("culprit") or {}).get("transactional_id"),
         "verdict": (s.get("culprit") or {}).get("verdict"), "attribution_error": s.get("attribution_error"),
         "abort": f"kafka-eos txn abort --topic {s['topic']} --partition {s['partition']} --start-offset {s['lso']}",
+        "runbook": {"dag_id": RUNBOOK_DAG_ID,
+                    "conf": {"topic": s["topic"], "partition": s["partition"], "start_offset": s["lso"]}},
     } for s in getattr(exc, "stalls", [])]
     text = f"kafka-eos: {ti.dag_id} / {ti.task_id} failed (run {run_id}, try {ti.try_number}): {error}"
     return {"text": text, "dag_id": ti.dag_id, "run_id": run_id, "task_id": ti.task_id,
@@ -102,8 +107,9 @@ class KafkaEosEmailNotifier(SmtpNotifier):
         rows = "".join(
             f"<li><b>{html.escape(s['partition'])}</b>: LSO {s['lso']} &lt; HW {s['high_watermark']}, open "
             f"{s['open_for_s']} s, producer {s['producer_id']}, transactional.id "
-            f"{html.escape(str(s['transactional_id']))} ({s['verdict']}). To abort it: "
-            f"<code>{html.escape(s['abort'])}</code></li>" for s in a["stalls"])
+            f"{html.escape(str(s['transactional_id']))} ({s['verdict']}). To abort it, trigger the DAG "
+            f"<code>{RUNBOOK_DAG_ID}</code> with <code>{html.escape(json.dumps(s['runbook']['conf']))}</code> "
+            f"(a dry run first), or run <code>{html.escape(s['abort'])}</code></li>" for s in a["stalls"])
         self.html_content = (f"<p>{html.escape(a['text'])}</p><p>DAG {html.escape(a['dag_id'])}, run "
                              f"{html.escape(str(a['run_id']))}, task {html.escape(a['task_id'])}, try "
                              f"{a['try_number']}.</p>" + (f"<ul>{rows}</ul>" if rows else ""))

@@ -35,7 +35,8 @@ def test_every_bundled_spec_has_a_dag(dagbag):
     from kafka_eos.paths import pipelines_dir
 
     specs = sorted(p.stem for p in pipelines_dir().glob("*.yaml"))
-    assert sorted(dagbag.dag_ids) == sorted([*(f"kafka_eos__{s}" for s in specs), "kafka_eos_watchdog"])
+    assert sorted(dagbag.dag_ids) == sorted([*(f"kafka_eos__{s}" for s in specs), "kafka_eos_watchdog",
+                                             "kafka_eos_runbook_abort_transaction"])
     assert set(BUNDLED) <= set(dagbag.dag_ids)
 
 
@@ -99,7 +100,7 @@ def test_parsing_imports_neither_pyspark_nor_kafka_clients():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PLUGINS_DIR), str(DAGS_DIR)]),
            # Unroutable: a parse that tried to reach Kafka would hang or fail here.
            "KAFKA_BOOTSTRAP_SERVERS": "192.0.2.1:9"}
-    for dag_file in ("kafka_eos_pipelines.py", "kafka_eos_watchdog.py"):
+    for dag_file in ("kafka_eos_pipelines.py", "kafka_eos_watchdog.py", "kafka_eos_runbooks.py"):
         res = subprocess.run([sys.executable, "-c", "import json;" + code, str(DAGS_DIR / dag_file)],
                              env=env, capture_output=True, text=True, timeout=120)
         assert res.returncode == 0, res.stderr[-3000:]

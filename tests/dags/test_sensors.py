@@ -154,6 +154,8 @@ def test_the_sensor_fails_naming_the_culprit_alerts_and_passes_on_healthy_partit
     assert (stall["partition"], stall["lso"], stall["high_watermark"], stall["transactional_id"], stall["verdict"],
             stall["abort"]) == (f"{held}-1", 1, 2, txid, "long-running", abort)
     assert stall["producer_id"] >= 0 and stall["open_for_s"] >= 1
+    assert stall["runbook"] == {"dag_id": "kafka_eos_runbook_abort_transaction",
+                                "conf": {"topic": held, "partition": 1, "start_offset": 1}}
     # ... and so did the mailbox.
     ((sender, recipients, mail),) = mails
     assert (sender, recipients) == ("kafka-eos@example.com", ["ops@example.com"])

@@ -1,0 +1,89 @@
+"""The abort runbook in real Airflow runs (``dag.test()`` with a run conf, as the UI's trigger
+form sends it) over a real hung transaction: dry run, refusals, the real abort and its audit."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from kafka_eos import kafka_admin
+from kafka_eos.health.abort import AUDIT_TOPIC
+from kafka_eos.readers import read_committed
+
+pytestmark = pytest.mark.integration
+
+RUNBOOK = "kafka_eos_runbook_abort_transaction"
+DAGS_DIR = Path(__file__).resolve().parents[2] / "dags"
+
+
+@pytest.fixture
+def runbook(airflow_db, kafka_settings, monkeypatch):
+    """``runbook(**conf)``: one ``dag.test()`` run of the project's runbook DAG; returns (state, its
+    return value)."""
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EOS_KAFKA", json.dumps({
+        "conn_type": "kafka", "extra": {"bootstrap.servers": kafka_settings.bootstrap_servers}}))
+    # dag.test() re-parses the DAG's bundle: the project's DAG file goes into the tests' dags folder.
+    bundle = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]) / "kafka_eos_runbooks.py"
+    bundle.write_text((DAGS_DIR / "kafka_eos_runbooks.py").read_text())
+    module_spec = importlib.util.spec_from_file_location("kafka_eos_runbooks_under_test", bundle)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    dag = module.dag
+
+    def run(**conf):
+        from airflow.models.xcom import XComModel
+        from airflow.utils.session import create_session
+
+        dag_run = dag.test(run_conf=conf)
+        (ti,) = dag_run.get_task_instances()
+        with create_session() as session:
+            row = session.scalars(XComModel.get_many(run_id=dag_run.run_id, dag_ids=RUNBOOK,
+                                                     task_ids="abort_transaction", key="return_value")).first()
+        return ti.state, (None if row is None else XComModel.deserialize_value(row))
+
+    return run
+
+
+def test_the_runbook_dry_runs_refuses_then_aborts_and_audits(runbook, kafka_settings, killed_transaction, unique):
+    topic = f"held-{unique}"
+    kafka_admin.create_topics(kafka_settings, {topic: 2})
+    producer = Producer(kafka_settings.client_config())
+    producer.produce(topic, value=b"before", partition=1)
+    assert producer.flush(30) == 0
+    txid = f"stranger-{unique}"
+    killed_transaction(txid, (topic, 1))
+    producer.produce(topic, value=b"behind", partition=1)
+    assert producer.flush(30) == 0
+
+    def lso():
+        return kafka_admin.partition_offsets(kafka_settings, [(topic, 1)])[(topic, 1)].lso
+
+    target = {"topic": topic, "partition": 1, "start_offset": 1}
+    state, result = runbook(**target)  # dry_run is on by default
+    assert state == "success" and result["dry_run"] is True
+    assert (result["transaction"]["transactional_id"], result["transaction"]["start_offset"]) == (txid, 1)
+    assert lso() == 1
+
+    # Refused, nothing changed: no confirmation, a wrong one, a wrong offset, a wrong partition.
+    assert runbook(**target, dry_run=False)[0] == "failed"
+    assert runbook(**target, dry_run=False, confirm=f"ABORT {topic}-1@2")[0] == "failed"
+    assert runbook(**{**target, "start_offset": 2}, dry_run=False, confirm=f"ABORT {topic}-1@2")[0] == "failed"
+    assert runbook(**{**target, "partition": 0}, dry_run=False, confirm=f"ABORT {topic}-0@1")[0] == "failed"
+    assert lso() == 1
+
+    state, result = runbook(**target, dry_run=False, confirm=f"ABORT {topic}-1@1")
+    assert state == "success"
+    offsets = kafka_admin.partition_offsets(kafka_settings, [(topic, 1)])[(topic, 1)]
+    assert offsets.lso == offsets.high_watermark == 4  # before, the aborted record, its marker, behind
+    audit = [json.loads(m.value) for m in read_committed(kafka_settings, AUDIT_TOPIC)
+             if json.loads(m.value)["topic"] == topic]
+    assert audit == [result["audit"]]
+    (record,) = audit
+    assert (record["partition"], record["start_offset"], record["transaction"]["transactional_id"],
+            record["before"], record["after"]["lso"]) == (1, 1, txid, {"lso": 1}, 4)
+    assert record["via"].startswith(f"{RUNBOOK} run manual__") and record["who"]

@@ -59,6 +59,20 @@ def _print_drift(drift) -> None:
               "(`kafka-eos run` repairs it)")
 
 
+def _pinned(settings: KafkaSettings, tps, spec: PipelineSpec) -> list:
+    """The partitions of ``tps`` whose LSO an open transaction holds now (any age), with their
+    holder where Kafka's admin API says: committed records behind it wait."""
+    from kafka_eos.health.attribute import attribute
+    from kafka_eos.health.detect import find_stalls
+
+    return attribute(settings, find_stalls(settings, tps, older_than_s=0), [spec])
+
+
+def _print_pinned(stalls) -> None:
+    for s in stalls:
+        print(f"  PINNED {s.summary()}")
+
+
 def _print_json(value) -> None:
     print(json.dumps(value, indent=2, default=str))
 
@@ -125,12 +139,14 @@ def cmd_run(args) -> int:
             summary = run_batch(spark, spec, plan, settings)
         console.step("  verify every checkpoint is at its range's end")
         verify(spec, settings, plan)
+    pinned = _pinned(settings, [r.tp for r in plan.ranges], spec)
     if args.json:
-        _print_json(summary.as_dict())
+        _print_json({**summary.as_dict(), "pinned": [s.as_dict() for s in pinned]})
         return 0
     if summary.status == "empty":
         print(f"run {run_id}: nothing to do, every checkpoint is at its partition's LSO "
               f"({elapsed_since(started)})")
+        _print_pinned(pinned)
         return 0
     verb = {"committed": "committed", "noop": "already committed by an earlier attempt"}[summary.status]
     print(f"run {run_id}: {verb} in {elapsed_since(started)} ({seconds(summary.seconds)} in Spark and "
@@ -138,21 +154,24 @@ def cmd_run(args) -> int:
     print(table([(f"{r['topic']}-{r['partition']}", r["from"], r["until"], r.get("records_in"),
                   r.get("records_out"), r.get("dead_letters")) for r in summary.ranges],
                 ("partition", "from", "until", "in", "out", "dead")))
+    _print_pinned(pinned)
     return 0
 
 
 def cmd_checkpoint(args) -> int:
     from kafka_eos.pipeline import checkpoint_rows
 
-    spec = _spec(args, import_transform=False)
-    rows, drift = checkpoint_rows(spec, _settings(args))
+    spec, settings = _spec(args, import_transform=False), _settings(args)
+    rows, drift = checkpoint_rows(spec, settings)
+    pinned = _pinned(settings, [(r["topic"], r["partition"]) for r in rows], spec)
     if args.json:
         _print_json({"pipeline": spec.name, "group_id": spec.source.group_id, "partitions": rows,
-                     "drift": [dataclasses.asdict(d) for d in drift]})
+                     "drift": [dataclasses.asdict(d) for d in drift], "pinned": [s.as_dict() for s in pinned]})
         return 0
     print(f"pipeline {spec.name} (group {spec.source.group_id}); lag is counted to the LSO")
     print(table([(f"{r['topic']}-{r['partition']}", r["checkpoint"], r["lso"], r["high_watermark"], r["lag"])
                  for r in rows], ("partition", "checkpoint", "LSO", "HW", "lag")))
+    _print_pinned(pinned)
     _print_drift(drift)
     return 0
 

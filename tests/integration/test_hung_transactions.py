@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 from confluent_kafka import Producer
 
 from kafka_eos import kafka_admin
@@ -17,6 +19,7 @@ from kafka_eos.health.attribute import attribute
 from kafka_eos.health.detect import find_stalls
 from kafka_eos.pipeline import prepare_plan, verify
 from kafka_eos.readers import read_committed
+from kafka_eos.spec import spec_document
 
 pytestmark = pytest.mark.integration
 
@@ -59,9 +62,16 @@ def test_a_killed_producers_transaction_is_found_named_and_aborted(kafka_setting
     assert culprit["producer_id"] == found[(other, 0)]["culprit"]["producer_id"] >= 0
     assert culprit["pipeline"] is None and culprit["transaction_timeout_s"] == 600
 
-    # The pipeline reads up to the LSO only: the 100 committed records wait.
+    # The pipeline reads up to the LSO only: the 100 committed records wait, and it says so.
     plan = prepare_plan(spec, kafka_settings, "blocked")
     assert [(r.partition, r.until) for r in plan.ranges] == [(0, 0), (1, 3)]
+    Path(spec.path).write_text(yaml.safe_dump(spec_document(spec)))
+    code, out, _err = cli(capsys, kafka_settings, "checkpoint", spec.path, "--json")
+    (pinned,) = json.loads(out)["pinned"]
+    assert (pinned["partition"], pinned["lso"], pinned["waiting"], pinned["culprit"]["transactional_id"]) == (
+        1, 3, 101, txid)
+    code, out, _err = cli(capsys, kafka_settings, "checkpoint", spec.path)
+    assert f"  PINNED {source}-1: LSO 3 < HW 104 (101 offsets waiting), held for " in out
 
     # Refused: a wrong start offset, a wrong partition; a dry run changes nothing.
     code, _out, err = cli(capsys, kafka_settings, "txn", "abort", "--topic", source, "--partition", "1", "--start-offset", "4")

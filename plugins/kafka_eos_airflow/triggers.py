@@ -52,7 +52,7 @@ class HungTransactionTrigger(BaseTrigger):
         tps = topic_partitions(settings, self.topics)
         stalls = find_stalls(settings, tps, self.older_than_s, previous=previous)
         specs = [load_spec(p, import_transform=False) for p in self.pipelines]
-        return attribute(settings, stalls, specs), observation(stalls, settings, tps), len(tps)
+        return attribute(settings, stalls, specs), observation(stalls, settings, tps, previous), len(tps)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         started, previous = time.monotonic(), None

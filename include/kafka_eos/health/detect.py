@@ -26,7 +26,6 @@ from kafka_eos.settings import KafkaSettings
 log = logging.getLogger(__name__)
 
 
-
 @dataclass
 class Stall:
     """A partition whose LSO is pinned below its high watermark by an open transaction."""
@@ -120,15 +119,17 @@ def find_stalls(settings: KafkaSettings, tps: Iterable[TP], older_than_s: float 
 
 
 def observation(stalls: Iterable[Stall], settings: KafkaSettings, tps: Iterable[TP],
-                now_ms: int | None = None) -> dict[str, dict]:
+                previous: Mapping[str, dict] | None = None, now_ms: int | None = None) -> dict[str, dict]:
     """What a caller keeps between two looks (JSON-serialisable): for every pinned partition,
-    its LSO and since when it has been held there."""
+    its LSO and since when it has been held there (kept from ``previous`` while the LSO stays)."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     seen = {f"{s.topic}-{s.partition}": {"lso": s.lso, "open_since_ms": s.open_since_ms} for s in stalls}
     for tp, o in partition_offsets(settings, list(tps)).items():
         key = f"{tp[0]}-{tp[1]}"
         if o.lso < o.high_watermark and key not in seen:
-            seen[key] = {"lso": o.lso, "open_since_ms": now_ms}
+            before = (previous or {}).get(key)
+            kept = before is not None and before.get("lso") == o.lso and before.get("open_since_ms") is not None
+            seen[key] = {"lso": o.lso, "open_since_ms": before["open_since_ms"] if kept else now_ms}
     return seen
 
 

@@ -120,15 +120,15 @@ def killed_transaction(tmp_path, kafka_settings):
     return open_and_kill
 
 
-def _three_free_ports() -> int:
-    """A port p with p + 1 and p + 2 free too (plaintext, controller and SASL listeners)."""
+def adjacent_free_ports(n: int) -> int:
+    """A port p with p + 1 .. p + n - 1 free too (a broker's client, controller and SASL listeners)."""
     import socket
 
     for _ in range(50):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        socks = [socket.socket() for _ in range(3)]
+        socks = [socket.socket() for _ in range(n)]
         try:
             for i, sock in enumerate(socks):
                 sock.bind(("127.0.0.1", port + i))
@@ -138,7 +138,13 @@ def _three_free_ports() -> int:
         finally:
             for sock in socks:
                 sock.close()
-    raise RuntimeError("no three adjacent free ports on 127.0.0.1")
+    raise RuntimeError(f"no {n} adjacent free ports on 127.0.0.1")
+
+
+@pytest.fixture
+def free_ports():
+    """``free_ports(n)``: see :func:`adjacent_free_ports`."""
+    return adjacent_free_ports
 
 
 @pytest.fixture
@@ -155,7 +161,7 @@ def sasl_broker_factory(tmp_path):
     started = []
 
     def start(users: dict[str, str], authorizer: bool = False):
-        port = _three_free_ports()
+        port = adjacent_free_ports(3)
         sasl = f"{HOST}:{port + 2}"
         accounts = " ".join(f'user_{name}="{password}"' for name, password in users.items())
         overrides = [

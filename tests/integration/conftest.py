@@ -55,24 +55,8 @@ def transforms_from(tmp_path, monkeypatch):
     return write
 
 
-def _two_free_ports() -> int:
-    """A port p with p + 1 free too (a broker's client and controller listeners)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        with socket.socket() as a, socket.socket() as b:
-            try:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError("no two adjacent free ports on 127.0.0.1")
-
-
 @pytest.fixture
-def private_broker(tmp_path):
+def private_broker(tmp_path, free_ports):
     """``private_broker(**settings)``: a broker of this test's own (cold, under tmp_path, on free
     ports), with broker settings of its own; stopped at the end of the test."""
     from kafka_eos.local_kafka import LocalBroker
@@ -80,7 +64,7 @@ def private_broker(tmp_path):
     started = []
 
     def start(**overrides) -> LocalBroker:
-        broker = LocalBroker(home=tmp_path / f"kafka-{len(started)}", port=_two_free_ports(),
+        broker = LocalBroker(home=tmp_path / f"kafka-{len(started)}", port=free_ports(2),
                              overrides=tuple((k.replace("_", "."), str(v)) for k, v in overrides.items()))
         started.append(broker)
         broker.start()

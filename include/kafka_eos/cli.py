@@ -216,6 +216,7 @@ def cmd_pipelines(args) -> int:
 
 
 def cmd_txn_hanging(args) -> int:
+    from kafka_eos.health import abort_command
     from kafka_eos.health.attribute import attribute
     from kafka_eos.health.detect import find_stalls, topic_partitions
     from kafka_eos.spec import bundled_specs
@@ -248,8 +249,7 @@ def cmd_txn_hanging(args) -> int:
             print(f"  {s.topic}-{s.partition}: the coordinator aborts it at its "
                   f"{seconds(s.culprit['transaction_timeout_s'])} timeout unless it commits first")
     first = stalls[0]
-    print(f"To abort one (a dry run first): kafka-eos txn abort --topic {first.topic} --partition "
-          f"{first.partition} --start-offset {first.lso}")
+    print(f"To abort one (a dry run first): {abort_command(first.topic, first.partition, first.lso)}")
     return EXIT_FOUND
 
 

@@ -25,6 +25,8 @@ from airflow.providers.smtp.notifications.smtp import SmtpNotifier
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
+from kafka_eos.health import abort_command
+
 if TYPE_CHECKING:  # pragma: no cover
     from airflow.sdk import Context
 
@@ -53,7 +55,7 @@ def alert(context: Context) -> dict[str, Any]:
         "open_for_s": s["stuck_s"], "producer_id": (s.get("culprit") or {}).get("producer_id"),
         "transactional_id": (s.get("culprit") or {}).get("transactional_id"),
         "verdict": (s.get("culprit") or {}).get("verdict"), "attribution_error": s.get("attribution_error"),
-        "abort": f"kafka-eos txn abort --topic {s['topic']} --partition {s['partition']} --start-offset {s['lso']}",
+        "abort": abort_command(s["topic"], s["partition"], s["lso"]),
         "runbook": {"dag_id": RUNBOOK_DAG_ID,
                     "conf": {"topic": s["topic"], "partition": s["partition"], "start_offset": s["lso"]}},
     } for s in getattr(exc, "stalls", [])]

@@ -43,19 +43,20 @@ class HungTransactionTrigger(BaseTrigger):
     def look(self, previous: dict[str, dict] | None) -> tuple[list, dict[str, dict], int]:
         """One look (blocking): the stalls found, the observation to keep, partitions checked."""
         from kafka_eos.health.attribute import attribute
-        from kafka_eos.health.detect import find_stalls, observation, topic_partitions
+        from kafka_eos.health.detect import observe, topic_partitions
         from kafka_eos.spec import load_spec
 
         from kafka_eos_airflow.hooks import KafkaEosHook
 
         settings = KafkaEosHook(self.kafka_conn_id).get_settings()
         tps = topic_partitions(settings, self.topics)
-        stalls = find_stalls(settings, tps, self.older_than_s, previous=previous)
+        stalls, seen = observe(settings, tps, self.older_than_s, previous)
         specs = [load_spec(p, import_transform=False) for p in self.pipelines]
-        return attribute(settings, stalls, specs), observation(stalls, settings, tps, previous), len(tps)
+        return attribute(settings, stalls, specs), seen, len(tps)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        started, previous = time.monotonic(), None
+        # {} not None: a partition whose age cannot be read is timed from this first look.
+        started, previous = time.monotonic(), {}
         while True:
             # The clients block: off the event loop.
             stalls, previous, checked = await asyncio.to_thread(self.look, previous)

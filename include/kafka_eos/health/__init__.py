@@ -13,3 +13,8 @@ This module imports nothing: DAG files read the default below at parse time.
 #: transactions last at most their timeout (sink.transaction_timeout_s, 300 s by default); a
 #: minute more keeps a pipeline's own slow commit from being reported as hung.
 DEFAULT_OLDER_THAN_S = 360.0
+
+
+def abort_command(topic: str, partition: int, start_offset: int) -> str:
+    """The command that aborts the transaction starting at ``start_offset`` (a dry run first)."""
+    return f"kafka-eos txn abort --topic {topic} --partition {partition} --start-offset {start_offset}"

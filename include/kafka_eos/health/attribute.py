@@ -51,7 +51,7 @@ def open_transactions(client, topic: str, partition: int) -> list[dict]:
 
     states = client.describe_producers([TopicPartition(topic, partition)])
     found = []
-    for tp, state in states.items():
+    for state in states.values():
         for p in state.active_producers:
             if p.current_transaction_start_offset >= 0:
                 found.append({"producer_id": p.producer_id, "producer_epoch": p.producer_epoch,

@@ -19,7 +19,7 @@ from typing import Iterable, Mapping
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from kafka_eos.errors import BrokerError
-from kafka_eos.health import DEFAULT_OLDER_THAN_S
+from kafka_eos.health import DEFAULT_OLDER_THAN_S, abort_command
 from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, TP, admin_client, partition_offsets
 from kafka_eos.settings import KafkaSettings
 
@@ -69,8 +69,7 @@ class Stall:
                      f"{c.get('transactional_id') or '?'}{owner}, {c['verdict']}")
         elif self.attribution_error:
             text += f"; attribution unavailable: {self.attribution_error}"
-        return (text + f"; abort: kafka-eos txn abort --topic {self.topic} --partition {self.partition} "
-                f"--start-offset {self.lso}")
+        return f"{text}; abort: {abort_command(self.topic, self.partition, self.lso)}"
 
 
 def topic_partitions(settings: KafkaSettings, topics: Iterable[str] | None = None) -> list[TP]:
@@ -91,46 +90,44 @@ def topic_partitions(settings: KafkaSettings, topics: Iterable[str] | None = Non
 
 
 def find_stalls(settings: KafkaSettings, tps: Iterable[TP], older_than_s: float = DEFAULT_OLDER_THAN_S,
-                previous: Mapping[str, dict] | None = None, now_ms: int | None = None) -> list[Stall]:
+                now_ms: int | None = None) -> list[Stall]:
     """The partitions of ``tps`` whose LSO has been held below the high watermark for longer
-    than ``older_than_s``.
+    than ``older_than_s`` (one look, no history).
 
-    :param previous: an earlier observation (:func:`observation` of an earlier result): a
-        partition whose LSO has not moved since is counted from when it was first seen there,
-        if that is earlier than its record's timestamp says.
     :param now_ms: the clock (epoch ms), for tests.
+    """
+    return observe(settings, tps, older_than_s, None, now_ms)[0]
+
+
+def observe(settings: KafkaSettings, tps: Iterable[TP], older_than_s: float = DEFAULT_OLDER_THAN_S,
+            previous: Mapping[str, dict] | None = None,
+            now_ms: int | None = None) -> tuple[list[Stall], dict[str, dict]]:
+    """:func:`find_stalls` for a caller that looks again later (a trigger).
+
+    :param previous: the observation an earlier call returned: a partition whose LSO has not
+        moved since is counted from when it was first seen there, if that is earlier than its
+        record's timestamp says (or the timestamp cannot be read).
+    :returns: the stalls, and the observation to pass next time (JSON-serialisable: for every
+        pinned partition, its LSO and since when it has been held there).
     """
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     pinned = {tp: o for tp, o in partition_offsets(settings, list(tps)).items() if o.lso < o.high_watermark}
     first_writes = _timestamps_at(settings, {tp: o.lso for tp, o in pinned.items()})
-    stalls = []
+    stalls, seen_now = [], {}
     for tp, o in sorted(pinned.items()):
+        key = f"{tp[0]}-{tp[1]}"
         since = first_writes.get(tp)
-        seen = (previous or {}).get(f"{tp[0]}-{tp[1]}")
+        seen = (previous or {}).get(key)
         if seen is not None and seen.get("lso") == o.lso and seen.get("open_since_ms") is not None:
             since = seen["open_since_ms"] if since is None else min(since, seen["open_since_ms"])
+        seen_now[key] = {"lso": o.lso, "open_since_ms": now_ms if since is None else since}
         if since is None and previous is not None:
-            continue  # unreadable and first seen now: the caller's observation starts the clock
+            continue  # unreadable and first seen now: the observation starts the clock
         stuck = None if since is None else max(0.0, (now_ms - since) / 1000)
         if stuck is not None and stuck < older_than_s:
             continue  # a one-shot look reports an age it cannot read, rather than hide the partition
         stalls.append(Stall(tp[0], tp[1], o.lso, o.high_watermark, since, stuck))
-    return stalls
-
-
-def observation(stalls: Iterable[Stall], settings: KafkaSettings, tps: Iterable[TP],
-                previous: Mapping[str, dict] | None = None, now_ms: int | None = None) -> dict[str, dict]:
-    """What a caller keeps between two looks (JSON-serialisable): for every pinned partition,
-    its LSO and since when it has been held there (kept from ``previous`` while the LSO stays)."""
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    seen = {f"{s.topic}-{s.partition}": {"lso": s.lso, "open_since_ms": s.open_since_ms} for s in stalls}
-    for tp, o in partition_offsets(settings, list(tps)).items():
-        key = f"{tp[0]}-{tp[1]}"
-        if o.lso < o.high_watermark and key not in seen:
-            before = (previous or {}).get(key)
-            kept = before is not None and before.get("lso") == o.lso and before.get("open_since_ms") is not None
-            seen[key] = {"lso": o.lso, "open_since_ms": before["open_since_ms"] if kept else now_ms}
-    return seen
+    return stalls, seen_now
 
 
 def _timestamps_at(settings: KafkaSettings, offsets: Mapping[TP, int]) -> dict[TP, int]:

@@ -3,6 +3,9 @@ run manifest) are watched for an open transaction that holds a partition's LSO l
 kafka-eos transaction may last. A held partition fails the run and alerts (webhook, e-mail)
 with the partition, its holder and the command that aborts it.
 
+Beside it, a freshness check: a pipeline whose oldest unprocessed committed record is older
+than its spec's ``source.freshness_limit_s`` fails that task and alerts, naming the partitions.
+
 DAG wiring only: the sensor and its read-only trigger live in plugins/kafka_eos_airflow/.
 """
 
@@ -13,6 +16,7 @@ from datetime import datetime, timedelta, timezone
 from airflow.sdk import DAG, CronTriggerTimetable
 
 from kafka_eos.spec import spec_paths
+from kafka_eos_airflow.checks import FreshnessCheckOperator
 from kafka_eos_airflow.notifiers import failure_notifiers
 from kafka_eos_airflow.sensors import HungTransactionSensor
 
@@ -30,11 +34,13 @@ with DAG(
     tags=["kafka-eos", "watchdog"],
     doc_md=__doc__,
 ) as dag:
+    pipelines = [str(p) for p in spec_paths()]
     HungTransactionSensor(
         task_id="hung_transactions",
-        pipelines=[str(p) for p in spec_paths()],
+        pipelines=pipelines,
         healthy_for_s=WATCH_S,
         poll_interval_s=30,
         # One alert per problem and run: a failed watch is not retried into a second alert.
         retries=0,
     )
+    FreshnessCheckOperator(task_id="freshness", pipelines=pipelines, retries=0)

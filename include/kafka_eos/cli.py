@@ -159,18 +159,20 @@ def cmd_run(args) -> int:
 
 
 def cmd_checkpoint(args) -> int:
-    from kafka_eos.pipeline import checkpoint_rows
+    from kafka_eos.health.backlog import backlog
 
     spec, settings = _spec(args, import_transform=False), _settings(args)
-    rows, drift = checkpoint_rows(spec, settings)
+    rows, drift = backlog(spec, settings)
     pinned = _pinned(settings, [(r["topic"], r["partition"]) for r in rows], spec)
     if args.json:
         _print_json({"pipeline": spec.name, "group_id": spec.source.group_id, "partitions": rows,
                      "drift": [dataclasses.asdict(d) for d in drift], "pinned": [s.as_dict() for s in pinned]})
         return 0
-    print(f"pipeline {spec.name} (group {spec.source.group_id}); lag is counted to the LSO")
-    print(table([(f"{r['topic']}-{r['partition']}", r["checkpoint"], r["lso"], r["high_watermark"], r["lag"])
-                 for r in rows], ("partition", "checkpoint", "LSO", "HW", "lag")))
+    print(f"pipeline {spec.name} (group {spec.source.group_id}); lag is counted to the LSO; oldest: age of the "
+          "oldest committed record not processed yet")
+    print(table([(f"{r['topic']}-{r['partition']}", r["checkpoint"], r["lso"], r["high_watermark"], r["lag"],
+                  f"{r['oldest_unprocessed']['age_s']:g}s" if r["oldest_unprocessed"] else "-")
+                 for r in rows], ("partition", "checkpoint", "LSO", "HW", "lag", "oldest")))
     _print_pinned(pinned)
     _print_drift(drift)
     return 0

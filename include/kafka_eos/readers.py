@@ -1,14 +1,20 @@
-"""Read what a pipeline produced, the way its consumers will: read_committed, to the LSO."""
+"""Read what a pipeline produced, the way its consumers will (read_committed, to the LSO), and
+the first record at or after an offset (the age of a backlog or of an open transaction)."""
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
 from dataclasses import dataclass
+from typing import Mapping
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, partition_offsets, partitions_of
+from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, TP, partition_offsets, partitions_of
 from kafka_eos.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -48,3 +54,52 @@ def read_committed(settings: KafkaSettings, topic: str) -> list[Message]:
     finally:
         consumer.close()
     return out
+
+
+def first_records(settings: KafkaSettings, offsets: Mapping[TP, int], committed: bool) -> dict[TP, tuple[int, int]]:
+    """The first record at or after each given offset: ``{tp: (offset, timestamp ms)}``.
+
+    :param committed: read_committed (the first committed record: aborted records are skipped,
+        and nothing past the LSO is seen) or read_uncommitted (the record at the offset, open
+        transactions included).
+    :returns: only the partitions that have such a record and could be read in time; a
+        partition the client may not read (no READ on the topic) is logged and left out.
+    """
+    if not offsets:
+        return {}
+    consumer = Consumer(settings.client_config(**{
+        # A throwaway group id: the consumer never joins or commits (assign, not subscribe).
+        "group.id": f"kafka-eos.reader.{uuid.uuid4()}",
+        "enable.auto.commit": False,
+        "isolation.level": "read_committed" if committed else "read_uncommitted",
+        "enable.partition.eof": True,
+        # Answers as soon as a record is there: one record per partition is all this reads.
+        "fetch.wait.max.ms": 10,
+    }))
+    found: dict[TP, tuple[int, int]] = {}
+    try:
+        consumer.assign([TopicPartition(t, p, o) for (t, p), o in offsets.items()])
+        deadline = time.monotonic() + ADMIN_TIMEOUT_S
+        todo = set(offsets)
+        while todo and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            tp = (msg.topic(), msg.partition())
+            if msg.error():
+                if msg.error().code() != KafkaError._PARTITION_EOF:
+                    # Not permitted to read, or the record is gone: the caller says "unknown".
+                    log.info("cannot read %s from offset %s: %s", msg.topic(), offsets.get(tp), msg.error().str())
+                    if msg.topic() is None:
+                        break
+                    todo -= {t for t in todo if t[0] == msg.topic()}
+                    continue
+                todo.discard(tp)  # nothing at or after the offset (committed: before the LSO)
+                continue
+            if tp in todo:
+                found[tp] = (msg.offset(), msg.timestamp()[1])
+                todo.discard(tp)
+                consumer.pause([TopicPartition(tp[0], tp[1])])
+    finally:
+        consumer.close()
+    return found

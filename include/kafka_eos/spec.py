@@ -34,6 +34,9 @@ class SourceSpec:
     #: Cap of one run over all partitions (an offset span, shared in proportion to each
     #: partition's backlog): an atomic transaction stays small enough to commit in its timeout.
     max_records_per_run: int = 1_000_000
+    #: Alert when the oldest committed record not yet processed is older than this (seconds);
+    #: None: no freshness alert. Checked by the watchdog DAG (kafka_eos.health.backlog).
+    freshness_limit_s: int | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,8 @@ def spec_document(spec: PipelineSpec) -> dict:
                       "max_records_per_partition": src.max_records_per_partition,
                       "max_records_per_run": src.max_records_per_run,
                       "on_data_loss": src.on_data_loss}}
+    if src.freshness_limit_s is not None:
+        doc["source"]["freshness_limit_s"] = src.freshness_limit_s
     if spec.schedule is not None:
         doc["schedule"] = spec.schedule
     return doc
@@ -233,7 +238,8 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
 
     src = _mapping(top.get("source"), where, "source")
     _known(src, where, "source.", {"topics", "group_id", "starting_offsets",
-                                   "max_records_per_partition", "max_records_per_run", "on_data_loss"})
+                                   "max_records_per_partition", "max_records_per_run", "on_data_loss",
+                                   "freshness_limit_s"})
     topics = src.get("topics")
     if not isinstance(topics, list) or not topics:
         raise SpecError(f"{where}: source.topics: a non-empty list of topic names is required")
@@ -246,6 +252,8 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
         max_records_per_partition=_positive_int(src, where, "max_records_per_partition", 100_000),
         max_records_per_run=_positive_int(src, where, "max_records_per_run", 1_000_000),
         on_data_loss=_choice(src, where, "on_data_loss", ("fail", "skip"), "source."),
+        freshness_limit_s=(_positive_int(src, where, "freshness_limit_s", 0)
+                           if src.get("freshness_limit_s") is not None else None),
     )
 
     transform = top.get("transform", "identity")

@@ -9,9 +9,13 @@ Airflow's own HTTP and SMTP providers, configured through Airflow Connections.
 A notifier whose connection does not exist logs that and sends nothing: a deployment chooses its
 channels by defining connections, and the DAGs carry both notifiers.
 
-An alert says what is wrong and what to do: DAG, run, task, the one-line error, and, when a
-hung-transaction sensor failed, each held partition with its LSO, high watermark, age, producer,
-transactional.id and the command that aborts it.
+An alert says what is wrong and what to do: DAG, run, task, the one-line error, and
+- ``stalls``: when a hung-transaction sensor failed, each held partition with its LSO, high
+  watermark, age, producer, transactional.id, the runbook to trigger and the command that aborts it;
+- ``stale``: when a freshness check failed, each partition whose oldest unprocessed committed
+  record is older than its pipeline's ``source.freshness_limit_s``;
+- ``skipped``: when a plan skipped records lost to retention (``on_data_loss: skip``), the ranges.
+  The run goes on; the alert is sent by the plan task (:func:`send_alert`), not on a failure.
 """
 
 from __future__ import annotations
@@ -36,19 +40,45 @@ RUNBOOK_DAG_ID = "kafka_eos_runbook_abort_transaction"
 SMTP_CONN_ID = "kafka_eos_alerts_smtp"
 
 
-class HungTransactionsFound(AirflowFailException):
+#: Where :func:`send_alert` puts an alert that is not a task failure, in the notifiers' context.
+ALERT_KEY = "kafka_eos_alert"
+
+
+class KafkaEosAlertError(AirflowFailException):
+    """A check failed; ``details`` (lists of dicts: ``stalls``, ``stale``) go into the alert."""
+
+    def __init__(self, message: str, **details: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.details = details
+
+
+class HungTransactionsFound(KafkaEosAlertError):
     """A sensor found partitions held by open transactions; ``stalls`` has them as dicts."""
 
     def __init__(self, message: str, stalls: list[dict[str, Any]]) -> None:
-        super().__init__(message)
+        super().__init__(message, stalls=stalls)
         self.stalls = stalls
 
 
+class StaleDataFound(KafkaEosAlertError):
+    """Committed records have waited longer than their pipeline's freshness limit; ``stale``
+    has the partitions (:meth:`kafka_eos.health.backlog.Staleness.as_dict`)."""
+
+    def __init__(self, message: str, stale: list[dict[str, Any]]) -> None:
+        super().__init__(message, stale=stale)
+
+
 def alert(context: Context) -> dict[str, Any]:
-    """The alert of a failed task: the facts, and a Slack-compatible one-paragraph ``text``."""
+    """The alert of a failed task (or of :func:`send_alert`): the facts, and a Slack-compatible
+    one-paragraph ``text``."""
     ti, dag_run = context["ti"], context.get("dag_run")
     exc = context.get("exception")
-    error = (str(exc).strip().splitlines() or ["failed"])[0] if exc is not None else "failed"
+    sent = context.get(ALERT_KEY)
+    details = (sent or {}).get("details") or getattr(exc, "details", {})
+    if sent:
+        error, what = sent["message"], "reports"
+    else:
+        error, what = (str(exc).strip().splitlines() or ["failed"])[0] if exc is not None else "failed", "failed"
     run_id = getattr(dag_run, "run_id", None) or context.get("run_id")
     stalls = [{
         "partition": f"{s['topic']}-{s['partition']}", "lso": s["lso"], "high_watermark": s["high_watermark"],
@@ -58,10 +88,21 @@ def alert(context: Context) -> dict[str, Any]:
         "abort": abort_command(s["topic"], s["partition"], s["lso"]),
         "runbook": {"dag_id": RUNBOOK_DAG_ID,
                     "conf": {"topic": s["topic"], "partition": s["partition"], "start_offset": s["lso"]}},
-    } for s in getattr(exc, "stalls", [])]
-    text = f"kafka-eos: {ti.dag_id} / {ti.task_id} failed (run {run_id}, try {ti.try_number}): {error}"
+    } for s in details.get("stalls", [])]
+    text = f"kafka-eos: {ti.dag_id} / {ti.task_id} {what} (run {run_id}, try {ti.try_number}): {error}"
     return {"text": text, "dag_id": ti.dag_id, "run_id": run_id, "task_id": ti.task_id,
-            "try_number": ti.try_number, "error": error, "stalls": stalls}
+            "try_number": ti.try_number, "error": error, "stalls": stalls,
+            "stale": details.get("stale", []), "skipped": details.get("skipped", [])}
+
+
+def send_alert(context: Context, message: str, **details: list[dict[str, Any]]) -> None:
+    """Alert through every channel while the task goes on (a warning, not a failure).
+
+    :param message: one line: what happened and what it means.
+    :param details: lists of dicts for the alert's ``stale`` / ``skipped`` / ``stalls``.
+    """
+    for notifier in failure_notifiers():
+        notifier({**context, ALERT_KEY: {"message": message, "details": details}})
 
 
 def _connection(conn_id: str, log) -> Any | None:
@@ -112,6 +153,15 @@ class KafkaEosEmailNotifier(SmtpNotifier):
             f"{html.escape(str(s['transactional_id']))} ({s['verdict']}). To abort it, trigger the DAG "
             f"<code>{RUNBOOK_DAG_ID}</code> with <code>{html.escape(json.dumps(s['runbook']['conf']))}</code> "
             f"(a dry run first), or run <code>{html.escape(s['abort'])}</code></li>" for s in a["stalls"])
+        rows += "".join(
+            f"<li><b>{html.escape(s['topic'])}-{s['partition']}</b> ({html.escape(s['pipeline'])}): the oldest "
+            f"unprocessed committed record (offset {s['oldest_offset']}) is {s['age_s']:g} s old, limit "
+            f"{s['limit_s']} s; checkpoint {s['checkpoint']}, LSO {s['lso']}, lag {s['lag']}. Check that the "
+            "pipeline's DAG is unpaused and its runs succeed.</li>" for s in a["stale"])
+        rows += "".join(
+            f"<li><b>{html.escape(s['topic'])}-{s['partition']}</b>: offsets [{s['from']}, {s['until']}) were "
+            "deleted by retention before they were read: they are skipped (on_data_loss: skip).</li>"
+            for s in a["skipped"])
         self.html_content = (f"<p>{html.escape(a['text'])}</p><p>DAG {html.escape(a['dag_id'])}, run "
                              f"{html.escape(str(a['run_id']))}, task {html.escape(a['task_id'])}, try "
                              f"{a['try_number']}.</p>" + (f"<ul>{rows}</ul>" if rows else ""))

@@ -28,6 +28,7 @@ from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec, load_spec
 
 from kafka_eos_airflow.hooks import KafkaEosHook
+from kafka_eos_airflow.notifiers import send_alert
 
 if TYPE_CHECKING:  # pragma: no cover
     from airflow.sdk import Context
@@ -119,6 +120,14 @@ class KafkaEosPlanOperator(_PipelineOperator):
         for s in plan.skipped:
             self.log.warning("DATA LOSS skipped %s-%d: [%d, %d) (on_data_loss: skip)", s.topic, s.partition,
                              s.from_offset, s.until)
+        if plan.skipped:
+            # The run goes on without them (the spec says so); a person must still hear of it.
+            # A retried plan task reuses the stored plan and alerts again: alerts are at least once.
+            send_alert(context, f"pipeline {spec.name}: records deleted by retention before they were read "
+                       f"were skipped in {len(plan.skipped)} partition(s) (on_data_loss: skip): "
+                       + ", ".join(f"{s.topic}-{s.partition} [{s.from_offset}, {s.until})" for s in plan.skipped),
+                       skipped=[{"pipeline": spec.name, "topic": s.topic, "partition": s.partition,
+                                 "from": s.from_offset, "until": s.until} for s in plan.skipped])
         self.log.info("pipeline %s run %s: %d partition(s) to run%s", spec.name, plan.run_id,
                       len(plan.active), " (empty plan: Spark is skipped)" if plan.is_empty else "")
         return plan_summary(plan)

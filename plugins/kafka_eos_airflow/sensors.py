@@ -8,13 +8,13 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, AirflowSkipException
 
 from kafka_eos.health import DEFAULT_OLDER_THAN_S
 
 from kafka_eos_airflow.hooks import KafkaEosHook
 from kafka_eos_airflow.notifiers import HungTransactionsFound
-from kafka_eos_airflow.triggers import HungTransactionTrigger
+from kafka_eos_airflow.triggers import CommittedDataTrigger, HungTransactionTrigger
 
 if TYPE_CHECKING:  # pragma: no cover
     from airflow.sdk import Context
@@ -83,3 +83,50 @@ class HungTransactionSensor(BaseSensorOperator):
 
     def poke(self, context: Context) -> bool:  # pragma: no cover - execute() defers instead
         raise NotImplementedError("HungTransactionSensor is deferrable only")
+
+
+class CommittedDataSensor(BaseSensorOperator):
+    """Wait until committed records wait beyond a pipeline's checkpoint; a gate in front of a run
+    that would otherwise start Spark for nothing.
+
+    Succeeds with the partitions that hold such records (their checkpoint, LSO, lag and the
+    oldest unprocessed record, as XCom). After ``timeout`` seconds without any it fails, or is
+    skipped with ``soft_fail=True`` (and so are the tasks behind it). Records of aborted
+    transactions do not count; neither do records held behind an open transaction (the LSO).
+
+    :param pipeline: spec name under include/pipelines/ or path to a spec YAML. (templated)
+    :param poll_interval_s: seconds between two looks.
+    :param kafka_conn_id: the ``kafka`` connection. (templated)
+    """
+
+    template_fields: Sequence[str] = ("pipeline", "kafka_conn_id")
+
+    def __init__(self, *, pipeline: str, poll_interval_s: float = 30.0,
+                 kafka_conn_id: str = KafkaEosHook.default_conn_name, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+        self.poll_interval_s = poll_interval_s
+        self.kafka_conn_id = kafka_conn_id
+
+    def execute(self, context: Context) -> None:
+        timeout_s = float(self.timeout)
+        self.defer(trigger=CommittedDataTrigger(self.pipeline, self.kafka_conn_id, self.poll_interval_s, timeout_s),
+                   method_name="execute_complete",
+                   # The trigger times out by itself; this margin only covers slow looks.
+                   timeout=timedelta(seconds=timeout_s + 10 * self.poll_interval_s + 600))
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> list[dict[str, Any]]:
+        if event["status"] == "timeout":
+            message = (f"pipeline {event['pipeline']}: no committed records beyond its checkpoint within "
+                       f"{event['timeout_s']:g}s")
+            if self.soft_fail:
+                raise AirflowSkipException(message)
+            raise AirflowSensorTimeout(message)
+        for r in event["partitions"]:
+            self.log.info("%s-%d: committed records wait from offset %s (checkpoint %s, LSO %s, lag %s, oldest %ss)",
+                          r["topic"], r["partition"], r["oldest_unprocessed"]["offset"], r["checkpoint"], r["lso"],
+                          r["lag"], r["oldest_unprocessed"]["age_s"])
+        return event["partitions"]
+
+    def poke(self, context: Context) -> bool:  # pragma: no cover - execute() defers instead
+        raise NotImplementedError("CommittedDataSensor is deferrable only")

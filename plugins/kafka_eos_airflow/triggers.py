@@ -1,5 +1,5 @@
 """Triggers of kafka-eos's deferrable sensors. They only read (a trigger may run twice): offsets,
-the record at an LSO, and the transaction admin API's descriptions."""
+checkpoints, the first record at an offset, and the transaction admin API's descriptions."""
 
 from __future__ import annotations
 
@@ -67,5 +67,53 @@ class HungTransactionTrigger(BaseTrigger):
                 return
             if time.monotonic() - started >= self.healthy_for_s:
                 yield TriggerEvent({"status": "healthy", "partitions": checked, "healthy_for_s": self.healthy_for_s})
+                return
+            await asyncio.sleep(self.poll_interval_s)
+
+
+class CommittedDataTrigger(BaseTrigger):
+    """Fire when committed records wait beyond a pipeline's checkpoint: ``{"status": "available",
+    "partitions": [...]}`` with each such partition's checkpoint, LSO, lag and oldest unprocessed
+    record (:func:`kafka_eos.health.backlog.backlog`), or ``{"status": "timeout"}`` after
+    ``timeout_s`` without any. Aborted records and transaction markers are not data: a range
+    that holds only those does not fire.
+
+    :param pipeline: the pipeline (spec name or path).
+    :param kafka_conn_id: the ``kafka`` connection (see :class:`~kafka_eos_airflow.hooks.KafkaEosHook`).
+    """
+
+    def __init__(self, pipeline: str, kafka_conn_id: str, poll_interval_s: float = 30.0,
+                 timeout_s: float | None = None) -> None:
+        super().__init__()
+        self.pipeline = pipeline
+        self.kafka_conn_id = kafka_conn_id
+        self.poll_interval_s = poll_interval_s
+        self.timeout_s = timeout_s
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return ("kafka_eos_airflow.triggers.CommittedDataTrigger", {
+            "pipeline": self.pipeline, "kafka_conn_id": self.kafka_conn_id,
+            "poll_interval_s": self.poll_interval_s, "timeout_s": self.timeout_s})
+
+    def look(self) -> list[dict]:
+        """One look (blocking): the partitions where committed records wait."""
+        from kafka_eos.health.backlog import backlog, waiting
+        from kafka_eos.spec import load_spec
+
+        from kafka_eos_airflow.hooks import KafkaEosHook
+
+        spec = load_spec(self.pipeline, import_transform=False)
+        rows, _drift = backlog(spec, KafkaEosHook(self.kafka_conn_id).get_settings())
+        return waiting(rows)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        started = time.monotonic()
+        while True:
+            found = await asyncio.to_thread(self.look)
+            if found:
+                yield TriggerEvent({"status": "available", "pipeline": self.pipeline, "partitions": found})
+                return
+            if self.timeout_s is not None and time.monotonic() - started >= self.timeout_s:
+                yield TriggerEvent({"status": "timeout", "pipeline": self.pipeline, "timeout_s": self.timeout_s})
                 return
             await asyncio.sleep(self.poll_interval_s)

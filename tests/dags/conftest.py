@@ -9,11 +9,16 @@ bundle and needs the DAG there). The project's own dags/ folder is parsed by exp
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -80,3 +85,71 @@ def pipelines_module():
     import kafka_eos_pipelines
 
     return kafka_eos_pipelines
+
+
+@pytest.fixture
+def kafka_connection(monkeypatch, kafka_settings):
+    """The ``kafka_eos_kafka`` connection to the tests' broker, as Airflow reads it from the environment."""
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EOS_KAFKA", json.dumps({
+        "conn_type": "kafka", "extra": {"bootstrap.servers": kafka_settings.bootstrap_servers, **kafka_settings.extra}}))
+    return "kafka_eos_kafka"
+
+
+@pytest.fixture
+def run_dag(airflow_db):
+    """``run_dag(dag_id, source)``: ``dag.test()`` of the ``dag`` a DAG file defines; the file goes
+    into the tests' dags folder first (``dag.test()`` re-parses its bundle). Returns the DagRun."""
+
+    def run(dag_id: str, source: str):
+        path = TEST_DAGS_DIR / f"{dag_id}.py"
+        path.write_text(source)
+        module_spec = importlib.util.spec_from_file_location(dag_id, path)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        return module.dag.test()
+
+    return run
+
+
+@pytest.fixture
+def alert_receivers(monkeypatch):
+    """A real HTTP receiver and a real SMTP server on loopback, and the Airflow connections that
+    point the kafka-eos notifiers at them. Yields (webhook bodies, mails)."""
+    from aiosmtpd.controller import Controller
+
+    bodies: list = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            length = int(self.headers["Content-Length"])
+            bodies.append((self.path, self.headers["Content-Type"], json.loads(self.rfile.read(length))))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args):
+            pass
+
+    mails: list = []
+
+    class Inbox:
+        async def handle_DATA(self, server, session, envelope):  # noqa: N802 - aiosmtpd's name
+            mails.append((envelope.mail_from, envelope.rcpt_tos, envelope.content.decode()))
+            return "250 OK"
+
+    http = HTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        smtp_port = sock.getsockname()[1]
+    smtp = Controller(Inbox(), hostname="127.0.0.1", port=smtp_port)
+    smtp.start()
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EOS_ALERTS_WEBHOOK", json.dumps({
+        "conn_type": "http", "host": "127.0.0.1", "port": http.server_address[1], "schema": "http"}))
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EOS_ALERTS_SMTP", json.dumps({
+        "conn_type": "smtp", "host": "127.0.0.1", "port": smtp_port,
+        "extra": {"to": "ops@example.com", "from_email": "kafka-eos@example.com", "disable_tls": True,
+                  "disable_ssl": True}}))
+    yield bodies, mails
+    smtp.stop()
+    http.shutdown()

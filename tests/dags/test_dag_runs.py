@@ -43,12 +43,9 @@ MALFORMED = b'{"order_id": "o-bad", "amount": '
 
 
 @pytest.fixture
-def connections(monkeypatch, kafka_settings: KafkaSettings):
+def connections(monkeypatch, kafka_connection):
     """The Spark (local[2]) and Kafka connections, as Airflow reads them from the environment."""
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
-    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EOS_KAFKA", json.dumps({
-        "conn_type": "kafka",
-        "extra": {"bootstrap.servers": kafka_settings.bootstrap_servers, **kafka_settings.extra}}))
 
 
 def _specs_dir() -> Path:

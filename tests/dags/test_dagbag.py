@@ -65,10 +65,11 @@ def test_the_watchdog_watches_every_pipeline_and_alerts(dagbag):
 
     dag = dagbag.dags["kafka_eos_watchdog"]
     assert dag.doc_md and "kafka-eos" in dag.tags and dag.max_active_runs == 1 and dag.catchup is False
-    (task,) = dag.tasks
-    assert task.pipelines == [str(p) for p in spec_paths()] and task.retries == 0
-    assert sorted(type(n).__name__ for n in task.on_failure_callback) == sorted(
-        [KafkaEosEmailNotifier.__name__, KafkaEosWebhookNotifier.__name__])
+    assert sorted(t.task_id for t in dag.tasks) == ["freshness", "hung_transactions"]
+    for task in dag.tasks:  # both look at every pipeline, alert, and do not retry into a second alert
+        assert task.pipelines == [str(p) for p in spec_paths()] and task.retries == 0
+        assert sorted(type(n).__name__ for n in task.on_failure_callback) == sorted(
+            [KafkaEosEmailNotifier.__name__, KafkaEosWebhookNotifier.__name__])
     for pipeline_task in dagbag.dags["kafka_eos__orders_enriched"].tasks:  # every pipeline task alerts too
         assert len(pipeline_task.on_failure_callback) == 2
 

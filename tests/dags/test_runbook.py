@@ -22,11 +22,9 @@ DAGS_DIR = Path(__file__).resolve().parents[2] / "dags"
 
 
 @pytest.fixture
-def runbook(airflow_db, kafka_settings, monkeypatch):
+def runbook(airflow_db, kafka_connection):
     """``runbook(**conf)``: one ``dag.test()`` run of the project's runbook DAG; returns (state, its
     return value)."""
-    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EOS_KAFKA", json.dumps({
-        "conn_type": "kafka", "extra": {"bootstrap.servers": kafka_settings.bootstrap_servers}}))
     # dag.test() re-parses the DAG's bundle: the project's DAG file goes into the tests' dags folder.
     bundle = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]) / "kafka_eos_runbooks.py"
     bundle.write_text((DAGS_DIR / "kafka_eos_runbooks.py").read_text())

@@ -7,13 +7,7 @@ from __future__ import annotations
 import asyncio
 import email
 import importlib
-import importlib.util
 import json
-import os
-import socket
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
-from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
@@ -31,14 +25,12 @@ def _events(trigger) -> list:
     return [asyncio.run(first())]
 
 
-def test_the_trigger_serializes_and_only_reads(kafka_settings, killed_transaction, monkeypatch, unique):
+def test_the_trigger_serializes_and_only_reads(kafka_settings, kafka_connection, killed_transaction, unique):
     from kafka_eos_airflow.triggers import HungTransactionTrigger
 
     topic = f"held-{unique}"
     kafka_admin.create_topics(kafka_settings, {topic: 1})
     killed_transaction(f"stranger-{unique}", (topic, 0))
-    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EOS_KAFKA", json.dumps({
-        "conn_type": "kafka", "extra": {"bootstrap.servers": kafka_settings.bootstrap_servers}}))
     trigger = HungTransactionTrigger([topic], "kafka_eos_kafka", older_than_s=0, healthy_for_s=5, poll_interval_s=1)
     classpath, kwargs = trigger.serialize()
     module, _, name = classpath.rpartition(".")
@@ -65,65 +57,8 @@ with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), catchup=Fal
 '''
 
 
-def run_sensor_dag(dag_id: str, topics: list[str], older_than_s: float):
-    """``dag.test()`` of a one-sensor DAG, written to the tests' dags folder (dag.test re-parses it)."""
-    path = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]) / f"{dag_id}.py"
-    path.write_text(SENSOR_DAG.format(dag_id=dag_id, topics=topics, older_than_s=older_than_s))
-    module_spec = importlib.util.spec_from_file_location(dag_id, path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    dag_run = module.dag.test()
-    return {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
-
-
-@pytest.fixture
-def alert_receivers(monkeypatch):
-    """A real HTTP receiver and a real SMTP server on loopback, and the Airflow connections that
-    point the kafka-eos notifiers at them. Yields (webhook bodies, mails)."""
-    from aiosmtpd.controller import Controller
-
-    bodies: list = []
-
-    class Receiver(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - http.server's name
-            length = int(self.headers["Content-Length"])
-            bodies.append((self.path, self.headers["Content-Type"], json.loads(self.rfile.read(length))))
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-        def log_message(self, *args):
-            pass
-
-    mails: list = []
-
-    class Inbox:
-        async def handle_DATA(self, server, session, envelope):  # noqa: N802 - aiosmtpd's name
-            mails.append((envelope.mail_from, envelope.rcpt_tos, envelope.content.decode()))
-            return "250 OK"
-
-    http = HTTPServer(("127.0.0.1", 0), Receiver)
-    threading.Thread(target=http.serve_forever, daemon=True).start()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        smtp_port = sock.getsockname()[1]
-    smtp = Controller(Inbox(), hostname="127.0.0.1", port=smtp_port)
-    smtp.start()
-    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EOS_ALERTS_WEBHOOK", json.dumps({
-        "conn_type": "http", "host": "127.0.0.1", "port": http.server_address[1], "schema": "http"}))
-    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EOS_ALERTS_SMTP", json.dumps({
-        "conn_type": "smtp", "host": "127.0.0.1", "port": smtp_port,
-        "extra": {"to": "ops@example.com", "from_email": "kafka-eos@example.com", "disable_tls": True,
-                  "disable_ssl": True}}))
-    yield bodies, mails
-    smtp.stop()
-    http.shutdown()
-
-
 def test_the_sensor_fails_naming_the_culprit_alerts_and_passes_on_healthy_partitions(
-        airflow_db, kafka_settings, killed_transaction, alert_receivers, monkeypatch, capfd, unique):
-    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EOS_KAFKA", json.dumps({
-        "conn_type": "kafka", "extra": {"bootstrap.servers": kafka_settings.bootstrap_servers}}))
+        run_dag, kafka_connection, kafka_settings, killed_transaction, alert_receivers, capfd, unique):
     held, healthy = f"held-{unique}", f"healthy-{unique}"
     kafka_admin.create_topics(kafka_settings, {held: 2, healthy: 2})
     producer = Producer(kafka_settings.client_config())
@@ -134,6 +69,10 @@ def test_the_sensor_fails_naming_the_culprit_alerts_and_passes_on_healthy_partit
     killed_transaction(txid, (held, 1))
 
     healthy_dag, held_dag = (f"sensor_{what}_{unique.replace('-', '_')}" for what in ("healthy", "held"))
+    def run_sensor_dag(dag_id: str, topics: list[str], older_than_s: float) -> dict[str, str]:
+        dag_run = run_dag(dag_id, SENSOR_DAG.format(dag_id=dag_id, topics=topics, older_than_s=older_than_s))
+        return {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
+
     assert run_sensor_dag(healthy_dag, [healthy], 1) == {"watch": "success"}
     bodies, mails = alert_receivers
     assert (bodies, mails) == ([], [])  # a healthy watch alerts nobody

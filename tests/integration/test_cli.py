@@ -30,8 +30,9 @@ def test_plan_and_checkpoint_json(kafka_settings, make_spec, tmp_path, capsys):
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(spec_document(spec)))
     p = Producer(kafka_settings.client_config())
+    written_ms = int(time.time() * 1000) - 90_000  # the backlog is 90 s old
     for i in range(3):
-        p.produce(spec.source.topics[0], value=b"x", partition=1)
+        p.produce(spec.source.topics[0], value=b"x", partition=1, timestamp=written_ms + i)
     p.flush(30)
 
     boot = ["--bootstrap", kafka_settings.bootstrap_servers]
@@ -41,6 +42,15 @@ def test_plan_and_checkpoint_json(kafka_settings, make_spec, tmp_path, capsys):
     assert main([*boot, "checkpoint", str(path), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["partitions"]
     assert [(r["partition"], r["checkpoint"], r["lso"], r["lag"]) for r in rows] == [(0, None, 0, 0), (1, None, 3, 3)]
+    assert rows[0]["oldest_unprocessed"] is None
+    oldest = rows[1]["oldest_unprocessed"]
+    assert (oldest["offset"], oldest["timestamp_ms"]) == (0, written_ms) and 90 <= oldest["age_s"] < 150
+    assert main([*boot, "checkpoint", str(path)]) == 0
+    out = capsys.readouterr().out
+    (line,) = [ln for ln in out.splitlines() if ln.lstrip().startswith(f"{spec.source.topics[0]}-1 ")]
+    assert line.split()[-1].endswith("s") and 90 <= float(line.split()[-1][:-1]) < 150  # the oldest column
+    (line,) = [ln for ln in out.splitlines() if ln.lstrip().startswith(f"{spec.source.topics[0]}-0 ")]
+    assert line.split()[-1] == "-"
 
 
 def test_errors_are_one_line_on_stderr_with_nonzero_exit(kafka_settings, make_spec, tmp_path, capsys):

@@ -10,21 +10,15 @@ count from when it first saw the LSO at that offset.
 
 from __future__ import annotations
 
-import logging
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Mapping
-
-from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from kafka_eos.errors import BrokerError
 from kafka_eos.health import DEFAULT_OLDER_THAN_S, abort_command
 from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, TP, admin_client, partition_offsets
+from kafka_eos.readers import first_records
 from kafka_eos.settings import KafkaSettings
-
-log = logging.getLogger(__name__)
-
 
 @dataclass
 class Stall:
@@ -112,7 +106,8 @@ def observe(settings: KafkaSettings, tps: Iterable[TP], older_than_s: float = DE
     """
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     pinned = {tp: o for tp, o in partition_offsets(settings, list(tps)).items() if o.lso < o.high_watermark}
-    first_writes = _timestamps_at(settings, {tp: o.lso for tp, o in pinned.items()})
+    first_writes = {tp: ts for tp, (_offset, ts) in
+                    first_records(settings, {tp: o.lso for tp, o in pinned.items()}, committed=False).items()}
     stalls, seen_now = [], {}
     for tp, o in sorted(pinned.items()):
         key = f"{tp[0]}-{tp[1]}"
@@ -128,46 +123,3 @@ def observe(settings: KafkaSettings, tps: Iterable[TP], older_than_s: float = DE
             continue  # a one-shot look reports an age it cannot read, rather than hide the partition
         stalls.append(Stall(tp[0], tp[1], o.lso, o.high_watermark, since, stuck))
     return stalls, seen_now
-
-
-def _timestamps_at(settings: KafkaSettings, offsets: Mapping[TP, int]) -> dict[TP, int]:
-    """The timestamp (epoch ms) of the record at each given offset, read uncommitted; a
-    partition whose record cannot be read in time is left out."""
-    if not offsets:
-        return {}
-    consumer = Consumer(settings.client_config(**{
-        # A throwaway group id: the consumer never joins or commits (assign, not subscribe).
-        "group.id": f"kafka-eos.health-reader.{uuid.uuid4()}",
-        "enable.auto.commit": False,
-        "isolation.level": "read_uncommitted",
-        "enable.partition.eof": True,
-        "fetch.wait.max.ms": 10,
-    }))
-    found: dict[TP, int] = {}
-    try:
-        consumer.assign([TopicPartition(t, p, o) for (t, p), o in offsets.items()])
-        deadline = time.monotonic() + ADMIN_TIMEOUT_S
-        todo = set(offsets)
-        while todo and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            tp = (msg.topic(), msg.partition())
-            if msg.error():
-                if msg.error().code() != KafkaError._PARTITION_EOF:
-                    # Not permitted to read (no READ on the topic), or the record is gone: the
-                    # partition is still reported, its age unknown.
-                    log.info("cannot read %s at its LSO: %s", msg.topic(), msg.error().str())
-                    if msg.topic() is None:
-                        break
-                    todo -= {t for t in todo if t[0] == msg.topic()}
-                    continue
-                todo.discard(tp)
-                continue
-            if tp in todo:
-                found[tp] = msg.timestamp()[1]
-                todo.discard(tp)
-                consumer.pause([TopicPartition(tp[0], tp[1])])
-    finally:
-        consumer.close()
-    return found

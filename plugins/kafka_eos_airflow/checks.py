@@ -1,0 +1,69 @@
+"""Checks that fail a task, and so alert (the DAG's failure notifiers), when a pipeline falls
+behind: the freshness of its unprocessed committed records."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException
+
+from kafka_eos.errors import KafkaEosError, TopicMissing
+from kafka_eos.spec import load_spec
+
+from kafka_eos_airflow.hooks import KafkaEosHook
+from kafka_eos_airflow.notifiers import StaleDataFound
+
+if TYPE_CHECKING:  # pragma: no cover
+    from airflow.sdk import Context
+
+
+class FreshnessCheckOperator(BaseOperator):
+    """Fail when a pipeline's oldest unprocessed committed record is older than its spec's
+    ``source.freshness_limit_s``, naming each such partition: its checkpoint, LSO, lag, and the
+    record's offset and age. Pipelines without a limit are not checked; a pipeline whose source
+    topic does not exist yet has nothing to be late with. Returns the pipelines checked.
+
+    :param pipelines: spec names or paths. (templated)
+    :param kafka_conn_id: the ``kafka`` connection. (templated)
+    """
+
+    template_fields: Sequence[str] = ("pipelines", "kafka_conn_id")
+
+    def __init__(self, *, pipelines: Sequence[str], kafka_conn_id: str = KafkaEosHook.default_conn_name,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipelines = list(pipelines)
+        self.kafka_conn_id = kafka_conn_id
+
+    def execute(self, context: Context) -> list[str]:
+        from kafka_eos.health.backlog import backlog, stale
+
+        settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
+        found, errors, checked = [], [], []
+        for pipeline in self.pipelines:
+            try:
+                spec = load_spec(pipeline, import_transform=False)
+                if spec.source.freshness_limit_s is None:
+                    continue
+                rows, _drift = backlog(spec, settings)
+            except TopicMissing as exc:
+                self.log.info("%s: not checked: %s", pipeline, exc)
+                continue
+            except KafkaEosError as exc:  # one broken pipeline does not hide another's lateness
+                errors.append(f"{pipeline}: {str(exc).splitlines()[0]}")
+                continue
+            checked.append(spec.name)
+            late = stale(spec, rows)
+            found += late
+            self.log.info("%s: %s", spec.name, "; ".join(s.summary() for s in late) or
+                          f"fresh (limit {spec.source.freshness_limit_s}s)")
+        if found:
+            raise StaleDataFound(
+                f"{len(found)} partition(s) hold committed records older than their pipeline's freshness limit: "
+                + " | ".join(s.summary() for s in found) + "".join(f" | not checked: {e}" for e in errors),
+                [s.as_dict() for s in found])
+        if errors:
+            raise AirflowException("freshness not checked: " + " | ".join(errors))
+        return checked

@@ -23,6 +23,7 @@ from kafka_eos_airflow.hooks import KafkaEosHook
 from kafka_eos_airflow.notifiers import failure_notifiers
 from kafka_eos_airflow.operators import (KafkaEosPlanOperator, KafkaEosSparkSubmitOperator,
                                          KafkaEosVerifyOperator)
+from kafka_eos_airflow.params import pipeline_params
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,9 @@ def _doc_md(spec: PipelineSpec) -> str:
         "",
         f"Schedule: `{spec.schedule or 'manual only'}` (UTC, data intervals). On data loss: "
         f"`{src.on_data_loss}`. Spec: `{spec.path}`.",
+        "",
+        "Trigger with config: **Max records per partition** caps this run; **Dry run** shows the plan and "
+        "stops (the Spark and verify tasks are skipped; nothing is stored, written or committed).",
     ])
 
 
@@ -81,6 +85,8 @@ def build_dag(spec: PipelineSpec, *, kafka_conn_id: str = KafkaEosHook.default_c
         # Runs of one pipeline must not overlap: each plan starts at the previous run's end.
         max_active_runs=1,
         default_args=DEFAULT_ARGS,
+        # The trigger form (max records, dry run); scheduled runs take its defaults.
+        params=pipeline_params(spec),
         tags=["kafka-eos", spec.sink.kind, spec.sink.commit],
         doc_md=_doc_md(spec),
     ) as dag:

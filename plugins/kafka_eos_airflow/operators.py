@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from kafka_eos.errors import DataLossError, KafkaEosError, PlanError, SpecError, TopicRecreated
 from kafka_eos.paths import PROJECT_ROOT
@@ -29,6 +29,7 @@ from kafka_eos.spec import PipelineSpec, load_spec
 
 from kafka_eos_airflow.hooks import KafkaEosHook
 from kafka_eos_airflow.notifiers import send_alert
+from kafka_eos_airflow.params import RunOptions
 
 if TYPE_CHECKING:  # pragma: no cover
     from airflow.sdk import Context
@@ -55,6 +56,25 @@ def task_errors() -> Iterator[None]:
         raise AirflowFailException(str(exc)) from exc
     except KafkaEosError as exc:
         raise AirflowException(str(exc)) from exc
+
+
+def run_spec(pipeline: str, context: Context) -> tuple[RunOptions, PipelineSpec]:
+    """The run's options (its params) and the spec as this run reads it.
+
+    :raises SpecError: a bad spec or a bad param, naming the field.
+    """
+    spec = load_spec(pipeline)
+    options = RunOptions.of(context.get("params"), spec)
+    return options, options.apply(spec)
+
+
+def skip_if_dry_run(options: RunOptions) -> None:
+    """The tasks after the plan do nothing in a dry run.
+
+    :raises AirflowSkipException: in a dry run.
+    """
+    if options.dry_run:
+        raise AirflowSkipException("dry run: the plan task showed the plan; nothing is read, written or committed")
 
 
 def stored_plan(settings: KafkaSettings, spec: PipelineSpec, run_id: str) -> Plan:
@@ -108,11 +128,13 @@ class KafkaEosPlanOperator(_PipelineOperator):
     """
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from kafka_eos.pipeline import prepare_plan
+        from kafka_eos.pipeline import compute_plan, prepare_plan
 
         with task_errors():
-            spec = load_spec(self.pipeline)
+            options, spec = run_spec(self.pipeline, context)
             settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
+            if options.dry_run:
+                return self._dry_run(spec, compute_plan(spec, settings, run_id=context["run_id"]))
             plan = prepare_plan(spec, settings, run_id=context["run_id"])
         for r in plan.active:
             self.log.info("%s-%d: [%d, %d) checkpoint=%s", r.topic, r.partition, r.from_offset, r.until,
@@ -131,6 +153,21 @@ class KafkaEosPlanOperator(_PipelineOperator):
         self.log.info("pipeline %s run %s: %d partition(s) to run%s", spec.name, plan.run_id,
                       len(plan.active), " (empty plan: Spark is skipped)" if plan.is_empty else "")
         return plan_summary(plan)
+
+    def _dry_run(self, spec: PipelineSpec, planned: tuple[Plan, list]) -> dict[str, Any]:
+        plan, drift = planned
+        for r in plan.active:
+            self.log.info("DRY RUN %s-%d: would read [%d, %d) (checkpoint %s)", r.topic, r.partition,
+                          r.from_offset, r.until, r.expected)
+        for s in plan.skipped:
+            self.log.warning("DRY RUN %s-%d: would skip [%d, %d), deleted by retention (on_data_loss: skip)",
+                             s.topic, s.partition, s.from_offset, s.until)
+        for d in drift:
+            self.log.warning("DRY RUN %s-%d: the Kafka mirror of the SQL checkpoint is at %s, the sink at %s; a "
+                             "real run republishes it", d.topic, d.partition, d.kafka, d.sink)
+        self.log.info("DRY RUN pipeline %s: %d partition(s) would be read; nothing was stored, read, written or "
+                      "committed", spec.name, len(plan.active))
+        return {**plan_summary(plan), "dry_run": True}
 
 
 class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
@@ -175,7 +212,8 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
 
         run_id = context["run_id"]
         with task_errors():
-            spec = load_spec(self.pipeline)
+            options, spec = run_spec(self.pipeline, context)
+            skip_if_dry_run(options)
             settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
             plan = self.plan_to_run(settings, spec, run_id)
             spark_conf = session_conf()
@@ -220,7 +258,8 @@ class KafkaEosVerifyOperator(_PipelineOperator):
 
         run_id = context["run_id"]
         with task_errors():
-            spec = load_spec(self.pipeline)
+            options, spec = run_spec(self.pipeline, context)
+            skip_if_dry_run(options)
             settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
             plan = stored_plan(settings, spec, run_id)
             checkpoints = verify(spec, settings, plan)

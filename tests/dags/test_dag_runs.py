@@ -118,18 +118,20 @@ def returned(dag_run, task_id: str):
         return None if row is None else XComModel.deserialize_value(row)
 
 
-def run_dag(pipelines_module, name: str, logical_date: datetime = LOGICAL_DATE):
-    """``dag.test()`` of the pipeline's DAG, made by the DAG factory from the specs folder."""
+def run_dag(pipelines_module, name: str, logical_date: datetime = LOGICAL_DATE, run_conf: dict | None = None,
+            states: dict | None = None):
+    """``dag.test()`` of the pipeline's DAG, made by the DAG factory from the specs folder; checks
+    that its tasks end in ``states`` (default: all succeeded)."""
     from airflow.sdk import DagRunState
 
     dag = pipelines_module.dags_from_folder(_specs_dir())[f"kafka_eos__{name}"]
     for task in dag.tasks:
         task.retries = 0  # fail fast: a failure here is a bug, and a retry waits 30 s
     started = time.monotonic()
-    dag_run = dag.test(logical_date=logical_date)
-    states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
-    print(f"dag.test of {dag.dag_id}: {time.monotonic() - started:.1f}s, {states}")
-    assert states == {"plan": "success", "spark": "success", "verify": "success"}
+    dag_run = dag.test(logical_date=logical_date, run_conf=run_conf)
+    got = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
+    print(f"dag.test of {dag.dag_id}: {time.monotonic() - started:.1f}s, {got}")
+    assert got == (states or {"plan": "success", "spark": "success", "verify": "success"})
     assert dag_run.state == DagRunState.SUCCESS
     return dag_run
 
@@ -190,3 +192,40 @@ def test_revenue_per_minute_dag_run(airflow_db, connections, kafka_settings, pip
     summary, _parts = ManifestStore(kafka_settings, f"{name}.manifest", name).run_records(dag_run.run_id)
     assert summary["status"] == "committed"
     assert (summary["records_in"], summary["dead_letters"]) == (6, 1)
+
+
+def test_a_dry_run_from_the_trigger_form_shows_the_capped_plan_and_changes_nothing(
+        airflow_db, connections, kafka_settings, pipelines_module, unique):
+    name = f"dry-{unique}"
+    topics = {"orders": f"{name}.orders", "enriched": f"{name}.orders.enriched", "dlq": f"{name}.orders.dlq"}
+    kafka_admin.create_topics(kafka_settings, {topics["orders"]: 3, topics["enriched"]: 3, topics["dlq"]: 1})
+    write_spec("orders_enriched", name, topics, {"topic": topics["enriched"], "dlq_topic": topics["dlq"]})
+    produce_orders(kafka_settings, topics["orders"])
+    tps = [(topics["orders"], p) for p in range(3)]
+    ends = kafka_admin.partition_offsets(kafka_settings, tps)
+
+    dag_run = run_dag(pipelines_module, name, run_conf={"dry_run": True, "max_records_per_partition": 1},
+                      states={"plan": "success", "spark": "skipped", "verify": "skipped"})
+    shown = returned(dag_run, "plan")
+    assert shown["dry_run"] is True
+    # Every partition with records would read one offset (the run's cap, not the spec's 100,000).
+    assert shown["ranges"] == [[t, p, 0, 1] for (t, p) in tps if ends[(t, p)].lso > 0]
+    assert kafka_admin.committed_offsets(kafka_settings, f"kafka-eos.{name}", tps) == {tp: None for tp in tps}
+    assert read_committed(kafka_settings, topics["enriched"]) == [] and read_committed(kafka_settings, topics["dlq"]) == []
+    manifest = f"{name}.manifest"
+    assert manifest not in kafka_admin.admin_client(kafka_settings).list_topics(timeout=30).topics  # nothing stored
+
+
+def test_a_bad_param_is_refused_before_anything_runs(airflow_db, connections, kafka_settings, pipelines_module,
+                                                      unique):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    name = f"bad-{unique}"
+    topics = {"orders": f"{name}.orders", "enriched": f"{name}.orders.enriched", "dlq": f"{name}.orders.dlq"}
+    kafka_admin.create_topics(kafka_settings, {topics["orders"]: 1, topics["enriched"]: 1, topics["dlq"]: 1})
+    write_spec("orders_enriched", name, topics, {"topic": topics["enriched"], "dlq_topic": topics["dlq"]})
+    dag = pipelines_module.dags_from_folder(_specs_dir())[f"kafka_eos__{name}"]
+    with pytest.raises(ParamValidationError, match="max_records_per_partition"):
+        dag.test(logical_date=LOGICAL_DATE, run_conf={"max_records_per_partition": 0})
+    with pytest.raises(ParamValidationError, match="dry_run"):
+        dag.test(logical_date=LOGICAL_DATE, run_conf={"dry_run": "yes"})

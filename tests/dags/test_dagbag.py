@@ -57,6 +57,11 @@ def test_dag_is_well_formed(dagbag, dag_id):
     for task in dag.tasks:
         assert task.retries >= 1, task.task_id
         assert task.retry_delay.total_seconds() == 30
+    # The trigger form: every field titled, described and in a section; defaults for scheduled runs.
+    form = {name: dag.params.get_param(name) for name in dag.params}
+    assert sorted(form) == ["dry_run", "max_records_per_partition"]
+    assert all(p.schema["title"] and p.schema["description_md"] and p.schema["section"] for p in form.values())
+    assert dag.params.validate() == {"dry_run": False, "max_records_per_partition": 100000}
 
 
 def test_the_watchdog_watches_every_pipeline_and_alerts(dagbag):

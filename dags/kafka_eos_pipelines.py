@@ -64,7 +64,9 @@ def _doc_md(spec: PipelineSpec) -> str:
         f"`{src.on_data_loss}`. Spec: `{spec.path}`.",
         "",
         "Trigger with config: **Max records per partition** caps this run; **Dry run** shows the plan and "
-        "stops (the Spark and verify tasks are skipped; nothing is stored, written or committed).",
+        "stops (the Spark and verify tasks are skipped; nothing is stored, written or committed). "
+        "**Reset the checkpoint to** a timestamp or JSON offsets moves the checkpoint instead of running, "
+        f"once confirmed with `RESET {spec.name}`; the reset is recorded in the topic `kafka-eos.audit`.",
     ])
 
 

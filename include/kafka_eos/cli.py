@@ -256,7 +256,8 @@ def cmd_txn_hanging(args) -> int:
 
 
 def cmd_txn_abort(args) -> int:
-    from kafka_eos.health.abort import AUDIT_TOPIC, abort_transaction, find_open_transaction, record_abort
+    from kafka_eos.audit import AUDIT_TOPIC
+    from kafka_eos.health.abort import abort_transaction, find_open_transaction, record_abort
     from kafka_eos.spec import bundled_specs
 
     settings = _settings(args)

@@ -68,13 +68,16 @@ def run_spec(pipeline: str, context: Context) -> tuple[RunOptions, PipelineSpec]
     return options, options.apply(spec)
 
 
-def skip_if_dry_run(options: RunOptions) -> None:
-    """The tasks after the plan do nothing in a dry run.
+def skip_unless_spark_runs(options: RunOptions) -> None:
+    """The tasks after the plan do nothing in a dry run or a reset (the plan task did it all).
 
-    :raises AirflowSkipException: in a dry run.
+    :raises AirflowSkipException: then.
     """
     if options.dry_run:
-        raise AirflowSkipException("dry run: the plan task showed the plan; nothing is read, written or committed")
+        raise AirflowSkipException("dry run: the plan task showed what would happen; nothing is read, written "
+                                   "or committed")
+    if options.reset_to:
+        raise AirflowSkipException("checkpoint reset: the plan task moved the checkpoint; nothing is read")
 
 
 def stored_plan(settings: KafkaSettings, spec: PipelineSpec, run_id: str) -> Plan:
@@ -133,6 +136,8 @@ class KafkaEosPlanOperator(_PipelineOperator):
         with task_errors():
             options, spec = run_spec(self.pipeline, context)
             settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
+            if options.reset_to:
+                return self._reset(spec, settings, options, context)
             if options.dry_run:
                 return self._dry_run(spec, compute_plan(spec, settings, run_id=context["run_id"]))
             plan = prepare_plan(spec, settings, run_id=context["run_id"])
@@ -168,6 +173,30 @@ class KafkaEosPlanOperator(_PipelineOperator):
         self.log.info("DRY RUN pipeline %s: %d partition(s) would be read; nothing was stored, read, written or "
                       "committed", spec.name, len(plan.active))
         return {**plan_summary(plan), "dry_run": True}
+
+    def _reset(self, spec: PipelineSpec, settings: KafkaSettings, options: RunOptions,
+               context: Context) -> dict[str, Any]:
+        from kafka_eos.backfill import positions
+        from kafka_eos.backfill.reset import confirmation, reset_checkpoint
+        from kafka_eos.pipeline import checkpoints
+
+        targets, _ends = positions.resolve(spec, settings, options.reset_to, "params.reset_checkpoint_to")
+        before, _drift = checkpoints(spec, settings, sorted(targets))
+        for (t, p), offset in sorted(targets.items()):
+            self.log.info("%s %s-%d: checkpoint %s -> %s", "DRY RUN" if options.dry_run else "RESET", t, p,
+                          before[(t, p)], offset)
+        moves = {f"{t}-{p}": [before[(t, p)], offset] for (t, p), offset in sorted(targets.items())}
+        if options.dry_run:
+            return {"pipeline": spec.name, "dry_run": True, "reset": moves}
+        if options.reset_confirm != confirmation(spec):
+            raise SpecError(f"params.reset_confirm: type exactly {confirmation(spec)!r} to reset the checkpoint "
+                            f"(got {options.reset_confirm!r}); nothing was changed")
+        dag_run = context.get("dag_run")
+        record = reset_checkpoint(spec, settings, targets, run_id=context["run_id"], asked=options.reset_to,
+                                  who=getattr(dag_run, "triggering_user_name", None) or "unknown",
+                                  via=f"{self.dag_id} run {context['run_id']}")
+        self.log.info("checkpoint of %s reset (%s); recorded in kafka-eos.audit", spec.name, record["status"])
+        return {"pipeline": spec.name, "dry_run": False, "reset": moves, "audit": record}
 
 
 class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
@@ -213,7 +242,7 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
         run_id = context["run_id"]
         with task_errors():
             options, spec = run_spec(self.pipeline, context)
-            skip_if_dry_run(options)
+            skip_unless_spark_runs(options)
             settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
             plan = self.plan_to_run(settings, spec, run_id)
             spark_conf = session_conf()
@@ -259,7 +288,7 @@ class KafkaEosVerifyOperator(_PipelineOperator):
         run_id = context["run_id"]
         with task_errors():
             options, spec = run_spec(self.pipeline, context)
-            skip_if_dry_run(options)
+            skip_unless_spark_runs(options)
             settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
             plan = stored_plan(settings, spec, run_id)
             checkpoints = verify(spec, settings, plan)

@@ -131,8 +131,9 @@ def run_dag(pipelines_module, name: str, logical_date: datetime = LOGICAL_DATE, 
     dag_run = dag.test(logical_date=logical_date, run_conf=run_conf)
     got = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
     print(f"dag.test of {dag.dag_id}: {time.monotonic() - started:.1f}s, {got}")
-    assert got == (states or {"plan": "success", "spark": "success", "verify": "success"})
-    assert dag_run.state == DagRunState.SUCCESS
+    states = states or {"plan": "success", "spark": "success", "verify": "success"}
+    assert got == states
+    assert dag_run.state == (DagRunState.FAILED if "failed" in states.values() else DagRunState.SUCCESS)
     return dag_run
 
 
@@ -229,3 +230,43 @@ def test_a_bad_param_is_refused_before_anything_runs(airflow_db, connections, ka
         dag.test(logical_date=LOGICAL_DATE, run_conf={"max_records_per_partition": 0})
     with pytest.raises(ParamValidationError, match="dry_run"):
         dag.test(logical_date=LOGICAL_DATE, run_conf={"dry_run": "yes"})
+
+
+def test_a_checkpoint_reset_from_the_trigger_form_is_confirmed_audited_and_the_next_run_rereads(
+        airflow_db, connections, kafka_settings, pipelines_module, unique, capfd):
+    from kafka_eos.audit import AUDIT_TOPIC
+
+    name = f"reset-{unique}"
+    topics = {"orders": f"{name}.orders", "enriched": f"{name}.orders.enriched", "dlq": f"{name}.orders.dlq"}
+    kafka_admin.create_topics(kafka_settings, {topics["orders"]: 1, topics["enriched"]: 1, topics["dlq"]: 1})
+    write_spec("orders_enriched", name, topics, {"topic": topics["enriched"], "dlq_topic": topics["dlq"]})
+    produce_orders(kafka_settings, topics["orders"])  # offsets 0-4 valid orders, 5 the malformed one
+    group, tp = f"kafka-eos.{name}", (topics["orders"], 0)
+    run_dag(pipelines_module, name)
+    assert kafka_admin.committed_offsets(kafka_settings, group, [tp]) == {tp: 6}
+
+    plan_only = {"plan": "success", "spark": "skipped", "verify": "skipped"}
+    to_three = json.dumps({f"{topics['orders']}-0": 3})
+    shown = returned(run_dag(pipelines_module, name, LOGICAL_DATE + timedelta(minutes=5), states=plan_only,
+                             run_conf={"reset_checkpoint_to": to_three, "dry_run": True}), "plan")
+    assert shown == {"pipeline": name, "dry_run": True, "reset": {f"{topics['orders']}-0": [6, 3]}}
+    assert kafka_admin.committed_offsets(kafka_settings, group, [tp]) == {tp: 6}  # a dry run changes nothing
+
+    run_dag(pipelines_module, name, LOGICAL_DATE + timedelta(minutes=10), run_conf={"reset_checkpoint_to": to_three},
+            states={"plan": "failed", "spark": "upstream_failed", "verify": "upstream_failed"})  # not confirmed
+    assert f"params.reset_confirm: type exactly 'RESET {name}' to reset the checkpoint (got '')" in capfd.readouterr().out
+    assert kafka_admin.committed_offsets(kafka_settings, group, [tp]) == {tp: 6}
+
+    done = returned(run_dag(pipelines_module, name, LOGICAL_DATE + timedelta(minutes=15), states=plan_only,
+                            run_conf={"reset_checkpoint_to": to_three, "reset_confirm": f"RESET {name}"}), "plan")
+    assert kafka_admin.committed_offsets(kafka_settings, group, [tp]) == {tp: 3}
+    audit = [json.loads(m.value()) for m in read_committed(kafka_settings, AUDIT_TOPIC)
+             if m.key() == f"reset:{name}:{done['audit']['at']}".encode()]
+    assert [(a["before"], a["after"], a["asked"], a["via"].split(" run ")[0]) for a in audit] == [
+        ({f"{topics['orders']}-0": 6}, {f"{topics['orders']}-0": 3}, to_three, f"kafka_eos__{name}")]
+
+    # The next run goes on from the reset checkpoint: it re-reads offsets 3-5 (as asked).
+    again = run_dag(pipelines_module, name, LOGICAL_DATE + timedelta(minutes=20))
+    assert returned(again, "plan")["ranges"] == [[topics["orders"], 0, 3, 6]]
+    enriched = [json.loads(m.value())["order_id"] for m in read_committed(kafka_settings, topics["enriched"])]
+    assert sorted(enriched) == sorted([o["order_id"] for o in VALID_ORDERS] + ["o-3", "o-4"])

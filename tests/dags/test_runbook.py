@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import Producer
 
 from kafka_eos import kafka_admin
-from kafka_eos.health.abort import AUDIT_TOPIC
+from kafka_eos.audit import AUDIT_TOPIC
 from kafka_eos.readers import read_committed
 
 pytestmark = pytest.mark.integration

@@ -19,15 +19,13 @@ from confluent_kafka import KafkaException, Producer
 
 from kafka_eos.errors import AbortFailed, NoOpenTransaction
 from kafka_eos.health.attribute import LONG_RUNNING, admin, describe, open_transactions
-from kafka_eos.kafka_admin import ensure_compacted_topic, partition_offsets
+from kafka_eos.audit import write_audit
+from kafka_eos.kafka_admin import partition_offsets
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
 
 log = logging.getLogger(__name__)
 
-#: Where every abort is recorded (who, what, when, before and after): kept a year.
-AUDIT_TOPIC = "kafka-eos.audit"
-AUDIT_RETENTION_MS = 365 * 24 * 3600 * 1000
 
 #: How long an abort may take to move the LSO: markers are written within milliseconds on a
 #: healthy cluster; a coordinator busy with a load may take seconds.
@@ -105,14 +103,11 @@ def _wait_moved(settings: KafkaSettings, tp, start_offset: int) -> dict | None:
 
 def record_abort(settings: KafkaSettings, topic: str, partition: int, txn: dict, done: dict, who: str,
                  via: str) -> dict:
-    """Write the audit record of an abort to :data:`AUDIT_TOPIC` and return it."""
-    from kafka_eos.manifest import now_iso, produce_json
+    """Write the audit record of an abort to the audit topic (:data:`kafka_eos.audit.AUDIT_TOPIC`) and return it."""
+    from kafka_eos.manifest import now_iso
 
     record = {"action": "abort_transaction", "topic": topic, "partition": partition,
               "start_offset": txn["start_offset"], "transaction": txn, "who": who, "via": via, "at": now_iso(),
               "method": done["method"], "before": {"lso": done["lso_before"]},
               "after": {"lso": done["lso_after"], "high_watermark": done["high_watermark"]}}
-    ensure_compacted_topic(settings, AUDIT_TOPIC, retention_ms=AUDIT_RETENTION_MS)
-    # A key per abort: compaction never folds two aborts into one.
-    produce_json(settings, AUDIT_TOPIC, [(f"abort:{topic}-{partition}@{txn['start_offset']}:{record['at']}", record)])
-    return record
+    return write_audit(settings, f"abort:{topic}-{partition}@{txn['start_offset']}:{record['at']}", record)

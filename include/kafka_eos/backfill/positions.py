@@ -1,0 +1,109 @@
+"""Positions in a pipeline's source partitions, as a person gives them: an ISO-8601 timestamp
+(each partition's first offset at or after it) or explicit offsets as JSON
+(``{"orders-0": 120, "orders-1": 80}``). Every value is checked against the log before anything
+runs; an error is one line naming the field."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timezone
+
+from confluent_kafka import Consumer, TopicPartition
+
+from kafka_eos.errors import SpecError
+from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, TP, PartitionOffsets, partition_offsets
+from kafka_eos.pipeline import source_partitions
+from kafka_eos.settings import KafkaSettings
+from kafka_eos.spec import PipelineSpec
+
+
+class PositionError(SpecError):
+    """A position a person gave does not fit the log (one line, naming the field)."""
+
+
+def parse_timestamp(text: str, field: str, now: datetime | None = None) -> datetime:
+    """An ISO-8601 timestamp (``Z`` or an offset; none means UTC), not in the future.
+
+    :raises PositionError: naming ``field``.
+    """
+    try:
+        ts = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise PositionError(f"{field}: {text!r} is neither an ISO-8601 timestamp nor JSON offsets "
+                            "(e.g. 2026-11-20T10:00:00Z or {\"orders-0\": 120})") from None
+    ts = ts if ts.tzinfo is not None else ts.replace(tzinfo=timezone.utc)
+    now = now or datetime.now(timezone.utc)
+    if ts > now:
+        raise PositionError(f"{field}: {ts.isoformat()} is in the future (now {now.isoformat(timespec='seconds')})")
+    return ts
+
+
+def offsets_for_time(settings: KafkaSettings, tps: list[TP], ts: datetime) -> dict[TP, int | None]:
+    """Per partition, the first offset whose record timestamp is at or after ``ts`` (Kafka's
+    offsets-for-times, read_committed); None where no record is that late."""
+    consumer = Consumer(settings.client_config(**{
+        # A throwaway group id: the consumer never joins or commits.
+        "group.id": f"kafka-eos.positions.{uuid.uuid4()}", "enable.auto.commit": False,
+        "isolation.level": "read_committed"}))
+    try:
+        ms = int(ts.timestamp() * 1000)
+        found = consumer.offsets_for_times([TopicPartition(t, p, ms) for t, p in tps], ADMIN_TIMEOUT_S)
+    finally:
+        consumer.close()
+    return {(f.topic, f.partition): (f.offset if f.offset >= 0 else None) for f in found}
+
+
+def parse_offsets(text: str, field: str, tps: list[TP]) -> dict[TP, int]:
+    """Explicit offsets: a JSON object of ``"<topic>-<partition>": offset``.
+
+    :raises PositionError: malformed JSON, an unknown partition or an offset that is not a
+        non-negative integer, naming ``field`` (and the key).
+    """
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PositionError(f"{field}: malformed JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(raw, dict) or not raw:
+        raise PositionError(f"{field}: must be a JSON object of \"<topic>-<partition>\": offset, got {text!r}")
+    names = {f"{t}-{p}": (t, p) for t, p in tps}
+    out: dict[TP, int] = {}
+    for key, offset in raw.items():
+        if key not in names:
+            raise PositionError(f"{field}: unknown partition {key!r} (the source partitions are "
+                                f"{', '.join(sorted(names))})")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise PositionError(f"{field}: {key}: the offset must be a non-negative integer, got {offset!r}")
+        out[names[key]] = offset
+    return out
+
+
+def resolve(spec: PipelineSpec, settings: KafkaSettings, text: str, field: str,
+            now: datetime | None = None) -> tuple[dict[TP, int], dict[TP, PartitionOffsets]]:
+    """The offsets ``text`` names in ``spec``'s source partitions, each within [log start, LSO].
+
+    A timestamp names every partition: its first record at or after it, or its LSO when no
+    committed record is that late. Explicit offsets name the partitions they list.
+
+    :returns: the offsets, and every source partition's log start, LSO and high watermark.
+    :raises PositionError: naming ``field`` (see :func:`parse_timestamp`, :func:`parse_offsets`),
+        or an offset below the log start (deleted) or above the LSO (not committed yet).
+    """
+    tps = source_partitions(spec, settings)
+    ends = partition_offsets(settings, tps)
+    if text.strip().startswith(("{", "[")):
+        wanted = parse_offsets(text, field, tps)
+        for (t, p), offset in sorted(wanted.items()):
+            o = ends[(t, p)]
+            if offset < o.log_start:
+                raise PositionError(f"{field}: {t}-{p}: offset {offset} is below the log start {o.log_start} "
+                                    "(deleted by retention)")
+            if offset > o.lso:
+                raise PositionError(f"{field}: {t}-{p}: offset {offset} is above the last stable offset {o.lso} "
+                                    "(not committed yet)")
+        return wanted, ends
+    ts = parse_timestamp(text, field, now)
+    found = offsets_for_time(settings, tps, ts)
+    # No record that late: the end of what is committed; never below what retention kept.
+    return {tp: max(ends[tp].log_start, min(ends[tp].lso, found[tp] if found[tp] is not None else ends[tp].lso))
+            for tp in tps}, ends

@@ -260,6 +260,15 @@ class ManifestStore:
                 found.setdefault(key, rec)
         return sorted(found.values(), key=_record_time)
 
+    def find(self, key: str) -> dict | None:
+        """The newest committed record under ``key``, or None: a walk back to the log start when
+        the key is not there (for records looked up by key, seldom: a backfill's interval)."""
+        with closing(self._tail(committed=True)) as records:
+            for _offset, _ts, found, rec in records:
+                if found == key:
+                    return rec
+        return None
+
     def state(self) -> ManifestState:
         """The pipeline's memory: its newest snapshot, with every checkpoint and starts record
         written since the offset that snapshot had read up to."""

@@ -52,6 +52,11 @@ class SinkSpec:
     # expanded it can hold a password, and reprs end up in logs and tracebacks.
     url: str | None = field(default=None, repr=False)
     transaction_timeout_s: int = 300  # kafka: how long one transaction may stay open
+    #: kafka: where replays and backfills write (never the live output topic: a consumer of it
+    #: would see a range twice); None: they are refused for this pipeline.
+    backfill_topic: str | None = None
+    #: Headers added to every record written (set for replays and backfills, not in YAML).
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,7 @@ def spec_document(spec: PipelineSpec) -> dict:
     """The YAML document of ``spec`` (what :func:`parse_spec` reads back to the same spec)."""
     s = spec.sink
     sink = {"kind": s.kind, "commit": s.commit}
-    for key in ("topic", "dlq_topic", "table", "url"):
+    for key in ("topic", "dlq_topic", "backfill_topic", "table", "url"):
         if getattr(s, key) is not None:
             sink[key] = getattr(s, key)
     if s.kind == "kafka":
@@ -262,7 +267,7 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
 
     snk = _mapping(top.get("sink"), where, "sink")
     _known(snk, where, "sink.", {"kind", "topic", "dlq_topic", "commit", "table",
-                                 "key_columns", "merge", "url", "transaction_timeout_s"})
+                                 "key_columns", "merge", "url", "transaction_timeout_s", "backfill_topic"})
     kind = _choice(snk, where, "kind", ("kafka", "sql"), "sink.", required=True)
     commit = _choice(snk, where, "commit", ("atomic", "per_partition"), "sink.")
     key_columns = snk.get("key_columns", [])
@@ -276,10 +281,14 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
         merge=_choice(snk, where, "merge", ("replace", "add"), "sink."),
         url=_expand_url(snk.get("url"), where, environ),
         transaction_timeout_s=_positive_int(snk, where, "transaction_timeout_s", 300, "sink."),
+        backfill_topic=_opt_topic(snk, where, "backfill_topic"),
     )
     if kind == "kafka":
         if not sink.topic:
             raise SpecError(f"{where}: sink.topic: required for a kafka sink")
+        if sink.backfill_topic is not None and sink.backfill_topic in (sink.topic, sink.dlq_topic):
+            raise SpecError(f"{where}: sink.backfill_topic: {sink.backfill_topic!r} must differ from the live "
+                            "output and dead-letter topics")
         # dlq_topic is optional: without it, a dead letter fails the batch (nothing is committed).
     else:
         if not sink.table or not isinstance(sink.table, str):
@@ -292,6 +301,9 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
         if sink.dlq_topic or sink.topic:
             raise SpecError(f"{where}: sink.{'dlq_topic' if sink.dlq_topic else 'topic'}: not for a sql sink "
                             "(dead letters go to the kafka_eos_dead_letters table)")
+        if sink.backfill_topic:
+            raise SpecError(f"{where}: sink.backfill_topic: not for a sql sink (a backfill replaces its rows "
+                            "in the table)")
     manifest = top.get("manifest_topic", MANIFEST_TOPIC_PREFIX + name)
     _topic_name(manifest, where, "manifest_topic")
     schedule = top.get("schedule")

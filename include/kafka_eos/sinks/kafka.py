@@ -70,10 +70,10 @@ def to_records(rows: Iterable, spec: PipelineSpec, tally: Counter | None = None)
     :raises DeadLetterWithoutTopic: a dead letter, and the sink has no ``dlq_topic`` (the
         transaction it was meant for aborts: nothing of the batch is committed).
     """
-    sink_topic, dlq_topic = spec.sink.topic, spec.sink.dlq_topic
+    sink_topic, dlq_topic, added = spec.sink.topic, spec.sink.dlq_topic, list(spec.sink.headers)
     for row in rows:
         carried = row["headers"] if "headers" in row.__fields__ else None
-        headers = [(h["key"], h["value"]) for h in carried or ()]
+        headers = [(h["key"], h["value"]) for h in carried or ()] + added
         reason = row[DLQ_REASON]
         if tally is not None:
             tally[((row["topic"], row["partition"]), "out" if reason is None else "dead")] += 1

@@ -1,0 +1,216 @@
+"""Side runs: a replay or a backfill re-derives the results of a bounded past range beside the
+live pipeline, exactly once, without moving the live checkpoint.
+
+A side run is the pipeline's own batch step under another identity (:func:`side_spec`):
+- its checkpoint is a consumer group of its own, ``<group>.<kind>.<key>.g<generation>`` (SQL
+  sinks: offsets rows under the side run's name), so the commit protocol is the live one: a retry
+  of a committed side run finds its checkpoint at the range's end and does nothing;
+- its transactional ids derive from that group: side runs of different intervals never fence each
+  other or the live run, and two attempts of one interval fence each other;
+- it writes to the pipeline's ``sink.backfill_topic`` (Kafka sinks; never the live output, whose
+  consumers would see a range twice), each record carrying the range and the generation in
+  headers; a SQL sink's side run replaces the rows it produces (``merge: replace``).
+
+The ranges of a side run are computed once and recorded in the run manifest under
+``<pipeline>:side:<kind>.<key>`` (:func:`prepare`): a retry, a repeated backfill and a reprocess
+of the same interval read the same offsets, even after more records arrived. A reprocess (asked
+for explicitly) is a new generation: a new checkpoint, so the range is written again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Callable
+
+from kafka_eos.errors import CheckpointConflict, DataLossError, SpecError
+from kafka_eos.kafka_admin import TP, partition_offsets
+from kafka_eos.manifest import ManifestStore, now_iso
+from kafka_eos.pipeline import checkpoints, source_partitions
+from kafka_eos.plan import PartitionRange, Plan, SkippedRange
+from kafka_eos.settings import KafkaSettings
+from kafka_eos.spec import PipelineSpec
+
+REPLAY, BACKFILL = "replay", "backfill"
+#: Header names of side-run records: which range (or interval) and which generation wrote them.
+RANGE_HEADER, GENERATION_HEADER = "kafka-eos.range", "kafka-eos.generation"
+
+
+@dataclass(frozen=True)
+class Side:
+    """Which side run: ``kind`` (replay | backfill), ``key`` (the interval, or the replay's run),
+    ``generation`` (1, then one more per reprocess)."""
+
+    kind: str
+    key: str
+    generation: int = 1
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Side":
+        return cls(**json.loads(text))
+
+    @property
+    def suffix(self) -> str:
+        return f"{self.kind}.{self.key}.g{self.generation}"
+
+
+def interval_key(start: datetime, end: datetime) -> str:
+    """A backfill's key: its data interval, in UTC, e.g. ``20260301T1200Z-20260301T1205Z``."""
+    return f"{start.strftime('%Y%m%dT%H%M%SZ')}-{end.strftime('%Y%m%dT%H%M%SZ')}"
+
+
+def replay_key(run_id: str) -> str:
+    """A replay's key: its Airflow run id, cut to what group ids and table rows carry well."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", run_id)[:120]
+
+
+def side_spec(spec: PipelineSpec, side: Side) -> PipelineSpec:
+    """``spec`` as the side run ``side`` runs it (see the module's docstring).
+
+    :raises SpecError: a Kafka sink without ``sink.backfill_topic``.
+    """
+    sink = spec.sink
+    if sink.kind == "kafka":
+        if not sink.backfill_topic:
+            raise SpecError(f"{spec.path}: sink.backfill_topic: required for a {side.kind} of a kafka sink (its "
+                            "results never go to the live output topic)")
+        sink = dataclasses.replace(sink, topic=sink.backfill_topic, headers=(
+            (RANGE_HEADER, side.key.encode()), (GENERATION_HEADER, str(side.generation).encode())))
+    else:
+        sink = dataclasses.replace(sink, merge="replace")
+    return dataclasses.replace(
+        spec, name=f"{spec.name}.{side.suffix}", sink=sink,
+        source=dataclasses.replace(spec.source, group_id=f"{spec.source.group_id}.{side.suffix}"))
+
+
+def mapping_key(spec: PipelineSpec, kind: str, key: str) -> str:
+    return f"{spec.name}:side:{kind}.{key}"
+
+
+def prepare(spec: PipelineSpec, settings: KafkaSettings, run_id: str, kind: str, key: str, attempt: str,
+            compute: Callable[[], tuple[dict[TP, tuple[int, int]], list[SkippedRange]]],
+            reprocess: bool = False) -> tuple[Side, Plan, dict]:
+    """The side run of ``kind``/``key``: its ranges (recorded on first use, read back after), its
+    generation and its plan.
+
+    :param attempt: what tells a retry from a new request (the run id and its clear number):
+        a retry keeps its generation.
+    :param compute: the ranges ``{tp: (from, until)}`` and the skipped ranges, when none are recorded.
+    :param reprocess: a request that is not a retry gets a new generation (the range is written
+        again); otherwise it reuses the newest one (whose checkpoint says it is done).
+    :returns: the side run, its plan and the mapping record.
+    """
+    manifest = ManifestStore.of(spec, settings)
+    manifest.ensure_topic()
+    mkey = mapping_key(spec, kind, key)
+    mapping = manifest.find(mkey)
+    if mapping is None:
+        ranges, skipped = compute()
+        mapping = {"side": True, "kind": kind, "key": key, "created_at": now_iso(), "run_id": run_id,
+                   "ranges": [[t, p, a, b] for (t, p), (a, b) in sorted(ranges.items())],
+                   "skipped": [dataclasses.asdict(s) for s in skipped], "generations": {}}
+    generations = mapping["generations"]
+    if attempt not in generations:
+        newest = max(generations.values(), default=0)
+        generations[attempt] = newest + 1 if (reprocess or newest == 0) else newest
+        manifest.put(mkey, mapping)
+    side = Side(kind, key, generations[attempt])
+    return side, plan_of(spec, settings, side, run_id, mapping), mapping
+
+
+def plan_of(spec: PipelineSpec, settings: KafkaSettings, side: Side, run_id: str, mapping: dict) -> Plan:
+    """The plan of side run ``side`` over the recorded ranges, from its own checkpoint: a range
+    already committed (checkpoint at its end) takes no part.
+
+    :raises CheckpointConflict: a side checkpoint that is neither absent nor the range's end.
+    """
+    sspec = side_spec(spec, side)
+    tps = [(t, p) for t, p, _a, _b in mapping["ranges"]]
+    done, _drift = checkpoints(sspec, settings, tps)
+    ranges = []
+    for t, p, start, until in mapping["ranges"]:
+        ck = done[(t, p)]
+        if ck == until:
+            ranges.append(PartitionRange(t, p, until, until, until))
+        elif ck is None:
+            ranges.append(PartitionRange(t, p, start, until, None))
+        else:
+            raise CheckpointConflict(f"{t}-{p}: {side.kind} {side.key} generation {side.generation} is at {ck}, "
+                                     f"its range is [{start}, {until}): a concurrent or stale attempt")
+    skipped = tuple(SkippedRange(**s) for s in mapping.get("skipped", []))
+    return Plan(pipeline=sspec.name, run_id=run_id, ranges=tuple(ranges), skipped=skipped)
+
+
+def find(spec: PipelineSpec, settings: KafkaSettings, run_id: str, kind: str, key: str, attempt: str) -> tuple[Side, Plan]:
+    """The side run a plan task prepared for ``attempt`` (the Spark and verify tasks' view).
+
+    :raises PlanError: none was prepared.
+    """
+    from kafka_eos.errors import PlanError
+
+    mapping = ManifestStore.of(spec, settings).find(mapping_key(spec, kind, key))
+    if mapping is None or attempt not in mapping["generations"]:
+        raise PlanError(f"manifest {spec.manifest_topic!r}: no {kind} {key!r} prepared for {attempt!r}: run the "
+                        "plan task of this run first")
+    side = Side(kind, key, mapping["generations"][attempt])
+    return side, plan_of(spec, settings, side, run_id, mapping)
+
+
+def interval_ranges(spec: PipelineSpec, settings: KafkaSettings, start: datetime,
+                    end: datetime) -> tuple[dict[TP, tuple[int, int]], list[SkippedRange]]:
+    """The offsets of a data interval ``[start, end)`` by record timestamp (Kafka's
+    offsets-for-times), bounded by the LSO, per source partition.
+
+    :raises DataLossError: retention deleted records of the interval (``on_data_loss: fail``);
+        with ``skip`` the deleted part is skipped and returned.
+    """
+    from kafka_eos.backfill.positions import offsets_for_time
+
+    tps = source_partitions(spec, settings)
+    ends = partition_offsets(settings, tps)
+    firsts, lasts = offsets_for_time(settings, tps, start), offsets_for_time(settings, tps, end)
+    ranges, skipped = {}, []
+    for tp in tps:
+        o = ends[tp]
+        a = min(o.lso, firsts[tp] if firsts[tp] is not None else o.lso)
+        b = min(o.lso, lasts[tp] if lasts[tp] is not None else o.lso)
+        # Offsets-for-times answers from the records kept: when its answer is the log start of a
+        # partition that retention has cut, records of the interval may be among those deleted.
+        if a <= o.log_start and o.log_start > 0:
+            if spec.source.on_data_loss == "fail":
+                raise DataLossError(
+                    f"{tp[0]}-{tp[1]}: the interval {start.isoformat()} - {end.isoformat()} reaches back to the log "
+                    f"start {o.log_start}: records of it may have been deleted by retention (on_data_loss: fail)")
+            skipped.append(SkippedRange(tp[0], tp[1], 0, o.log_start))
+            a = o.log_start
+        ranges[tp] = (a, max(a, b))
+    return ranges, skipped
+
+
+def replay_ranges(spec: PipelineSpec, settings: KafkaSettings, from_text: str,
+                  until_text: str) -> tuple[dict[TP, tuple[int, int]], list[SkippedRange]]:
+    """The ranges of a replay: from a timestamp or JSON offsets, to a timestamp or JSON offsets
+    (partitions named by neither side take no part).
+
+    :raises PositionError: a bad value (see :mod:`kafka_eos.backfill.positions`), or an end
+        before its start, naming the field.
+    """
+    from kafka_eos.backfill.positions import PositionError, resolve
+
+    starts, _ends = resolve(spec, settings, from_text, "params.replay_from")
+    untils, _ends = resolve(spec, settings, until_text, "params.replay_until")
+    ranges = {}
+    for tp in sorted(set(starts) & set(untils)):
+        if untils[tp] < starts[tp]:
+            raise PositionError(f"params.replay_until: {tp[0]}-{tp[1]}: ends at {untils[tp]}, before its start "
+                                f"{starts[tp]} (params.replay_from)")
+        ranges[tp] = (starts[tp], untils[tp])
+    if not ranges:
+        raise PositionError("params.replay_until: names none of the partitions params.replay_from names")
+    return ranges, []

@@ -30,9 +30,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="run_pipeline")
     parser.add_argument("--spec", required=True, help="pipeline name or spec path")
     parser.add_argument("--plan", required=True, help="file holding the plan JSON")
+    parser.add_argument("--side", help="a replay or backfill: its JSON (kafka_eos.backfill.side.Side)")
     args = parser.parse_args(argv)
     try:
         spec = load_spec(args.spec)
+        if args.side:
+            from kafka_eos.backfill.side import Side, side_spec
+
+            spec = side_spec(spec, Side.from_json(args.side))
         plan = Plan.from_json(Path(args.plan).read_text(), args.plan)
         if plan.pipeline != spec.name:
             raise KafkaEosError(f"{args.plan}: plan of pipeline {plan.pipeline!r}, not {spec.name!r}")

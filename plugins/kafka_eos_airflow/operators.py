@@ -15,6 +15,8 @@ import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +82,50 @@ def skip_unless_spark_runs(options: RunOptions) -> None:
         raise AirflowSkipException("checkpoint reset: the plan task moved the checkpoint; nothing is read")
 
 
+@dataclass(frozen=True)
+class SideRequest:
+    """A run that is a side run (:mod:`kafka_eos.backfill.side`): a replay asked for in the
+    params, or a run of Airflow's backfill (its data interval)."""
+
+    kind: str
+    key: str
+    #: Tells a retry (the same attempt) from a rerun of a cleared run (Airflow's reprocessing).
+    attempt: str
+    replay: tuple[str, str] | None = None
+    interval: tuple[datetime, datetime] | None = None
+
+    @classmethod
+    def of(cls, options: RunOptions, context: Context) -> "SideRequest | None":
+        from kafka_eos.backfill.side import BACKFILL, REPLAY, interval_key, replay_key
+
+        run_id, dag_run = context["run_id"], context.get("dag_run")
+        attempt = f"{run_id}#{getattr(dag_run, 'clear_number', 0) or 0}"
+        if options.replay_from:
+            return cls(REPLAY, replay_key(options.replay_from, options.replay_until), attempt,
+                       replay=(options.replay_from, options.replay_until))
+        if str(getattr(getattr(dag_run, "run_type", None), "value", getattr(dag_run, "run_type", ""))) == "backfill":
+            start, end = context["data_interval_start"], context["data_interval_end"]
+            return cls(BACKFILL, interval_key(start, end), attempt, interval=(start, end))
+        return None
+
+    def ranges(self, spec: PipelineSpec, settings: KafkaSettings):
+        """The side run's ranges, computed now (see :func:`kafka_eos.backfill.side.prepare`)."""
+        from kafka_eos.backfill.side import interval_ranges, replay_ranges
+
+        if self.replay is not None:
+            return replay_ranges(spec, settings, *self.replay)
+        return interval_ranges(spec, settings, *self.interval)
+
+    def find(self, spec: PipelineSpec, settings: KafkaSettings, run_id: str,
+             remaining: bool = True) -> tuple[PipelineSpec, Plan, str]:
+        """The side run the plan task prepared: its spec, its plan (what remains to commit, or
+        all of it) and its JSON (for Spark)."""
+        from kafka_eos.backfill.side import find, side_spec
+
+        side, plan = find(spec, settings, run_id, self.kind, self.key, self.attempt, remaining)
+        return side_spec(spec, side), plan, side.to_json()
+
+
 def stored_plan(settings: KafkaSettings, spec: PipelineSpec, run_id: str) -> Plan:
     """The plan the plan task stored for ``run_id`` in the run manifest.
 
@@ -138,12 +184,21 @@ class KafkaEosPlanOperator(_PipelineOperator):
             settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
             if options.reset_to:
                 return self._reset(spec, settings, options, context)
+            side = SideRequest.of(options, context)
+            if side is not None:
+                return self._side(spec, settings, options, side, context)
             if options.dry_run:
                 return self._dry_run(spec, compute_plan(spec, settings, run_id=context["run_id"]))
             plan = prepare_plan(spec, settings, run_id=context["run_id"])
         for r in plan.active:
             self.log.info("%s-%d: [%d, %d) checkpoint=%s", r.topic, r.partition, r.from_offset, r.until,
                           r.expected)
+        self._alert_skipped(spec, plan, context)
+        self.log.info("pipeline %s run %s: %d partition(s) to run%s", spec.name, plan.run_id,
+                      len(plan.active), " (empty plan: Spark is skipped)" if plan.is_empty else "")
+        return plan_summary(plan)
+
+    def _alert_skipped(self, spec: PipelineSpec, plan: Plan, context: Context) -> None:
         for s in plan.skipped:
             self.log.warning("DATA LOSS skipped %s-%d: [%d, %d) (on_data_loss: skip)", s.topic, s.partition,
                              s.from_offset, s.until)
@@ -155,9 +210,28 @@ class KafkaEosPlanOperator(_PipelineOperator):
                        + ", ".join(f"{s.topic}-{s.partition} [{s.from_offset}, {s.until})" for s in plan.skipped),
                        skipped=[{"pipeline": spec.name, "topic": s.topic, "partition": s.partition,
                                  "from": s.from_offset, "until": s.until} for s in plan.skipped])
-        self.log.info("pipeline %s run %s: %d partition(s) to run%s", spec.name, plan.run_id,
-                      len(plan.active), " (empty plan: Spark is skipped)" if plan.is_empty else "")
-        return plan_summary(plan)
+
+    def _side(self, spec: PipelineSpec, settings: KafkaSettings, options: RunOptions, side: SideRequest,
+              context: Context) -> dict[str, Any]:
+        from kafka_eos.backfill import side as sides
+
+        compute = lambda: side.ranges(spec, settings)  # noqa: E731
+        if options.dry_run:
+            shown = sides.preview(spec, settings, side.kind, side.key, compute)
+            for t, p, a, b in shown["ranges"]:
+                self.log.info("DRY RUN %s %s %s-%d: would read [%d, %d)%s", side.kind, side.key, t, p, a, b,
+                              " (recorded)" if shown["recorded"] else "")
+            return {"pipeline": spec.name, "dry_run": True, side.kind: side.key, "ranges": shown["ranges"],
+                    "recorded": shown["recorded"]}
+        found, plan, mapping = sides.prepare(spec, settings, context["run_id"], side.kind, side.key, side.attempt,
+                                             compute, options.reprocess)
+        for r in plan.ranges:
+            self.log.info("%s %s generation %d %s-%d: [%d, %d)%s", side.kind, side.key, found.generation, r.topic,
+                          r.partition, r.from_offset, r.until, "" if r in plan.active else " (written already)")
+        self._alert_skipped(spec, plan, context)
+        return {**plan_summary(plan), side.kind: side.key, "generation": found.generation,
+                "writes_to": sides.side_spec(spec, found).sink.topic or spec.sink.table,
+                "recorded_at": mapping["created_at"]}
 
     def _dry_run(self, spec: PipelineSpec, planned: tuple[Plan, list]) -> dict[str, Any]:
         plan, drift = planned
@@ -244,7 +318,11 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
             options, spec = run_spec(self.pipeline, context)
             skip_unless_spark_runs(options)
             settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
-            plan = self.plan_to_run(settings, spec, run_id)
+            side = SideRequest.of(options, context)
+            if side is None:
+                plan, side_json = self.plan_to_run(settings, spec, run_id), None
+            else:
+                spec, plan, side_json = side.find(spec, settings, run_id)
             spark_conf = session_conf()
         if plan.is_empty:
             self.log.info("pipeline %s run %s: empty plan, nothing to read: Spark is not started",
@@ -260,7 +338,8 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
             self.env_vars = self.spark_environ(settings, Path(tmp))
             plan_file = Path(tmp) / f"{spec.name}.plan.json"
             plan_file.write_text(plan.to_json())
-            self.application_args = ["--spec", spec.path, "--plan", str(plan_file)]
+            self.application_args = ["--spec", spec.path, "--plan", str(plan_file),
+                                     *(["--side", side_json] if side_json else [])]
             super().execute(context)
 
     def spark_environ(self, settings: KafkaSettings, folder: Path) -> dict[str, str]:
@@ -290,7 +369,11 @@ class KafkaEosVerifyOperator(_PipelineOperator):
             options, spec = run_spec(self.pipeline, context)
             skip_unless_spark_runs(options)
             settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
-            plan = stored_plan(settings, spec, run_id)
+            side = SideRequest.of(options, context)
+            if side is None:
+                plan = stored_plan(settings, spec, run_id)
+            else:
+                spec, plan, _side_json = side.find(spec, settings, run_id, remaining=False)
             checkpoints = verify(spec, settings, plan)
             found, partitions = ManifestStore.of(spec, settings).run_records(run_id)
             record = found or {}

@@ -17,6 +17,7 @@ from kafka_eos.errors import SpecError
 from kafka_eos.spec import PipelineSpec
 
 THIS_RUN = "This run"
+REPLAY = "Replay a past range"
 RESET = "Reset the checkpoint"
 
 
@@ -33,6 +34,23 @@ def pipeline_params(spec: PipelineSpec) -> dict[str, Param]:
             description_md="On: compute and show the plan (the offset ranges this run would read) and stop. "
                            "Nothing is stored, read by Spark, written or committed. With a reset below: show "
                            "where the checkpoint would move, and change nothing."),
+        "replay_from": Param(
+            None, type=["null", "string"], section=REPLAY, title="Replay from",
+            description_md="Instead of a run: re-derive the results of a past range, beside the live pipeline "
+                           "(its checkpoint does not move). Where the range starts: an ISO-8601 timestamp or "
+                           "JSON offsets (`{\"orders-0\": 120}`)."
+                           + (f" Results go to `{spec.sink.backfill_topic}`." if spec.sink.backfill_topic else
+                              " Results go to the sink table (the rows the range produces are replaced)."
+                              if spec.sink.kind == "sql" else " Needs `sink.backfill_topic` in the spec.")),
+        "replay_until": Param(
+            None, type=["null", "string"], section=REPLAY, title="Replay until",
+            description_md="Where the range ends (exclusive): an ISO-8601 timestamp or JSON offsets, at most the "
+                           "last stable offset."),
+        "reprocess": Param(
+            False, type="boolean", section=REPLAY, title="Reprocess",
+            description_md="A replay or a backfill interval that was already written is not written again, "
+                           "unless this is on: then it is written as a new generation (header "
+                           "`kafka-eos.generation`), over the same offsets as the first time."),
         "reset_checkpoint_to": Param(
             None, type=["null", "string"], section=RESET, title="Reset the checkpoint to",
             description_md="Instead of a run: move the pipeline's checkpoint (back to re-read, forward to skip). "
@@ -55,11 +73,10 @@ class RunOptions:
     #: Move the checkpoint there instead of running (a timestamp or JSON offsets, as typed).
     reset_to: str | None = None
     reset_confirm: str = ""
-
-    @property
-    def runs_spark(self) -> bool:
-        """False when the plan task does all of the run: a dry run, a reset."""
-        return not (self.dry_run or self.reset_to)
+    #: Re-derive a past range instead of a run (timestamps or JSON offsets, as typed).
+    replay_from: str | None = None
+    replay_until: str | None = None
+    reprocess: bool = False
 
     @classmethod
     def of(cls, params: Mapping[str, Any] | None, spec: PipelineSpec) -> "RunOptions":
@@ -74,11 +91,18 @@ class RunOptions:
         dry_run = params.get("dry_run", False)
         if not isinstance(dry_run, bool):
             raise SpecError(f"params.dry_run: must be true or false, got {dry_run!r}")
-        reset_to = params.get("reset_checkpoint_to")
-        if reset_to is not None and not isinstance(reset_to, str):
-            raise SpecError(f"params.reset_checkpoint_to: must be a timestamp or JSON offsets, got {reset_to!r}")
-        return cls(max_records_per_partition=cap, dry_run=dry_run, reset_to=(reset_to or "").strip() or None,
-                   reset_confirm=str(params.get("reset_confirm") or ""))
+        text = {name: _position(params, name) for name in ("reset_checkpoint_to", "replay_from", "replay_until")}
+        if bool(text["replay_from"]) != bool(text["replay_until"]):
+            missing = "replay_until" if text["replay_from"] else "replay_from"
+            raise SpecError(f"params.{missing}: a replay needs both replay_from and replay_until")
+        if text["replay_from"] and text["reset_checkpoint_to"]:
+            raise SpecError("params.reset_checkpoint_to: a run either replays or resets, not both")
+        reprocess = params.get("reprocess", False)
+        if not isinstance(reprocess, bool):
+            raise SpecError(f"params.reprocess: must be true or false, got {reprocess!r}")
+        return cls(max_records_per_partition=cap, dry_run=dry_run, reset_to=text["reset_checkpoint_to"],
+                   reset_confirm=str(params.get("reset_confirm") or ""), replay_from=text["replay_from"],
+                   replay_until=text["replay_until"], reprocess=reprocess)
 
     def apply(self, spec: PipelineSpec) -> PipelineSpec:
         """``spec`` as this run reads it (its cap replaced by the run's)."""
@@ -86,3 +110,10 @@ class RunOptions:
             return spec
         return dataclasses.replace(spec, source=dataclasses.replace(
             spec.source, max_records_per_partition=self.max_records_per_partition))
+
+
+def _position(params: Mapping[str, Any], name: str) -> str | None:
+    value = params.get(name)
+    if value is not None and not isinstance(value, str):
+        raise SpecError(f"params.{name}: must be a timestamp or JSON offsets, got {value!r}")
+    return (value or "").strip() or None

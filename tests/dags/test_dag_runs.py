@@ -270,3 +270,46 @@ def test_a_checkpoint_reset_from_the_trigger_form_is_confirmed_audited_and_the_n
     assert returned(again, "plan")["ranges"] == [[topics["orders"], 0, 3, 6]]
     enriched = [json.loads(m.value())["order_id"] for m in read_committed(kafka_settings, topics["enriched"])]
     assert sorted(enriched) == sorted([o["order_id"] for o in VALID_ORDERS] + ["o-3", "o-4"])
+
+
+def test_a_replay_from_the_trigger_form_writes_the_range_to_the_backfill_topic_once(
+        airflow_db, connections, kafka_settings, pipelines_module, unique, capfd):
+    name = f"replay-{unique}"
+    topics = {"orders": f"{name}.orders", "enriched": f"{name}.orders.enriched", "dlq": f"{name}.orders.dlq",
+              "backfill": f"{name}.orders.backfill"}
+    kafka_admin.create_topics(kafka_settings, {topics["orders"]: 3, topics["enriched"]: 3, topics["dlq"]: 1,
+                                               topics["backfill"]: 3})
+    write_spec("orders_enriched", name, topics, {"topic": topics["enriched"], "dlq_topic": topics["dlq"],
+                                                 "backfill_topic": topics["backfill"]})
+    produce_orders(kafka_settings, topics["orders"])
+    run_dag(pipelines_module, name)  # the live run
+    group, tps = f"kafka-eos.{name}", [(topics["orders"], p) for p in range(3)]
+    live = kafka_admin.committed_offsets(kafka_settings, group, tps)
+
+    # Refused before anything runs: an end before its start, names the field.
+    backwards = {"replay_from": json.dumps({f"{topics['orders']}-0": 1}),
+                 "replay_until": json.dumps({f"{topics['orders']}-0": 0})}
+    run_dag(pipelines_module, name, LOGICAL_DATE + timedelta(minutes=1), run_conf=backwards,
+            states={"plan": "failed", "spark": "upstream_failed", "verify": "upstream_failed"})
+    assert f"params.replay_until: {topics['orders']}-0: ends at 0, before its start 1 (params.replay_from)" in \
+        capfd.readouterr().out
+
+    everything = {"replay_from": json.dumps({f"{t}-{p}": 0 for t, p in tps}),
+                  "replay_until": json.dumps({f"{t}-{p}": live[(t, p)] for t, p in tps})}
+    replay = run_dag(pipelines_module, name, LOGICAL_DATE + timedelta(minutes=2), run_conf=everything)
+    planned = returned(replay, "plan")
+    assert (planned["generation"], planned["writes_to"]) == (1, topics["backfill"])
+    assert returned(replay, "verify")["records_out"] == len(VALID_ORDERS)
+    out = read_committed(kafka_settings, topics["backfill"])
+    assert sorted(json.loads(m.value())["order_id"] for m in out) == sorted(o["order_id"] for o in VALID_ORDERS)
+    assert {dict(m.headers())["kafka-eos.generation"] for m in out} == {b"1"}
+    assert kafka_admin.committed_offsets(kafka_settings, group, tps) == live  # the live checkpoint did not move
+    assert len(read_committed(kafka_settings, topics["enriched"])) == len(VALID_ORDERS)  # nor its output
+
+    # The same replay again: done already, nothing written; with reprocess: generation 2.
+    again = run_dag(pipelines_module, name, LOGICAL_DATE + timedelta(minutes=3), run_conf=everything)
+    assert returned(again, "verify")["records_out"] == 0 and returned(again, "plan")["partitions"] == 0
+    assert len(read_committed(kafka_settings, topics["backfill"])) == len(VALID_ORDERS)
+    run_dag(pipelines_module, name, LOGICAL_DATE + timedelta(minutes=4), run_conf={**everything, "reprocess": True})
+    out = read_committed(kafka_settings, topics["backfill"])
+    assert sorted(dict(m.headers())["kafka-eos.generation"] for m in out) == [b"1"] * 5 + [b"2"] * 5

@@ -59,10 +59,12 @@ def test_dag_is_well_formed(dagbag, dag_id):
         assert task.retry_delay.total_seconds() == 30
     # The trigger form: every field titled, described and in a section; defaults for scheduled runs.
     form = {name: dag.params.get_param(name) for name in dag.params}
-    assert sorted(form) == ["dry_run", "max_records_per_partition", "reset_checkpoint_to", "reset_confirm"]
+    assert sorted(form) == ["dry_run", "max_records_per_partition", "replay_from", "replay_until", "reprocess",
+                            "reset_checkpoint_to", "reset_confirm"]
     assert all(p.schema["title"] and p.schema["description_md"] and p.schema["section"] for p in form.values())
-    assert dag.params.validate() == {"dry_run": False, "max_records_per_partition": 100000,
-                                     "reset_checkpoint_to": None, "reset_confirm": ""}
+    assert dag.params.validate() == {"dry_run": False, "max_records_per_partition": 100000, "replay_from": None,
+                                     "replay_until": None, "reprocess": False, "reset_checkpoint_to": None,
+                                     "reset_confirm": ""}
 
 
 def test_the_watchdog_watches_every_pipeline_and_alerts(dagbag):

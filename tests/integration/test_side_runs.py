@@ -43,7 +43,7 @@ def test_a_replay_writes_its_range_once_per_generation_beside_the_live_pipeline(
     asked = (json.dumps({f"{topic}-0": 2, f"{topic}-1": 0}), json.dumps({f"{topic}-0": 6, f"{topic}-1": 4}))
 
     def replay(attempt: str, reprocess: bool = False):
-        side, plan, _mapping = prepare(spec, kafka_settings, run_id, REPLAY, replay_key(run_id), attempt,
+        side, plan, _mapping = prepare(spec, kafka_settings, run_id, REPLAY, replay_key(*asked), attempt,
                                        lambda: replay_ranges(spec, kafka_settings, *asked), reprocess)
         return side, run_batch(spark, side_spec(spec, side), plan, kafka_settings)
 
@@ -53,7 +53,7 @@ def test_a_replay_writes_its_range_once_per_generation_beside_the_live_pipeline(
     assert sorted(m.key for m in out) == sorted([f"0-{i}".encode() for i in range(2, 6)] +
                                                 [f"1-{i}".encode() for i in range(4)])
     assert {(m.headers["kafka-eos.range"], m.headers["kafka-eos.generation"]) for m in out} == {
-        (replay_key(run_id).encode(), b"1")}
+        (replay_key(*asked).encode(), b"1")}
     for i in range(5):  # more records arrive: the recorded range does not grow
         producer.produce(topic, value=b"late", partition=0)
     producer.flush(30)

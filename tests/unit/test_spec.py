@@ -54,6 +54,7 @@ def test_defaults_follow_the_design():
     ("source.max_records_per_partition", 0, "source.max_records_per_partition: must be a positive integer"),
     ("source.on_data_loss", "ignore", "source.on_data_loss: 'ignore' is not one of fail, skip"),
     ("source.freshness_limit_s", "30m", "source.freshness_limit_s: must be a positive integer, got '30m'"),
+    ("sink.backfill_topic", "out", "sink.backfill_topic: 'out' must differ from the live output and dead-letter"),
     ("name", "has space", "name: 'has space' must be"),
 ])
 def test_malformed_field_names_file_and_field(path, value, needle):
@@ -129,7 +130,7 @@ def test_bundled_specs_load():
 def test_spec_document_round_trips():
     from kafka_eos.spec import spec_document
 
-    for doc in (GOOD, _with("source.freshness_limit_s", 600), {**GOOD, "sink": {"kind": "sql", "table": "t", "key_columns": ["a"], "merge": "add",
+    for doc in (GOOD, _with("source.freshness_limit_s", 600), _with("sink.backfill_topic", "bf"), {**GOOD, "sink": {"kind": "sql", "table": "t", "key_columns": ["a"], "merge": "add",
                                         "url": "sqlite:///x.db"}, "schedule": "@hourly"}):
         spec = parse_spec(doc, "p.yaml")
         assert parse_spec(spec_document(spec), "p.yaml") == spec

@@ -20,8 +20,8 @@ for explicitly) is a new generation: a new checkpoint, so the range is written a
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable
@@ -41,7 +41,7 @@ RANGE_HEADER, GENERATION_HEADER = "kafka-eos.range", "kafka-eos.generation"
 
 @dataclass(frozen=True)
 class Side:
-    """Which side run: ``kind`` (replay | backfill), ``key`` (the interval, or the replay's run),
+    """Which side run: ``kind`` (replay | backfill), ``key`` (the interval, or the replay's range),
     ``generation`` (1, then one more per reprocess)."""
 
     kind: str
@@ -65,9 +65,11 @@ def interval_key(start: datetime, end: datetime) -> str:
     return f"{start.strftime('%Y%m%dT%H%M%SZ')}-{end.strftime('%Y%m%dT%H%M%SZ')}"
 
 
-def replay_key(run_id: str) -> str:
-    """A replay's key: its Airflow run id, cut to what group ids and table rows carry well."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", run_id)[:120]
+def replay_key(from_text: str, until_text: str) -> str:
+    """A replay's key: the range as asked (the same request again is the same replay, done once
+    unless reprocessed), as a short digest that group ids and table rows carry well."""
+    digest = hashlib.sha256(json.dumps([from_text.strip(), until_text.strip()]).encode()).hexdigest()
+    return digest[:16]
 
 
 def side_spec(spec: PipelineSpec, side: Side) -> PipelineSpec:
@@ -124,15 +126,30 @@ def prepare(spec: PipelineSpec, settings: KafkaSettings, run_id: str, kind: str,
     return side, plan_of(spec, settings, side, run_id, mapping), mapping
 
 
-def plan_of(spec: PipelineSpec, settings: KafkaSettings, side: Side, run_id: str, mapping: dict) -> Plan:
+def preview(spec: PipelineSpec, settings: KafkaSettings, kind: str, key: str,
+            compute: Callable[[], tuple[dict[TP, tuple[int, int]], list[SkippedRange]]]) -> dict:
+    """What :func:`prepare` would run, with no side effects (a dry run): the recorded ranges, or
+    the ones it would record now."""
+    mapping = ManifestStore.of(spec, settings).find(mapping_key(spec, kind, key))
+    if mapping is not None:
+        return {**mapping, "recorded": True}
+    ranges, skipped = compute()
+    return {"kind": kind, "key": key, "recorded": False, "generations": {},
+            "ranges": [[t, p, a, b] for (t, p), (a, b) in sorted(ranges.items())],
+            "skipped": [dataclasses.asdict(s) for s in skipped]}
+
+
+def plan_of(spec: PipelineSpec, settings: KafkaSettings, side: Side, run_id: str, mapping: dict,
+            remaining: bool = True) -> Plan:
     """The plan of side run ``side`` over the recorded ranges, from its own checkpoint: a range
-    already committed (checkpoint at its end) takes no part.
+    already committed (checkpoint at its end) takes no part. ``remaining=False``: every recorded
+    range, as the plan task prepared it (what a final check verifies).
 
     :raises CheckpointConflict: a side checkpoint that is neither absent nor the range's end.
     """
     sspec = side_spec(spec, side)
     tps = [(t, p) for t, p, _a, _b in mapping["ranges"]]
-    done, _drift = checkpoints(sspec, settings, tps)
+    done = checkpoints(sspec, settings, tps)[0] if remaining else {tp: None for tp in tps}
     ranges = []
     for t, p, start, until in mapping["ranges"]:
         ck = done[(t, p)]
@@ -147,8 +164,10 @@ def plan_of(spec: PipelineSpec, settings: KafkaSettings, side: Side, run_id: str
     return Plan(pipeline=sspec.name, run_id=run_id, ranges=tuple(ranges), skipped=skipped)
 
 
-def find(spec: PipelineSpec, settings: KafkaSettings, run_id: str, kind: str, key: str, attempt: str) -> tuple[Side, Plan]:
-    """The side run a plan task prepared for ``attempt`` (the Spark and verify tasks' view).
+def find(spec: PipelineSpec, settings: KafkaSettings, run_id: str, kind: str, key: str, attempt: str,
+         remaining: bool = True) -> tuple[Side, Plan]:
+    """The side run a plan task prepared for ``attempt`` (the Spark and verify tasks' view; see
+    :func:`plan_of` for ``remaining``).
 
     :raises PlanError: none was prepared.
     """
@@ -159,7 +178,7 @@ def find(spec: PipelineSpec, settings: KafkaSettings, run_id: str, kind: str, ke
         raise PlanError(f"manifest {spec.manifest_topic!r}: no {kind} {key!r} prepared for {attempt!r}: run the "
                         "plan task of this run first")
     side = Side(kind, key, mapping["generations"][attempt])
-    return side, plan_of(spec, settings, side, run_id, mapping)
+    return side, plan_of(spec, settings, side, run_id, mapping, remaining)
 
 
 def interval_ranges(spec: PipelineSpec, settings: KafkaSettings, start: datetime,

@@ -20,7 +20,9 @@ from kafka_eos.readers import read_committed
 
 pytestmark = pytest.mark.integration
 
-T0 = datetime(2026, 11, 1, 12, 0, tzinfo=timezone.utc)
+#: A recent hour, on a 5-minute boundary: older records would be deleted by the broker's
+#: retention (7 days) while the test runs.
+T0 = (datetime.now(timezone.utc) - timedelta(hours=2)).replace(minute=0, second=0, microsecond=0)
 
 
 def _produce_at(kafka_settings, topic: str, partition: int, minutes: list[int]) -> None:
@@ -59,9 +61,10 @@ def test_positions_are_checked_against_the_log(kafka_settings, make_spec):
     at = lambda text: resolve(spec, kafka_settings, text, "f")[0]  # noqa: E731
     assert at(json.dumps({f"{topic}-1": 2})) == {(topic, 1): 2}  # only the partitions listed
     # A timestamp: the first record at or after it; none that late: the LSO; never below the log start.
-    assert at("2026-11-01T12:04:00Z") == {(topic, 0): 4, (topic, 1): 1}
-    assert at("2026-11-01T12:00:30+00:00") == {(topic, 0): 2, (topic, 1): 1}
-    assert at("2026-11-01T11:00:00") == {(topic, 0): 2, (topic, 1): 0}  # no zone: UTC
+    iso = lambda minutes: (T0 + timedelta(minutes=minutes)).strftime("%Y-%m-%dT%H:%M:%S")  # noqa: E731
+    assert at(iso(4) + "Z") == {(topic, 0): 4, (topic, 1): 1}
+    assert at(iso(0.5) + "+00:00") == {(topic, 0): 2, (topic, 1): 1}
+    assert at(iso(-60)) == {(topic, 0): 2, (topic, 1): 0}  # no zone: UTC
 
 
 def test_a_kafka_checkpoint_reset_fences_the_pipeline_lands_where_asked_and_is_audited(kafka_settings, make_spec):

@@ -18,7 +18,9 @@ from kafka_eos.readers import read_committed
 
 pytestmark = pytest.mark.integration
 
-T0 = datetime(2026, 11, 1, 12, 0, tzinfo=timezone.utc)
+#: A recent hour, on a 5-minute boundary: older records would be deleted by the broker's
+#: retention (7 days) while the test runs.
+T0 = (datetime.now(timezone.utc) - timedelta(hours=2)).replace(minute=0, second=0, microsecond=0)
 
 
 def _ms(t: datetime) -> int:

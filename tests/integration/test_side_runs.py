@@ -13,7 +13,7 @@ from kafka_eos import kafka_admin
 from kafka_eos.backfill.side import (BACKFILL, REPLAY, interval_key, interval_ranges, prepare, replay_key,
                                      replay_ranges, side_spec)
 from kafka_eos.batch import run_batch
-from kafka_eos.errors import DataLossError
+from kafka_eos.errors import DataLossError, PlanError
 from kafka_eos.readers import read_committed
 
 pytestmark = pytest.mark.integration
@@ -88,6 +88,17 @@ def test_backfill_intervals_replace_their_sql_rows_once(spark, kafka_settings, m
     topic = spec.source.topics[0]
     _orders_at(kafka_settings, topic, [0.5, 1.5, 1.7, 5.2, 6.1, 6.2, 6.3, 10.4, 14.9])
     db = spec.sink.url.removeprefix("sqlite:///")
+    with pytest.raises(PlanError, match=rf"{topic}-0: the backfill .* reads \[0, 2\), beyond the live checkpoint None"):
+        prepare(spec, kafka_settings, "early", BACKFILL, "k", "early#0",
+                lambda: interval_ranges(spec, kafka_settings, T0, T0 + timedelta(minutes=5)))
+    # The live pipeline has read everything: a backfill recomputes rows, it adds nothing twice.
+    kafka_admin.alter_group_offsets(kafka_settings, spec.source.group_id, {(topic, 0): 5, (topic, 1): 4})
+    from kafka_eos.sinks.sql import SqlSink
+    from kafka_eos.plan import PartitionRange, Plan
+
+    SqlSink(spec).create_tables()
+    SqlSink(spec).commit(Plan(spec.name, "live", (PartitionRange(topic, 0, 0, 5, None), PartitionRange(topic, 1, 0, 4, None))),
+                         None, None, iter(()))
 
     def backfill(start_min: int, attempt: str, reprocess: bool = False):
         start, end = T0 + timedelta(minutes=start_min), T0 + timedelta(minutes=start_min + 5)

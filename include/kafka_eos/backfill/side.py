@@ -117,6 +117,7 @@ def prepare(spec: PipelineSpec, settings: KafkaSettings, run_id: str, kind: str,
         mapping = {"side": True, "kind": kind, "key": key, "created_at": now_iso(), "run_id": run_id,
                    "ranges": [[t, p, a, b] for (t, p), (a, b) in sorted(ranges.items())],
                    "skipped": [dataclasses.asdict(s) for s in skipped], "generations": {}}
+    _check_behind_live(spec, settings, kind, key, mapping)
     generations = mapping["generations"]
     if attempt not in generations:
         newest = max(generations.values(), default=0)
@@ -124,6 +125,25 @@ def prepare(spec: PipelineSpec, settings: KafkaSettings, run_id: str, kind: str,
         manifest.put(mkey, mapping)
     side = Side(kind, key, generations[attempt])
     return side, plan_of(spec, settings, side, run_id, mapping), mapping
+
+
+def _check_behind_live(spec: PipelineSpec, settings: KafkaSettings, kind: str, key: str, mapping: dict) -> None:
+    """A SQL sink that adds (``merge: add``) must not get a side run over records its live
+    pipeline has still to read: the live run would add them a second time.
+
+    :raises PlanError: naming the partition, the range and the live checkpoint (a retry after the
+        live pipeline has caught up goes on).
+    """
+    from kafka_eos.errors import PlanError
+
+    if spec.sink.kind != "sql" or spec.sink.merge != "add":
+        return
+    live, _drift = checkpoints(spec, settings, [(t, p) for t, p, _a, _b in mapping["ranges"]])
+    for t, p, start, until in mapping["ranges"]:
+        if until > start and (live[(t, p)] is None or until > live[(t, p)]):
+            raise PlanError(f"{t}-{p}: the {kind} {key} reads [{start}, {until}), beyond the live checkpoint "
+                            f"{live[(t, p)]}: with merge: add the live pipeline would add those records again; "
+                            "let the live pipeline pass them first")
 
 
 def preview(spec: PipelineSpec, settings: KafkaSettings, kind: str, key: str,

@@ -1,0 +1,184 @@
+"""A local Airflow 3 deployment: api-server, scheduler, dag-processor and triggerer as separate
+processes (LocalExecutor, SQLite metadata), on 127.0.0.1 only, over a dags folder and this
+project's plugins. What ``airflow dags test`` is not: a real scheduler that creates runs (backfills
+included), a real triggerer for deferrable sensors, and the REST API and UI.
+
+It only starts the ``airflow`` command line (it never imports Airflow). Airflow's own log
+servers are not started (``--skip-serve-logs``: they listen on every interface); task logs are
+files under the home folder, which the api-server on the same machine reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kafka_eos.errors import KafkaEosError
+from kafka_eos.paths import PROJECT_ROOT
+
+HOST = "127.0.0.1"
+#: The components and their command lines (after ``airflow``).
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+#: Migrating a fresh SQLite database and starting four Python processes on 2 busy cores.
+START_TIMEOUT_S = 240.0
+STOP_TIMEOUT_S = 30.0
+#: The login of the local deployment (Airflow's simple auth manager; its password is generated).
+ADMIN = "admin"
+
+
+class AirflowError(KafkaEosError):
+    """The local Airflow deployment did not start or answer."""
+
+
+@dataclass
+class LocalAirflow:
+    """One local deployment, its state under ``home`` (metadata DB, logs, pid files).
+
+    :param dags_folder: the DAG files it runs.
+    :param environ: added to every component's environment (connections as ``AIRFLOW_CONN_*``).
+    """
+
+    home: Path
+    port: int
+    dags_folder: Path
+    environ: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        """The environment of the components and of ``airflow`` commands against this deployment."""
+        venv_bin = str(Path(sys.executable).parent)
+        return {
+            **os.environ,
+            "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
+            "AIRFLOW_HOME": str(self.home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            # Two cores: a few task processes at once, not Airflow's default of 32.
+            "AIRFLOW__CORE__PARALLELISM": "4",
+            "AIRFLOW__API__HOST": HOST,
+            "AIRFLOW__API__PORT": str(self.port),
+            "AIRFLOW__API__BASE_URL": self.url,
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN}:admin",
+            # New DAG files are found within seconds, not the default 5 minutes.
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+            # Spark binds to the loopback address too.
+            "SPARK_LOCAL_IP": HOST,
+            **self.environ,
+        }
+
+    def airflow(self, *args: str, timeout_s: float = 300.0, check: bool = True) -> subprocess.CompletedProcess:
+        """Run ``airflow ARGS`` against this deployment.
+
+        :raises AirflowError: it failed (``check``), with the end of its output.
+        """
+        res = subprocess.run(["airflow", *args], env=self.env(), capture_output=True, text=True, timeout=timeout_s)
+        if check and res.returncode != 0:
+            raise AirflowError(f"airflow {' '.join(args)}: exit {res.returncode}: "
+                               f"{(res.stderr or res.stdout).strip()[-2000:]}")
+        return res
+
+    def _pid_file(self, component: str) -> Path:
+        return self.home / f"{component}.pid"
+
+    def start(self) -> str:
+        """Migrate the metadata DB, start the components and wait until all four report
+        healthy. Returns the API's URL.
+
+        :raises AirflowError: a component exited or the deployment was not healthy in time.
+        """
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.airflow("db", "migrate", timeout_s=START_TIMEOUT_S)
+        procs = {}
+        for component in COMPONENTS:
+            args = {"api-server": ["api-server", "--host", HOST, "--port", str(self.port)],
+                    "scheduler": ["scheduler", "--skip-serve-logs"],
+                    "triggerer": ["triggerer", "--skip-serve-logs"]}.get(component, [component])
+            log = open(self.home / f"{component}.log", "ab")  # noqa: SIM115 - the child keeps it
+            # A session of its own: stop() ends the component and every process it started.
+            procs[component] = subprocess.Popen(["airflow", *args], env=self.env(), stdout=log,
+                                                stderr=subprocess.STDOUT, start_new_session=True)
+            self._pid_file(component).write_text(str(procs[component].pid))
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            for component, proc in procs.items():
+                if proc.poll() is not None:
+                    self.stop()
+                    raise AirflowError(f"airflow {component} exited ({proc.returncode}); see "
+                                       f"{self.home / (component + '.log')}")
+            if self.healthy():
+                return self.url
+            time.sleep(2)
+        self.stop()
+        raise AirflowError(f"airflow at {self.url} not healthy within {START_TIMEOUT_S:g}s; logs in {self.home}")
+
+    def healthy(self) -> bool:
+        """All four components report healthy on the API's health endpoint."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=5) as resp:
+                health = json.load(resp)
+        except (OSError, ValueError):
+            return False
+        return all((health.get(k) or {}).get("status") == "healthy"
+                   for k in ("metadatabase", "scheduler", "triggerer", "dag_processor"))
+
+    def stop(self) -> None:
+        """End every component and what it started (SIGTERM, then SIGKILL)."""
+        for component in COMPONENTS:
+            pid_file = self._pid_file(component)
+            if not pid_file.exists():
+                continue
+            pid = int(pid_file.read_text())
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(pid, sig)
+                except ProcessLookupError:
+                    break
+                deadline = time.monotonic() + (STOP_TIMEOUT_S if sig == signal.SIGTERM else 5)
+                while time.monotonic() < deadline and _group_alive(pid):
+                    time.sleep(0.5)
+                if not _group_alive(pid):
+                    break
+            pid_file.unlink(missing_ok=True)
+
+    def token(self) -> str:
+        """A bearer token of the admin user for the REST API."""
+        passwords = json.loads((self.home / "simple_auth_manager_passwords.json.generated").read_text())
+        body = json.dumps({"username": ADMIN, "password": passwords[ADMIN]}).encode()
+        req = urllib.request.Request(f"{self.url}/auth/token", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.load(resp)["access_token"]
+
+    def api(self, method: str, path: str, body: dict | None = None) -> dict:
+        """One REST call (``/api/v2/…``) as the admin user; the decoded JSON answer."""
+        req = urllib.request.Request(f"{self.url}{path}", method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": f"Bearer {self.token()}"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return json.load(resp)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - not ours any more
+        return False

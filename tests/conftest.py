@@ -141,7 +141,7 @@ def adjacent_free_ports(n: int) -> int:
     raise RuntimeError(f"no {n} adjacent free ports on 127.0.0.1")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def free_ports():
     """``free_ports(n)``: see :func:`adjacent_free_ports`."""
     return adjacent_free_ports

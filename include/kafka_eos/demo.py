@@ -34,7 +34,7 @@ from kafka_eos.spec import PipelineSpec, load_spec
 
 PIPELINES = ("orders_enriched", "revenue_per_minute")
 #: Partitions of the demo's topics: enough for per_partition scope to show one transaction each.
-PARTITIONS = {"orders": 3, "orders.enriched": 3, "orders.dlq": 1}
+PARTITIONS = {"orders": 3, "orders.enriched": 3, "orders.dlq": 1, "orders.backfill": 3}
 #: Orders of the first and the second (incremental) batch.
 FIRST_BATCH, SECOND_BATCH = 3000, 1500
 

@@ -21,11 +21,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def pipeline_topics(pipeline: str) -> list[str]:
-    """Every topic a pipeline reads or writes: sources, sink, dead letters, its manifest."""
+    """Every topic a pipeline reads or writes: sources, sink, dead letters, backfills, its manifest."""
     from kafka_eos.spec import load_spec
 
     spec = load_spec(pipeline, import_transform=False)
-    topics = [*spec.source.topics, spec.sink.topic, spec.sink.dlq_topic, spec.manifest_topic]
+    topics = [*spec.source.topics, spec.sink.topic, spec.sink.dlq_topic, spec.sink.backfill_topic,
+              spec.manifest_topic]
     return list(dict.fromkeys(t for t in topics if t))
 
 

@@ -153,3 +153,36 @@ def alert_receivers(monkeypatch):
     yield bodies, mails
     smtp.stop()
     http.shutdown()
+
+
+@pytest.fixture(scope="session")
+def airflow_deployment(kafka_settings, free_ports):
+    """A real Airflow deployment (api-server, scheduler, dag-processor, triggerer; LocalExecutor,
+    SQLite) on 127.0.0.1, for the tests that need Airflow's scheduler (backfills) or its API. Its
+    DAGs are made by the project's DAG factory from the specs the tests write to the ``specs``
+    folder beside its dags folder. Started once per session, stopped at its end."""
+    from kafka_eos.local_airflow import LocalAirflow
+
+    home = Path(tempfile.mkdtemp(prefix="kafka-eos-airflow-deployment-"))
+    (home / "dags").mkdir()
+    (home / "specs").mkdir()
+    (home / "dags" / "kafka_eos_deployed.py").write_text(f'''\
+"""airflow DAGs of the deployment tests' pipeline specs, made by the project's DAG factory."""
+import sys
+
+if {str(DAGS_DIR)!r} not in sys.path:
+    sys.path.insert(0, {str(DAGS_DIR)!r})
+
+from kafka_eos_pipelines import dags_from_folder
+
+globals().update(dags_from_folder({str(home / "specs")!r}))
+''')
+    deployment = LocalAirflow(home / "home", free_ports(1), home / "dags", {
+        "AIRFLOW_CONN_KAFKA_EOS_KAFKA": json.dumps({"conn_type": "kafka", "extra": {
+            "bootstrap.servers": kafka_settings.bootstrap_servers, **kafka_settings.extra}}),
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+    })
+    deployment.start()
+    yield deployment
+    deployment.stop()
+    shutil.rmtree(home, ignore_errors=True)

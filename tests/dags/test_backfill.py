@@ -1,0 +1,182 @@
+"""Backfills created with Airflow's own ``airflow backfill create``, run by a real scheduler (a
+local deployment: api-server, scheduler, dag-processor, triggerer), on a real broker, real Spark
+and a real SQL sink: each interval's aggregates exactly, a repeated backfill a no-op, reprocessing
+over the recorded ranges, the live pipeline going on from its own checkpoint, and an interval
+beyond retention refused. ``pytest -k backfill`` selects these tests."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+import yaml
+from confluent_kafka import Producer, TopicPartition
+
+from kafka_eos import kafka_admin
+from kafka_eos.backfill.side import BACKFILL, interval_key, mapping_key
+from kafka_eos.manifest import ManifestStore
+from kafka_eos.spec import load_spec
+
+pytestmark = pytest.mark.integration
+
+#: Order minutes after T0, 2 partitions (even index: partition 0): three 5-minute intervals.
+MINUTES = [0.5, 1.5, 1.7, 5.2, 6.1, 6.2, 6.3, 10.4, 14.9]
+#: What each minute of the three intervals must hold: orders per minute.
+EXACT = {0: 1, 1: 2, 5: 1, 6: 3, 10: 1, 14: 1}
+#: A backfill run is a spark-submit under a real scheduler; minutes on 2 busy cores.
+RUN_TIMEOUT_S = 600
+
+
+def _wait(what: str, check, timeout_s: float = RUN_TIMEOUT_S, every_s: float = 3.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(every_s)
+    raise AssertionError(f"{what}: not within {timeout_s:g}s")
+
+
+def _runs(airflow, dag_id: str) -> list[dict]:
+    return airflow.api("GET", f"/api/v2/dags/{dag_id}/dagRuns?limit=100")["dag_runs"]
+
+
+def _finished(airflow, dag_id: str, run_type: str, count: int) -> list[dict] | None:
+    runs = [r for r in _runs(airflow, dag_id) if r["run_type"] == run_type]
+    if len(runs) >= count and all(r["state"] in ("success", "failed") for r in runs):
+        return runs
+    return None
+
+
+def _backfill_done(airflow, dag_id: str) -> bool:
+    backfills = airflow.api("GET", f"/api/v2/backfills?dag_id={dag_id}")["backfills"]
+    return bool(backfills) and all(b["completed_at"] for b in backfills)
+
+
+def _rows(db: Path, t0: datetime) -> dict[int, int]:
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("select minute, order_count from revenue_per_minute").fetchall()
+    return {int((datetime.fromisoformat(str(m)).replace(tzinfo=timezone.utc) - t0).total_seconds() // 60): n
+            for m, n in rows}
+
+
+def test_backfill_through_airflows_backfill_command_is_exact_idempotent_and_leaves_the_live_run_alone(
+        airflow_deployment, kafka_settings, unique, tmp_path):
+    airflow = airflow_deployment
+    t0 = (datetime.now(timezone.utc) - timedelta(hours=2)).replace(minute=0, second=0, microsecond=0)
+    name = f"bf_{unique.replace('-', '_')}"
+    topic, db = f"{name}.orders", tmp_path / "revenue.db"
+    kafka_admin.create_topics(kafka_settings, {topic: 2})
+    producer = Producer(kafka_settings.client_config())
+    for i, m in enumerate(MINUTES):
+        at = t0 + timedelta(minutes=m)
+        producer.produce(topic, partition=i % 2, timestamp=int(at.timestamp() * 1000), value=json.dumps(
+            {"order_id": f"o-{i}", "customer_id": "c", "amount": "10.00", "currency": "EUR", "category": "books",
+             "ts": at.strftime("%Y-%m-%dT%H:%M:%SZ")}).encode())
+    assert producer.flush(30) == 0
+    spec_path = airflow.dags_folder.parent / "specs" / f"{name}.yaml"
+    spec_path.write_text(yaml.safe_dump({
+        "name": name, "source": {"topics": [topic]}, "transform": "spark_apps.transforms.revenue:revenue_per_minute",
+        "sink": {"kind": "sql", "table": "revenue_per_minute", "key_columns": ["minute", "category"], "merge": "add",
+                 "url": f"sqlite:///{db}"},
+        "schedule": "*/5 * * * *"}))
+    spec = load_spec(str(spec_path), import_transform=False)
+    dag_id = f"kafka_eos__{name}"
+    airflow.airflow("dags", "reserialize")
+    _wait("the DAG parsed", lambda: dag_id in {d["dag_id"] for d in airflow.api("GET", "/api/v2/dags?limit=1000")["dags"]})
+
+    # The live pipeline first: unpaused, its scheduled run reads everything from its checkpoint.
+    airflow.api("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+    (live,) = _wait("the first scheduled run", lambda: _finished(airflow, dag_id, "scheduled", 1))[:1]
+    assert live["state"] == "success"
+    assert _rows(db, t0) == EXACT
+    tps = [(topic, 0), (topic, 1)]
+    live_checkpoint = kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, tps)
+    assert live_checkpoint == {(topic, 0): 5, (topic, 1): 4}
+    with sqlite3.connect(db) as conn:  # history goes wrong (a bad deploy, a manual edit) ...
+        conn.execute("update revenue_per_minute set order_count = 99")
+
+    # ... and Airflow's backfill repairs it: three intervals, each replaced by its exact aggregates.
+    frm, to = t0.isoformat(), (t0 + timedelta(minutes=10)).isoformat()
+    airflow.airflow("backfill", "create", "--dag-id", dag_id, "--from-date", frm, "--to-date", to)
+    runs = _wait("three backfill runs", lambda: _finished(airflow, dag_id, "backfill", 3))
+    assert [r["state"] for r in runs] == ["success"] * 3, runs
+    _wait("the backfill completed", lambda: _backfill_done(airflow, dag_id))
+    assert _rows(db, t0) == EXACT
+    manifest = ManifestStore.of(spec, kafka_settings)
+    keys = [interval_key(t0 + timedelta(minutes=m), t0 + timedelta(minutes=m + 5)) for m in (0, 5, 10)]
+    recorded = {k: manifest.find(mapping_key(spec, BACKFILL, k)) for k in keys}
+    assert [r["ranges"] for r in recorded.values()] == [
+        [[topic, 0, 0, 2], [topic, 1, 0, 1]], [[topic, 0, 2, 4], [topic, 1, 1, 3]], [[topic, 0, 4, 5], [topic, 1, 3, 4]]]
+    assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, tps) == live_checkpoint
+
+    # The same backfill again (Airflow reruns the completed runs): already written, nothing changes.
+    with sqlite3.connect(db) as conn:
+        conn.execute("update revenue_per_minute set order_count = 77 where order_count = 3")
+    middle = (t0 + timedelta(minutes=5)).isoformat()
+    airflow.airflow("backfill", "create", "--dag-id", dag_id, "--from-date", middle, "--to-date", middle,
+                    "--reprocess-behavior", "completed")
+    _wait("the repeated backfill completed", lambda: _backfill_done(airflow, dag_id))
+    assert _rows(db, t0) == {**EXACT, 6: 77}  # a no-op: the edit is still there
+    # Reprocessing, asked for: a new generation over the recorded ranges.
+    airflow.airflow("backfill", "create", "--dag-id", dag_id, "--from-date", middle, "--to-date", middle,
+                    "--reprocess-behavior", "completed", "--dag-run-conf", json.dumps({"reprocess": True}))
+    _wait("the reprocessing backfill completed", lambda: _backfill_done(airflow, dag_id))
+    assert _rows(db, t0) == EXACT
+    again = manifest.find(mapping_key(spec, BACKFILL, keys[1]))
+    assert again["ranges"] == recorded[keys[1]]["ranges"] and max(again["generations"].values()) == 2
+
+    # The live pipeline goes on from its own checkpoint: a new order, a manual run reads only it.
+    now = datetime.now(timezone.utc)
+    producer.produce(topic, partition=1, timestamp=int(now.timestamp() * 1000), value=json.dumps(
+        {"order_id": "o-live", "customer_id": "c", "amount": "5.00", "currency": "EUR", "category": "food",
+         "ts": now.strftime("%Y-%m-%dT%H:%M:%SZ")}).encode())
+    assert producer.flush(30) == 0
+    manual = airflow.api("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None})
+    _wait("the manual live run", lambda: _finished(airflow, dag_id, "manual", 1))
+    assert [r["state"] for r in _runs(airflow, dag_id) if r["dag_run_id"] == manual["dag_run_id"]] == ["success"]
+    summary, _parts = manifest.run_records(manual["dag_run_id"])
+    assert [(r["topic"], r["partition"], r["from_offset"], r["until"]) for r in summary["plan"]["ranges"]
+            if r["from_offset"] != r["until"]] == [(topic, 1, 4, 5)]
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("select sum(order_count) from revenue_per_minute").fetchone()[0] == len(MINUTES) + 1
+
+
+def test_a_backfill_interval_beyond_retention_fails_naming_the_log_start(airflow_deployment, kafka_settings, unique,
+                                                                        tmp_path):
+    airflow = airflow_deployment
+    t0 = (datetime.now(timezone.utc) - timedelta(hours=3)).replace(minute=0, second=0, microsecond=0)
+    name = f"bfr_{unique.replace('-', '_')}"
+    topic = f"{name}.orders"
+    kafka_admin.create_topics(kafka_settings, {topic: 1})
+    producer = Producer(kafka_settings.client_config())
+    for m in (1, 2, 7):
+        producer.produce(topic, value=b"{}", timestamp=int((t0 + timedelta(minutes=m)).timestamp() * 1000))
+    assert producer.flush(30) == 0
+    admin = kafka_admin.admin_client(kafka_settings)
+    admin.delete_records([TopicPartition(topic, 0, 2)])[TopicPartition(topic, 0, 2)].result(30)  # retention
+    spec_path = airflow.dags_folder.parent / "specs" / f"{name}.yaml"
+    spec_path.write_text(yaml.safe_dump({
+        # latest: the live run that unpausing starts reads nothing (only backfills are tested here)
+        "name": name, "source": {"topics": [topic], "starting_offsets": "latest"},
+        "transform": "spark_apps.transforms.revenue:revenue_per_minute",
+        "sink": {"kind": "sql", "table": "revenue", "key_columns": ["minute", "category"],
+                 "url": f"sqlite:///{tmp_path / 'revenue.db'}"},
+        "schedule": "*/5 * * * *"}))
+    dag_id = f"kafka_eos__{name}"
+    airflow.airflow("dags", "reserialize")
+    _wait("the DAG parsed", lambda: dag_id in {d["dag_id"] for d in airflow.api("GET", "/api/v2/dags?limit=1000")["dags"]})
+    airflow.api("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+
+    airflow.airflow("backfill", "create", "--dag-id", dag_id, "--from-date", t0.isoformat(), "--to-date",
+                    t0.isoformat())
+    (run,) = _wait("the backfill run", lambda: _finished(airflow, dag_id, "backfill", 1))
+    assert run["state"] == "failed"
+    logs = airflow.home / "logs" / f"dag_id={dag_id}" / f"run_id={run['dag_run_id']}" / "task_id=plan"
+    text = "".join(p.read_text() for p in logs.glob("attempt=*.log"))
+    assert (f"{topic}-0: the interval {t0.isoformat()} - {(t0 + timedelta(minutes=5)).isoformat()} reaches back to "
+            "the log start 2: records of it may have been deleted by retention (on_data_loss: fail)") in text

@@ -4,7 +4,6 @@ resets on a real broker and a real SQL sink: fenced, exactly where asked, audite
 from __future__ import annotations
 
 import json
-import time
 from datetime import datetime, timedelta, timezone
 
 import pytest

@@ -8,12 +8,12 @@ PY     := $(VENV)/bin/python
 JARS   := .local/jars
 MVN    := mvn -q -B -s jvm/settings.xml -f jvm/pom.xml
 
-.PHONY: demo test install jars postgres kafka-start kafka-stop clean
+.PHONY: demo test install jars postgres chromium kafka-start kafka-stop clean
 
 demo: install jars
 	$(VENV)/bin/kafka-eos demo
 
-test: install jars postgres
+test: install jars postgres chromium
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # The SQL sink is tested on PostgreSQL too: Debian's server package (the tests start a
@@ -22,6 +22,13 @@ postgres:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
 	  echo "installing PostgreSQL from Debian's packages"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
+
+# The trigger-form test drives Debian's Chromium with Selenium (the system driver: nothing is
+# downloaded at run time).
+chromium:
+	@command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || { \
+	  echo "installing Chromium from Debian's packages"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
 
 install: $(VENV)/.installed
 

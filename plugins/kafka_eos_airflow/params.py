@@ -57,8 +57,10 @@ def pipeline_params(spec: PipelineSpec) -> dict[str, Param]:
                            "An ISO-8601 timestamp (`2026-11-20T10:00:00Z`: every partition goes to its first "
                            "record at or after it) or JSON offsets (`{\"orders-0\": 120}`: only the partitions "
                            "listed). Offsets must lie between the log start and the last stable offset."),
+        # Nullable, like every optional field: the UI's form refuses to trigger while a
+        # non-nullable field is empty, even one that only a reset reads.
         "reset_confirm": Param(
-            "", type="string", section=RESET, title="Confirm the reset",
+            None, type=["null", "string"], section=RESET, title="Confirm the reset",
             description_md=f"Type `RESET {spec.name}` to reset. The reset is recorded in the topic "
                            "`kafka-eos.audit`: who, when, before and after."),
     }

@@ -29,7 +29,9 @@ PARAMS = {
                           description_md="Where the open transaction starts on the partition: its LSO."),
     "dry_run": Param(True, type="boolean", title="Dry run",
                      description_md="On: show what would be aborted, change nothing."),
-    "confirm": Param("", type="string", title="Confirmation",
+    # Nullable: the UI's form refuses to trigger while a non-nullable field is empty (a dry run
+    # needs no confirmation).
+    "confirm": Param(None, type=["null", "string"], title="Confirmation",
                      description_md="For a real run, type `ABORT <topic>-<partition>@<start offset>`, "
                                     "e.g. `ABORT orders-1@3`."),
 }

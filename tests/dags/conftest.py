@@ -186,3 +186,26 @@ globals().update(dags_from_folder({str(home / "specs")!r}))
     yield deployment
     deployment.stop()
     shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture
+def browser(airflow_deployment):
+    """Headless Chromium (Debian's ``chromium`` and ``chromedriver``, driven by Selenium), logged in
+    to the deployment's UI as its admin (the session cookie the UI's own login sets)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1800"):
+        options.add_argument(arg)
+    # The system's driver, named: Selenium Manager would try to download one.
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver") or "/usr/bin/chromedriver"),
+                              options=options)
+    driver.implicitly_wait(20)  # the UI renders after its API calls answer
+    try:
+        driver.get(f"{airflow_deployment.url}/api/v2/version")
+        driver.add_cookie({"name": "_token", "value": airflow_deployment.token(), "path": "/"})
+        yield driver
+    finally:
+        driver.quit()

@@ -64,7 +64,7 @@ def test_dag_is_well_formed(dagbag, dag_id):
     assert all(p.schema["title"] and p.schema["description_md"] and p.schema["section"] for p in form.values())
     assert dag.params.validate() == {"dry_run": False, "max_records_per_partition": 100000, "replay_from": None,
                                      "replay_until": None, "reprocess": False, "reset_checkpoint_to": None,
-                                     "reset_confirm": ""}
+                                     "reset_confirm": None}
 
 
 def test_the_watchdog_watches_every_pipeline_and_alerts(dagbag):

@@ -1,0 +1,75 @@
+"""The trigger form of a pipeline DAG in a real browser (headless Chromium) against a real
+Airflow deployment: its sections and titled fields are there, the defaults can be triggered, and
+a dry run triggered from the form runs as one."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import yaml
+
+from kafka_eos import kafka_admin
+
+pytestmark = pytest.mark.integration
+
+#: Section -> the field titles it holds (plugins/kafka_eos_airflow/params.py).
+FORM = {
+    "This run": ["Max records per partition", "Dry run"],
+    "Replay a past range": ["Replay from", "Replay until", "Reprocess"],
+    "Reset the checkpoint": ["Reset the checkpoint to", "Confirm the reset"],
+}
+
+
+def _text(driver, text: str):
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.XPATH, f"//*[normalize-space(text())='{text}']")
+
+
+def test_the_trigger_form_shows_every_param_and_triggers_a_dry_run(airflow_deployment, browser, kafka_settings,
+                                                                    unique, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    airflow = airflow_deployment
+    name = f"form_{unique.replace('-', '_')}"
+    topics = {t: f"{name}.{t}" for t in ("orders", "out", "backfill")}
+    kafka_admin.create_topics(kafka_settings, {t: 1 for t in topics.values()})
+    (airflow.dags_folder.parent / "specs" / f"{name}.yaml").write_text(yaml.safe_dump({
+        "name": name, "source": {"topics": [topics["orders"]]},
+        "sink": {"kind": "kafka", "topic": topics["out"], "backfill_topic": topics["backfill"]}}))
+    dag_id = f"kafka_eos__{name}"
+    airflow.airflow("dags", "reserialize")
+    deadline = time.monotonic() + 120
+    while dag_id not in {d["dag_id"] for d in airflow.api("GET", "/api/v2/dags?limit=1000")["dags"]}:
+        assert time.monotonic() < deadline, f"{dag_id} not parsed"
+        time.sleep(2)
+
+    browser.get(f"{airflow.url}/dags/{dag_id}")
+    browser.find_element(By.XPATH, "//button[normalize-space()='Trigger']").click()
+    for section, titles in FORM.items():  # the dialog's sections: each opens on a click
+        _text(browser, section).click()
+        for title in titles:
+            assert _text(browser, title).is_displayed(), f"{section}: {title}"
+        browser.save_screenshot(str(tmp_path / f"trigger-form-{section.replace(' ', '-').lower()}.png"))
+    (trigger,) = [b for b in browser.find_elements(By.XPATH, "//button[normalize-space()='Trigger']")
+                  if b.is_displayed() and b.find_elements(By.XPATH, "./ancestor::*[@role='dialog']")]
+    assert trigger.is_enabled()  # the defaults are a valid run: no field blocks it
+
+    _text(browser, "This run").click()
+    dry_run = _text(browser, "Dry run").find_element(
+        By.XPATH, "./ancestor::*[.//input[@type='checkbox']][1]//input[@type='checkbox']")
+    browser.execute_script("arguments[0].click();", dry_run)
+    trigger.click()
+    deadline = time.monotonic() + 300
+    while True:
+        runs = airflow.api("GET", f"/api/v2/dags/{dag_id}/dagRuns")["dag_runs"]
+        if runs and runs[0]["state"] in ("success", "failed"):
+            break
+        assert time.monotonic() < deadline, f"the run triggered from the form did not finish: {runs}"
+        time.sleep(3)
+    (run,) = runs
+    assert run["conf"]["dry_run"] is True and run["state"] == "success"
+    tis = airflow.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run['dag_run_id']}/taskInstances")["task_instances"]
+    assert {t["task_id"]: t["state"] for t in tis} == {"plan": "success", "spark": "skipped", "verify": "skipped"}
+    browser.save_screenshot(str(tmp_path / "trigger-form-after.png"))

@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 JARS   := .local/jars
 MVN    := mvn -q -B -s jvm/settings.xml -f jvm/pom.xml
 
-.PHONY: demo test install jars postgres chromium kafka-start kafka-stop clean
+.PHONY: demo test install jars postgres chromium kafka-start kafka-stop airflow-up airflow-down clean
 
 demo: install jars
 	$(VENV)/bin/kafka-eos demo
@@ -54,8 +54,16 @@ $(JARS)/spark/.resolved: jvm/pom.xml
 kafka-start: install jars
 	$(VENV)/bin/kafka-eos kafka start
 
+# Airflow's UI and API on http://127.0.0.1:8080 with a real scheduler (login admin; the password
+# file is printed), over this project's DAGs and the local broker.
+airflow-up: kafka-start
+	$(VENV)/bin/kafka-eos airflow start
+
+airflow-down:
+	-test -x $(VENV)/bin/kafka-eos && $(VENV)/bin/kafka-eos airflow stop
+
 kafka-stop:
 	-test -x $(VENV)/bin/kafka-eos && $(VENV)/bin/kafka-eos kafka stop
 
-clean: kafka-stop
+clean: airflow-down kafka-stop
 	rm -rf .local spark-warehouse metastore_db derby.log

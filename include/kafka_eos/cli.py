@@ -92,6 +92,26 @@ def cmd_kafka(args) -> int:
     return 0
 
 
+def cmd_airflow(args) -> int:
+    from kafka_eos.local_airflow import ADMIN, LocalAirflow
+
+    # Only a start needs the cluster to answer: stop and status work without it.
+    airflow = LocalAirflow.default(_settings(args) if args.action == "start" else
+                                   KafkaSettings.from_environ(os.environ, args.bootstrap, LocalBroker.default().bootstrap))
+    if args.action == "start":
+        Console().step(f"starting Airflow (api-server, scheduler, dag-processor, triggerer; state under {airflow.home})")
+        print(f"{airflow.start()}  (login {ADMIN}, password in {airflow.home / 'simple_auth_manager_passwords.json.generated'})")
+    elif args.action == "stop":
+        airflow.stop()
+        print("stopped")
+    else:
+        if not airflow.healthy():
+            print(f"not running ({airflow.url})", file=sys.stderr)
+            return 3
+        print(airflow.url)
+    return 0
+
+
 def cmd_plan(args) -> int:
     from kafka_eos.pipeline import compute_plan
 
@@ -316,6 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     k = command("kafka", cmd_kafka, "the local single-node broker under .local/ (start, stop, status)")
     k.add_argument("action", choices=["start", "stop", "status"])
+    a = command("airflow", cmd_airflow, "a local Airflow (API and UI, scheduler, dag-processor, triggerer) over "
+                                        "this project's DAGs, under .local/airflow (start, stop, status)")
+    a.add_argument("action", choices=["start", "stop", "status"])
     p = command("plan", cmd_plan, "the next plan of a pipeline, with no side effects", json_flag=True,
                 pipeline=True)
     p.add_argument("--run-id", help="plan as this run (default: 'next')")

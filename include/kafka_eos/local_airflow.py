@@ -1,5 +1,5 @@
 """A local Airflow 3 deployment: api-server, scheduler, dag-processor and triggerer as separate
-processes (LocalExecutor, SQLite metadata), on 127.0.0.1 only, over a dags folder and this
+processes (LocalExecutor; SQLite metadata, or PostgreSQL), on 127.0.0.1 only, over a dags folder and this
 project's plugins. What ``airflow dags test`` is not: a real scheduler that creates runs (backfills
 included), a real triggerer for deferrable sensors, and the REST API and UI.
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -31,6 +32,8 @@ START_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 30.0
 #: The login of the local deployment (Airflow's simple auth manager; its password is generated).
 ADMIN = "admin"
+#: The connection through which tasks reach the REST API (run notes; see kafka_eos_airflow.notes).
+API_CONN_ID = "kafka_eos_airflow_api"
 
 
 class AirflowError(KafkaEosError):
@@ -49,6 +52,9 @@ class LocalAirflow:
     port: int
     dags_folder: Path
     environ: dict[str, str] = field(default_factory=dict)
+    #: The metadata database; None: SQLite under ``home``. With SQLite, an ``airflow`` command that
+    #: writes (``backfill create``) while the scheduler runs can fail with "database is locked".
+    database_url: str | None = None
 
     @property
     def url(self) -> str:
@@ -64,7 +70,7 @@ class LocalAirflow:
             "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.database_url or f"sqlite:///{self.home / 'airflow.db'}",
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             # Two cores: a few task processes at once, not Airflow's default of 32.
             "AIRFLOW__CORE__PARALLELISM": "4",
@@ -78,8 +84,35 @@ class LocalAirflow:
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
             # Spark binds to the loopback address too.
             "SPARK_LOCAL_IP": HOST,
+            # Tasks write their run's note through the REST API, as the admin.
+            f"AIRFLOW_CONN_{API_CONN_ID.upper()}": json.dumps({
+                "conn_type": "http", "host": HOST, "port": self.port, "schema": "http", "login": ADMIN,
+                "password": self.password()}),
             **self.environ,
         }
+
+    @classmethod
+    def default(cls, settings) -> "LocalAirflow":
+        """The deployment of ``kafka-eos airflow start``: under ``.local/airflow``, the project's
+        dags/, the API and UI on ``KAFKA_EOS_AIRFLOW_PORT`` (default 8080), its Kafka connection
+        pointing at ``settings``' cluster and Spark in local mode."""
+        from kafka_eos.paths import local_dir
+
+        return cls(local_dir() / "airflow", int(os.environ.get("KAFKA_EOS_AIRFLOW_PORT", "8080")),
+                   PROJECT_ROOT / "dags", {
+                       "AIRFLOW_CONN_KAFKA_EOS_KAFKA": json.dumps({"conn_type": "kafka", "extra": {
+                           "bootstrap.servers": settings.bootstrap_servers, **settings.extra}}),
+                       "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"})})
+
+    def password(self) -> str:
+        """The admin's password: generated once into the file Airflow's simple auth manager reads
+        (mode 0600, in the home folder), before the api-server starts."""
+        path = self.home / "simple_auth_manager_passwords.json.generated"
+        if not path.exists():
+            self.home.mkdir(parents=True, exist_ok=True)
+            path.touch(mode=0o600)
+            path.write_text(json.dumps({ADMIN: secrets.token_urlsafe(16)}) + "\n")
+        return json.loads(path.read_text())[ADMIN]
 
     def airflow(self, *args: str, timeout_s: float = 300.0, check: bool = True) -> subprocess.CompletedProcess:
         """Run ``airflow ARGS`` against this deployment.
@@ -157,8 +190,7 @@ class LocalAirflow:
 
     def token(self) -> str:
         """A bearer token of the admin user for the REST API."""
-        passwords = json.loads((self.home / "simple_auth_manager_passwords.json.generated").read_text())
-        body = json.dumps({"username": ADMIN, "password": passwords[ADMIN]}).encode()
+        body = json.dumps({"username": ADMIN, "password": self.password()}).encode()
         req = urllib.request.Request(f"{self.url}/auth/token", data=body, method="POST",
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=30) as resp:

@@ -105,11 +105,12 @@ def send_alert(context: Context, message: str, **details: list[dict[str, Any]]) 
         notifier({**context, ALERT_KEY: {"message": message, "details": details}})
 
 
-def _connection(conn_id: str, log) -> Any | None:
+def connection_or_none(conn_id: str, log) -> Any | None:
+    """The Airflow connection ``conn_id``, or None (logged) when it is not defined."""
     try:
         return BaseHook.get_connection(conn_id)
     except AirflowNotFoundException:
-        log.info("kafka-eos alert not sent: no Airflow connection %r", conn_id)
+        log.info("kafka-eos: no Airflow connection %r: not sent", conn_id)
         return None
 
 
@@ -122,7 +123,7 @@ class KafkaEosWebhookNotifier(HttpNotifier):
                          headers={"Content-Type": "application/json"}, **kwargs)
 
     def notify(self, context: Context) -> None:
-        if _connection(self.http_conn_id, self.log) is None:
+        if connection_or_none(self.http_conn_id, self.log) is None:
             return
         # Set after template rendering: the payload is data, not a Jinja template.
         self.json = alert(context)
@@ -136,7 +137,7 @@ class KafkaEosEmailNotifier(SmtpNotifier):
         super().__init__(to=[], smtp_conn_id=smtp_conn_id, **kwargs)
 
     def notify(self, context: Context) -> None:
-        conn = _connection(self.smtp_conn_id, self.log)
+        conn = connection_or_none(self.smtp_conn_id, self.log)
         if conn is None:
             return
         extra = conn.extra_dejson

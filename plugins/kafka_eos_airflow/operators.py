@@ -30,6 +30,7 @@ from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec, load_spec
 
 from kafka_eos_airflow.hooks import KafkaEosHook
+from kafka_eos_airflow.notes import ranges_text, set_run_note
 from kafka_eos_airflow.notifiers import send_alert
 from kafka_eos_airflow.params import RunOptions
 
@@ -103,7 +104,7 @@ class SideRequest:
         if options.replay_from:
             return cls(REPLAY, replay_key(options.replay_from, options.replay_until), attempt,
                        replay=(options.replay_from, options.replay_until))
-        if str(getattr(getattr(dag_run, "run_type", None), "value", getattr(dag_run, "run_type", ""))) == "backfill":
+        if getattr(dag_run, "run_type", None) == "backfill":  # DagRunType is a str enum
             start, end = context["data_interval_start"], context["data_interval_end"]
             return cls(BACKFILL, interval_key(start, end), attempt, interval=(start, end))
         return None
@@ -188,7 +189,7 @@ class KafkaEosPlanOperator(_PipelineOperator):
             if side is not None:
                 return self._side(spec, settings, options, side, context)
             if options.dry_run:
-                return self._dry_run(spec, compute_plan(spec, settings, run_id=context["run_id"]))
+                return self._dry_run(spec, compute_plan(spec, settings, run_id=context["run_id"]), context)
             plan = prepare_plan(spec, settings, run_id=context["run_id"])
         for r in plan.active:
             self.log.info("%s-%d: [%d, %d) checkpoint=%s", r.topic, r.partition, r.from_offset, r.until,
@@ -221,6 +222,8 @@ class KafkaEosPlanOperator(_PipelineOperator):
             for t, p, a, b in shown["ranges"]:
                 self.log.info("DRY RUN %s %s %s-%d: would read [%d, %d)%s", side.kind, side.key, t, p, a, b,
                               " (recorded)" if shown["recorded"] else "")
+            set_run_note(context, f"DRY RUN {side.kind} {side.key}: would read {ranges_text(shown['ranges'])}"
+                                  f"{' (recorded)' if shown['recorded'] else ''}. Nothing was written.")
             return {"pipeline": spec.name, "dry_run": True, side.kind: side.key, "ranges": shown["ranges"],
                     "recorded": shown["recorded"]}
         found, plan, mapping = sides.prepare(spec, settings, context["run_id"], side.kind, side.key, side.attempt,
@@ -233,7 +236,7 @@ class KafkaEosPlanOperator(_PipelineOperator):
                 "writes_to": sides.side_spec(spec, found).sink.topic or spec.sink.table,
                 "recorded_at": mapping["created_at"]}
 
-    def _dry_run(self, spec: PipelineSpec, planned: tuple[Plan, list]) -> dict[str, Any]:
+    def _dry_run(self, spec: PipelineSpec, planned: tuple[Plan, list], context: Context) -> dict[str, Any]:
         plan, drift = planned
         for r in plan.active:
             self.log.info("DRY RUN %s-%d: would read [%d, %d) (checkpoint %s)", r.topic, r.partition,
@@ -246,7 +249,10 @@ class KafkaEosPlanOperator(_PipelineOperator):
                              "real run republishes it", d.topic, d.partition, d.kafka, d.sink)
         self.log.info("DRY RUN pipeline %s: %d partition(s) would be read; nothing was stored, read, written or "
                       "committed", spec.name, len(plan.active))
-        return {**plan_summary(plan), "dry_run": True}
+        summary = {**plan_summary(plan), "dry_run": True}
+        set_run_note(context, f"DRY RUN: would read {ranges_text(summary['ranges'])}. Nothing was stored, read, "
+                              "written or committed.")
+        return summary
 
     def _reset(self, spec: PipelineSpec, settings: KafkaSettings, options: RunOptions,
                context: Context) -> dict[str, Any]:
@@ -260,7 +266,9 @@ class KafkaEosPlanOperator(_PipelineOperator):
             self.log.info("%s %s-%d: checkpoint %s -> %s", "DRY RUN" if options.dry_run else "RESET", t, p,
                           before[(t, p)], offset)
         moves = {f"{t}-{p}": [before[(t, p)], offset] for (t, p), offset in sorted(targets.items())}
+        moved = ", ".join(f"{tp} {a} -> {b}" for tp, (a, b) in moves.items())
         if options.dry_run:
+            set_run_note(context, f"DRY RUN checkpoint reset: {moved}. Nothing was changed.")
             return {"pipeline": spec.name, "dry_run": True, "reset": moves}
         if options.reset_confirm != confirmation(spec):
             raise SpecError(f"params.reset_confirm: type exactly {confirmation(spec)!r} to reset the checkpoint "
@@ -270,6 +278,8 @@ class KafkaEosPlanOperator(_PipelineOperator):
                                   who=getattr(dag_run, "triggering_user_name", None) or "unknown",
                                   via=f"{self.dag_id} run {context['run_id']}")
         self.log.info("checkpoint of %s reset (%s); recorded in kafka-eos.audit", spec.name, record["status"])
+        set_run_note(context, f"Checkpoint reset ({record['status']}): {moved}; recorded in kafka-eos.audit by "
+                              f"{record['who']}.")
         return {"pipeline": spec.name, "dry_run": False, "reset": moves, "audit": record}
 
 
@@ -381,7 +391,8 @@ class KafkaEosVerifyOperator(_PipelineOperator):
             "pipeline": spec.name,
             "run_id": run_id,
             "sink": spec.sink.kind,
-            "status": "empty" if plan.is_empty else record.get("status"),
+            # A side run done by an earlier request (the same backfill again) has no record of its own.
+            "status": "empty" if plan.is_empty else record.get("status") or ("written before" if side else None),
             "partitions": len(plan.active),
             "records_in": record.get("records_in", 0),
             "records_out": record.get("records_out", 0),
@@ -395,8 +406,23 @@ class KafkaEosVerifyOperator(_PipelineOperator):
         self.log.info("pipeline %s run %s: %s, %d partition(s), in=%s out=%s dead letters=%s", spec.name,
                       run_id, summary["status"], summary["partitions"], summary["records_in"],
                       summary["records_out"], summary["dead_letters"])
-        if not plan.is_empty and summary["status"] not in ("committed", "noop"):
+        set_run_note(context, self._note(summary, plan, side, context))
+        if not plan.is_empty and summary["status"] not in ("committed", "noop", "written before"):
             # The checkpoints moved (verified above) but the summary record did not land: the
             # data is committed; only the audit record is missing.
             self.log.warning("manifest record of run %s is %r, not 'committed'", run_id, summary["status"])
         return summary
+
+    @staticmethod
+    def _note(summary: dict[str, Any], plan: Plan, side: SideRequest | None, context: Context) -> str:
+        """The run's note: what it read and what it wrote, and how long the run took."""
+        from datetime import timezone
+
+        started = getattr(context.get("dag_run"), "start_date", None)
+        took = f" in {(datetime.now(timezone.utc) - started).total_seconds():.0f} s" if started else ""
+        what = f"{side.kind} {side.key}: " if side else ""
+        if plan.is_empty:
+            return f"{what}empty: nothing new to read{took}."
+        return (f"{what}{summary['status']}: {summary['records_in']} in, {summary['records_out']} out, "
+                f"{summary['dead_letters']} dead-lettered{took}; "
+                + ranges_text([[r.topic, r.partition, r.from_offset, r.until] for r in plan.active]) + ".")

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import uuid
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
@@ -156,12 +157,20 @@ def alert_receivers(monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def airflow_deployment(kafka_settings, free_ports):
+def airflow_deployment(kafka_settings, free_ports, postgres_url):
     """A real Airflow deployment (api-server, scheduler, dag-processor, triggerer; LocalExecutor,
-    SQLite) on 127.0.0.1, for the tests that need Airflow's scheduler (backfills) or its API. Its
+    PostgreSQL) on 127.0.0.1, for the tests that need Airflow's scheduler (backfills) or its API. Its
     DAGs are made by the project's DAG factory from the specs the tests write to the ``specs``
     folder beside its dags folder. Started once per session, stopped at its end."""
+    from sqlalchemy import create_engine, text
+
     from kafka_eos.local_airflow import LocalAirflow
+
+    # PostgreSQL, not SQLite: `airflow backfill create` writes while the scheduler runs, and SQLite
+    # answers "database is locked".
+    database = f"airflow_{uuid.uuid4().hex[:8]}"
+    with create_engine(postgres_url, isolation_level="AUTOCOMMIT").connect() as conn:
+        conn.execute(text(f"create database {database}"))
 
     home = Path(tempfile.mkdtemp(prefix="kafka-eos-airflow-deployment-"))
     (home / "dags").mkdir()
@@ -181,7 +190,7 @@ globals().update(dags_from_folder({str(home / "specs")!r}))
         "AIRFLOW_CONN_KAFKA_EOS_KAFKA": json.dumps({"conn_type": "kafka", "extra": {
             "bootstrap.servers": kafka_settings.bootstrap_servers, **kafka_settings.extra}}),
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
-    })
+    }, database_url=postgres_url.rsplit("/", 1)[0] + f"/{database}")
     deployment.start()
     yield deployment
     deployment.stop()

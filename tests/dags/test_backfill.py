@@ -113,6 +113,11 @@ def test_backfill_through_airflows_backfill_command_is_exact_idempotent_and_leav
     assert [r["ranges"] for r in recorded.values()] == [
         [[topic, 0, 0, 2], [topic, 1, 0, 1]], [[topic, 0, 2, 4], [topic, 1, 1, 3]], [[topic, 0, 4, 5], [topic, 1, 3, 4]]]
     assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, tps) == live_checkpoint
+    notes = sorted(r["note"] for r in _runs(airflow, dag_id) if r["run_type"] == "backfill")  # each run says
+    # orders in, rows out (one per minute and category)
+    assert [n.split(" dead-lettered")[0] for n in notes] == [
+        f"backfill {k}: committed: {n} in, {rows} out, 0" for k, n, rows in zip(keys, (3, 4, 2), (2, 2, 2))]
+    assert notes[0].endswith(f"{topic}-0 [0, 2), {topic}-1 [0, 1).")
 
     # The same backfill again (Airflow reruns the completed runs): already written, nothing changes.
     with sqlite3.connect(db) as conn:
@@ -139,9 +144,9 @@ def test_backfill_through_airflows_backfill_command_is_exact_idempotent_and_leav
     manual = airflow.api("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None})
     _wait("the manual live run", lambda: _finished(airflow, dag_id, "manual", 1))
     assert [r["state"] for r in _runs(airflow, dag_id) if r["dag_run_id"] == manual["dag_run_id"]] == ["success"]
-    summary, _parts = manifest.run_records(manual["dag_run_id"])
-    assert [(r["topic"], r["partition"], r["from_offset"], r["until"]) for r in summary["plan"]["ranges"]
-            if r["from_offset"] != r["until"]] == [(topic, 1, 4, 5)]
+    (note,) = [r["note"] for r in _runs(airflow, dag_id) if r["dag_run_id"] == manual["dag_run_id"]]
+    assert note.startswith("committed: 1 in, 1 out, 0 dead-lettered in ") and note.endswith(f"; {topic}-1 [4, 5).")
+    assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, tps) == {(topic, 0): 5, (topic, 1): 5}
     with sqlite3.connect(db) as conn:
         assert conn.execute("select sum(order_count) from revenue_per_minute").fetchone()[0] == len(MINUTES) + 1
 

@@ -8,6 +8,7 @@ import time
 
 import pytest
 import yaml
+from confluent_kafka import Producer
 
 from kafka_eos import kafka_admin
 
@@ -35,6 +36,10 @@ def test_the_trigger_form_shows_every_param_and_triggers_a_dry_run(airflow_deplo
     name = f"form_{unique.replace('-', '_')}"
     topics = {t: f"{name}.{t}" for t in ("orders", "out", "backfill")}
     kafka_admin.create_topics(kafka_settings, {t: 1 for t in topics.values()})
+    producer = Producer(kafka_settings.client_config())
+    for i in range(3):
+        producer.produce(topics["orders"], value=f"order {i}".encode())
+    assert producer.flush(30) == 0
     (airflow.dags_folder.parent / "specs" / f"{name}.yaml").write_text(yaml.safe_dump({
         "name": name, "source": {"topics": [topics["orders"]]},
         "sink": {"kind": "kafka", "topic": topics["out"], "backfill_topic": topics["backfill"]}}))
@@ -72,4 +77,6 @@ def test_the_trigger_form_shows_every_param_and_triggers_a_dry_run(airflow_deplo
     assert run["conf"]["dry_run"] is True and run["state"] == "success"
     tis = airflow.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run['dag_run_id']}/taskInstances")["task_instances"]
     assert {t["task_id"]: t["state"] for t in tis} == {"plan": "success", "spark": "skipped", "verify": "skipped"}
+    note = airflow.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run['dag_run_id']}")["note"]
+    assert note == f"DRY RUN: would read {topics['orders']}-0 [0, 3). Nothing was stored, read, written or committed."
     browser.save_screenshot(str(tmp_path / "trigger-form-after.png"))

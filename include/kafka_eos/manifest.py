@@ -261,9 +261,11 @@ class ManifestStore:
         return sorted(found.values(), key=_record_time)
 
     def find(self, key: str) -> dict | None:
-        """The newest committed record under ``key``, or None: a walk back to the log start when
-        the key is not there (for records looked up by key, seldom: a backfill's interval)."""
-        with closing(self._tail(committed=True)) as records:
+        """The newest record under ``key`` of the records written outside transactions, or None:
+        a walk back to the log start when the key is not there (for records looked up by key,
+        seldom: a backfill's interval). Read uncommitted, like plans: an open transaction of the
+        pipeline's killed attempt hides nothing written after it."""
+        with closing(self._tail(committed=False)) as records:
             for _offset, _ts, found, rec in records:
                 if found == key:
                     return rec

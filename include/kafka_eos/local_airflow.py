@@ -25,7 +25,7 @@ from kafka_eos.errors import KafkaEosError
 from kafka_eos.paths import PROJECT_ROOT
 
 HOST = "127.0.0.1"
-#: The components and their command lines (after ``airflow``).
+#: The components, each an ``airflow`` subcommand of its own process.
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 #: Migrating a fresh SQLite database and starting four Python processes on 2 busy cores.
 START_TIMEOUT_S = 240.0

@@ -127,6 +127,11 @@ class SideRequest:
         return side_spec(spec, side), plan, side.to_json()
 
 
+def _moved(moves: dict[str, list]) -> str:
+    """``orders-0 6 -> 3, …`` from ``{"orders-0": [6, 3], …}``."""
+    return ", ".join(f"{tp} {a} -> {b}" for tp, (a, b) in moves.items())
+
+
 def stored_plan(settings: KafkaSettings, spec: PipelineSpec, run_id: str) -> Plan:
     """The plan the plan task stored for ``run_id`` in the run manifest.
 
@@ -261,14 +266,11 @@ class KafkaEosPlanOperator(_PipelineOperator):
         from kafka_eos.pipeline import checkpoints
 
         targets, _ends = positions.resolve(spec, settings, options.reset_to, "params.reset_checkpoint_to")
-        before, _drift = checkpoints(spec, settings, sorted(targets))
-        for (t, p), offset in sorted(targets.items()):
-            self.log.info("%s %s-%d: checkpoint %s -> %s", "DRY RUN" if options.dry_run else "RESET", t, p,
-                          before[(t, p)], offset)
-        moves = {f"{t}-{p}": [before[(t, p)], offset] for (t, p), offset in sorted(targets.items())}
-        moved = ", ".join(f"{tp} {a} -> {b}" for tp, (a, b) in moves.items())
         if options.dry_run:
-            set_run_note(context, f"DRY RUN checkpoint reset: {moved}. Nothing was changed.")
+            before, _drift = checkpoints(spec, settings, sorted(targets))
+            moves = {f"{t}-{p}": [before[(t, p)], offset] for (t, p), offset in sorted(targets.items())}
+            self._log_moves("DRY RUN", moves)
+            set_run_note(context, f"DRY RUN checkpoint reset: {_moved(moves)}. Nothing was changed.")
             return {"pipeline": spec.name, "dry_run": True, "reset": moves}
         if options.reset_confirm != confirmation(spec):
             raise SpecError(f"params.reset_confirm: type exactly {confirmation(spec)!r} to reset the checkpoint "
@@ -277,10 +279,17 @@ class KafkaEosPlanOperator(_PipelineOperator):
         record = reset_checkpoint(spec, settings, targets, run_id=context["run_id"], asked=options.reset_to,
                                   who=getattr(dag_run, "triggering_user_name", None) or "unknown",
                                   via=f"{self.dag_id} run {context['run_id']}")
+        # What the reset itself found and set (its audit record), not a read of our own before it.
+        moves = {tp: [record["before"][tp], record["after"][tp]] for tp in record["after"]}
+        self._log_moves("RESET", moves)
         self.log.info("checkpoint of %s reset (%s); recorded in kafka-eos.audit", spec.name, record["status"])
-        set_run_note(context, f"Checkpoint reset ({record['status']}): {moved}; recorded in kafka-eos.audit by "
-                              f"{record['who']}.")
+        set_run_note(context, f"Checkpoint reset ({record['status']}): {_moved(moves)}; recorded in kafka-eos.audit "
+                              f"by {record['who']}.")
         return {"pipeline": spec.name, "dry_run": False, "reset": moves, "audit": record}
+
+    def _log_moves(self, what: str, moves: dict[str, list]) -> None:
+        for tp, (before, after) in moves.items():
+            self.log.info("%s %s: checkpoint %s -> %s", what, tp, before, after)
 
 
 class KafkaEosSparkSubmitOperator(SparkSubmitOperator):

@@ -90,18 +90,14 @@ class RunOptions:
         cap = params.get("max_records_per_partition")
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
             raise SpecError(f"params.max_records_per_partition: must be a positive integer, got {cap!r}")
-        dry_run = params.get("dry_run", False)
-        if not isinstance(dry_run, bool):
-            raise SpecError(f"params.dry_run: must be true or false, got {dry_run!r}")
+        dry_run = _flag(params, "dry_run")
         text = {name: _position(params, name) for name in ("reset_checkpoint_to", "replay_from", "replay_until")}
         if bool(text["replay_from"]) != bool(text["replay_until"]):
             missing = "replay_until" if text["replay_from"] else "replay_from"
             raise SpecError(f"params.{missing}: a replay needs both replay_from and replay_until")
         if text["replay_from"] and text["reset_checkpoint_to"]:
             raise SpecError("params.reset_checkpoint_to: a run either replays or resets, not both")
-        reprocess = params.get("reprocess", False)
-        if not isinstance(reprocess, bool):
-            raise SpecError(f"params.reprocess: must be true or false, got {reprocess!r}")
+        reprocess = _flag(params, "reprocess")
         return cls(max_records_per_partition=cap, dry_run=dry_run, reset_to=text["reset_checkpoint_to"],
                    reset_confirm=str(params.get("reset_confirm") or ""), replay_from=text["replay_from"],
                    replay_until=text["replay_until"], reprocess=reprocess)
@@ -119,3 +115,10 @@ def _position(params: Mapping[str, Any], name: str) -> str | None:
     if value is not None and not isinstance(value, str):
         raise SpecError(f"params.{name}: must be a timestamp or JSON offsets, got {value!r}")
     return (value or "").strip() or None
+
+
+def _flag(params: Mapping[str, Any], name: str) -> bool:
+    value = params.get(name, False)
+    if not isinstance(value, bool):
+        raise SpecError(f"params.{name}: must be true or false, got {value!r}")
+    return value

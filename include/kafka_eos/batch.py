@@ -18,6 +18,19 @@ from kafka_eos.transforms import DLQ_REASON
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
+    from kafka_eos.sinks.sql import SqlSink
+    from kafka_eos.txn import TransactionalCommit
+
+
+@dataclass
+class BatchClients:
+    """Clients kept between the batches of one pipeline by a caller that runs many (stream mode):
+    the atomic scope's transactional commit (one producer, fenced once, for every transaction) and
+    the SQL sink (one engine). A one-shot run builds its own, and checks the transaction timeout."""
+
+    atomic: "TransactionalCommit | None" = None
+    sql: "SqlSink | None" = None
+
 
 @dataclass(frozen=True)
 class RunSummary:
@@ -86,21 +99,25 @@ def check_transaction_timeout(spec: PipelineSpec, settings: KafkaSettings) -> No
                         "brokers' limit")
 
 
-def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: KafkaSettings) -> RunSummary:
+def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
+              clients: BatchClients | None = None, extra: dict | None = None) -> RunSummary:
     """Run one planned batch to its transactional commit.
 
     Safe to call again with the same plan (an Airflow retry): committed work is a no-op.
+
+    :param clients: long-lived clients to commit through (stream mode); None: this run's own.
+    :param extra: more fields for the run's manifest record (a stream's progress).
     """
     started = time.monotonic()
     # Every run record in the manifest carries its plan: the latest record under the run's key
     # is what a retried task reuses (compaction keeps only that one).
     summary = {"pipeline": spec.name, "run_id": plan.run_id, "sink": spec.sink.kind,
                "started_at": now_iso(), "plan": asdict(plan),
-               "skipped": [asdict(s) for s in plan.skipped]}
+               "skipped": [asdict(s) for s in plan.skipped], **(extra or {})}
     if plan.is_empty:
         return RunSummary(spec.name, plan.run_id, "empty", spec.sink.kind, 0, 0, 0, 0,
                           round(time.monotonic() - started, 3))
-    if spec.sink.kind == "kafka":
+    if spec.sink.kind == "kafka" and clients is None:
         check_transaction_timeout(spec, settings)
     source, results, dead_letters = transformed(spark, spec, plan, settings)
     if spec.sink.kind == "kafka":
@@ -113,7 +130,8 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
             kafka_sink.check_output(results, spec)
         if spec.sink.commit == "atomic":
             tally: Counter = Counter()
-            res = kafka_sink.write_atomic(results, spec, plan, settings, summary, tally)
+            commit = clients.atomic.use(plan.active) if clients and clients.atomic else None
+            res = kafka_sink.write_atomic(results, spec, plan, settings, summary, tally, commit)
             status, out, dead = res.status, res.records_out, res.dead_letters
             counts = {r.tp: (tally[(r.tp, "out")], tally[(r.tp, "dead")]) for r in plan.active}
         else:
@@ -155,7 +173,8 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
             source.persist()
         try:
             records_in = source.count() if source is not None else 0
-            res = sql_sink.write(results, dead_letters, spec, plan, settings, summary, records_in)
+            res = sql_sink.write(results, dead_letters, spec, plan, settings, summary, records_in,
+                                 sink=clients.sql if clients else None)
         finally:
             if source is not None:
                 source.unpersist()

@@ -139,11 +139,14 @@ def cmd_run(args) -> int:
     from kafka_eos.pipeline import prepare_plan, verify
     from kafka_eos.spark_io import get_session
 
+    from kafka_eos.stream.lease import refuse_if_streaming
+
     console = Console(quiet=args.json)
     started = time.monotonic()
     spec, settings = _spec(args), _settings(args)
     console.step(f"kafka-eos run {spec.name}: Kafka at {settings.bootstrap_servers}, "
                  f"{spec.sink.kind} sink, {spec.sink.commit} commit")
+    refuse_if_streaming(spec, settings)
     run_id = args.run_id or "manual__" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
     plan = prepare_plan(spec, settings, run_id)
     if plan.is_empty:
@@ -175,6 +178,34 @@ def cmd_run(args) -> int:
                   r.get("records_out"), r.get("dead_letters")) for r in summary.ranges],
                 ("partition", "from", "until", "in", "out", "dead")))
     _print_pinned(pinned)
+    return 0
+
+
+def cmd_stream(args) -> int:
+    import signal
+
+    from kafka_eos.logs import child_stderr_to, spark_log4j_options, spark_log_file
+    from kafka_eos.spark_io import get_session
+    from kafka_eos.stream.loop import StreamRunner
+
+    console = Console()
+    spec, settings = _spec(args), _settings(args)
+    console.step(f"kafka-eos stream {spec.name}: Kafka at {settings.bootstrap_servers}, {spec.sink.kind} sink, "
+                 f"{spec.sink.commit} commit, a batch at most every {args.interval:g} s "
+                 f"(Spark's log: {spark_log_file()}); SIGTERM or Ctrl-C stops it after the batch in flight")
+    with child_stderr_to(spark_log_file(), enabled=not args.verbose):
+        spark = get_session(f"kafka-eos stream {spec.name}", driver_java_options=spark_log4j_options(args.verbose))
+
+    def report(line: str) -> None:
+        print(f"{datetime.now(timezone.utc).strftime('%H:%M:%S.%f')[:-3]} {line}", flush=True)
+
+    runner = StreamRunner(spark, spec, settings, interval_s=args.interval, report=report,
+                          max_batches=args.max_batches, stop_when_caught_up=args.until_caught_up, force=args.force)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: runner.stop(signal.Signals(signum).name))
+    stats = runner.run()
+    console.step(f"stream {spec.name} stopped ({stats.stopped_by}): {stats.batches} batch(es), in {stats.records_in}, "
+                 f"out {stats.records_out}, dead letters {stats.dead_letters}, failed batches {stats.failed_batches}")
     return 0
 
 
@@ -345,6 +376,16 @@ def build_parser() -> argparse.ArgumentParser:
     r = command("run", cmd_run, "one batch: plan, Spark, transactional commit", json_flag=True, pipeline=True)
     r.add_argument("--run-id", help="the run's id (a retried run passes the same id)")
     r.add_argument("--max-records", type=int, help="cap per partition (offset span) for this run")
+    st = command("stream", cmd_stream, "run a pipeline continuously: one batch after another in one Spark "
+                                       "application, each exactly once, until SIGTERM/Ctrl-C", pipeline=True)
+    st.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
+                    help="least time between the starts of two batches (default 1)")
+    st.add_argument("--max-records", type=int, help="cap per partition (offset span) of each batch")
+    st.add_argument("--max-batches", type=int, help="stop after this many batches that committed")
+    st.add_argument("--until-caught-up", action="store_true",
+                    help="stop at the first batch with nothing to read (drain the backlog and stop)")
+    st.add_argument("--force", action="store_true",
+                    help="start even though a batch run's plan has not committed yet (a failed run)")
     command("checkpoint", cmd_checkpoint, "per partition: checkpoint, LSO, HW and lag (to the LSO)",
             json_flag=True, pipeline=True)
     command("pipelines", cmd_pipelines, "the pipeline specs under include/pipelines/: sink, scope, lag, last run",

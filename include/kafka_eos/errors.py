@@ -65,3 +65,7 @@ class NoOpenTransaction(KafkaEosError):
 
 class AbortFailed(KafkaEosError):
     """An abort ran, and the partition's LSO is still pinned at the transaction's start."""
+
+
+class PipelineBusy(KafkaEosError):
+    """A pipeline runs in one mode at a time: a stream owns it, or a batch run is in flight."""

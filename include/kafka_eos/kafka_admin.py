@@ -184,17 +184,25 @@ def _create(settings: KafkaSettings, topics: Mapping[str, int], replication: int
     partition_offsets(settings, [(t.topic, p) for t in new for p in range(t.num_partitions)])
 
 
-def partition_offsets(settings: KafkaSettings, tps: Iterable[TP]) -> dict[TP, PartitionOffsets]:
-    """Log start, LSO and high watermark of each partition (one batched request per kind)."""
+def partition_offsets(settings: KafkaSettings, tps: Iterable[TP],
+                      admin: AdminClient | None = None) -> dict[TP, PartitionOffsets]:
+    """Log start, LSO and high watermark of each partition (one batched request per kind).
+
+    :param admin: a client to ask first (a long-lived caller's); a retry after a transient error
+        starts from a fresh client (see the module's docstring).
+    """
     tps = list(tps)
     if not tps:
         return {}
 
     def query(spec: OffsetSpec, isolation: IsolationLevel) -> dict[TP, int]:
+        given = admin
+
         def once() -> dict[TP, int]:
+            nonlocal given
             # The client must outlive its futures: a collected client never completes them.
-            admin = admin_client(settings)
-            futs = admin.list_offsets({TopicPartition(t, p): spec for t, p in tps}, isolation_level=isolation,
+            client, given = (given if given is not None else admin_client(settings)), None
+            futs = client.list_offsets({TopicPartition(t, p): spec for t, p in tps}, isolation_level=isolation,
                                       request_timeout=ADMIN_TIMEOUT_S)
             return {(tp.topic, tp.partition): _result(f, f"list_offsets {tp.topic}-{tp.partition}").offset
                     for tp, f in futs.items()}
@@ -207,7 +215,7 @@ def partition_offsets(settings: KafkaSettings, tps: Iterable[TP]) -> dict[TP, Pa
     return {tp: PartitionOffsets(start[tp], lso[tp], hw[tp]) for tp in tps}
 
 
-def _group_client(settings: KafkaSettings, group_id: str) -> Consumer:
+def group_client(settings: KafkaSettings, group_id: str) -> Consumer:
     """A consumer of ``group_id`` that never joins it (no subscribe): it only fetches and commits
     offsets. Group offsets go through a consumer rather than the AdminClient: librdkafka 2.16's
     admin OffsetFetch/OffsetCommit path dereferences a missing consumer-group handle on
@@ -230,34 +238,44 @@ def offset_metadata(now_ms: int | None = None) -> str:
     return f"kafka-eos committed_at={int(time.time() * 1000) if now_ms is None else now_ms}"
 
 
-def committed_offsets(settings: KafkaSettings, group_id: str, tps: Iterable[TP]) -> dict[TP, int | None]:
+def committed_offsets(settings: KafkaSettings, group_id: str, tps: Iterable[TP],
+                      consumer: Consumer | None = None) -> dict[TP, int | None]:
     """The group's committed offsets (stable: pending transactional commits are waited out).
 
+    :param consumer: a :func:`group_client` of ``group_id`` to ask first (a long-lived caller's).
     :returns: tp -> next offset to read, or None where the group has no offset.
     """
-    return {tp: offset for tp, (offset, _at) in committed_offsets_and_times(settings, group_id, tps).items()}
+    return {tp: offset for tp, (offset, _at)
+            in committed_offsets_and_times(settings, group_id, tps, consumer).items()}
 
 
-def committed_offsets_and_times(settings: KafkaSettings, group_id: str,
-                                tps: Iterable[TP]) -> dict[TP, tuple[int | None, float | None]]:
+def committed_offsets_and_times(settings: KafkaSettings, group_id: str, tps: Iterable[TP],
+                                consumer: Consumer | None = None) -> dict[TP, tuple[int | None, float | None]]:
     """The group's committed offsets and when kafka-eos committed them (epoch seconds; None for
-    no offset, or an offset committed without kafka-eos's metadata)."""
+    no offset, or an offset committed without kafka-eos's metadata).
+
+    :param consumer: a :func:`group_client` of ``group_id`` to ask first; a retry after a transient
+        error starts from a fresh client (see the module's docstring).
+    """
     tps = list(tps)
     if not tps:
         return {}
-    consumer = _group_client(settings, group_id)
-    try:
-        def once():
-            try:
-                res = consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=ADMIN_TIMEOUT_S)
-            except KafkaException as exc:
-                raise BrokerError(f"committed offsets of group {group_id!r}: {exc.args[0].str()}") from exc
-            _raise_partition_errors(res, f"committed offset in group {group_id!r}")
-            return res
+    given = consumer
 
-        res = retrying(once)
-    finally:
-        consumer.close()
+    def once():
+        nonlocal given
+        client, given = (given if given is not None else group_client(settings, group_id)), None
+        try:
+            res = client.committed([TopicPartition(t, p) for t, p in tps], timeout=ADMIN_TIMEOUT_S)
+        except KafkaException as exc:
+            raise BrokerError(f"committed offsets of group {group_id!r}: {exc.args[0].str()}") from exc
+        finally:
+            if client is not consumer:
+                client.close()
+        _raise_partition_errors(res, f"committed offset in group {group_id!r}")
+        return res
+
+    res = retrying(once)
     out: dict[TP, tuple[int | None, float | None]] = {}
     for tp in res:
         if tp.offset < 0:
@@ -314,7 +332,7 @@ def alter_group_offsets(settings: KafkaSettings, group_id: str, offsets: Mapping
     members, so a plain offset commit outside any generation is accepted)."""
     if not offsets:
         return
-    consumer = _group_client(settings, group_id)
+    consumer = group_client(settings, group_id)
     try:
         def once():
             try:

@@ -153,13 +153,7 @@ def prepare_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> Pl
     no-op). Otherwise the run is planned anew, so ``on_data_loss`` decides about deleted records.
     """
     manifest = ManifestStore.of(spec, settings)
-    manifest.ensure_topic()
-    cks, drift, offsets, times = _cluster_state(spec, settings)
-    if drift:
-        repair_drift(spec, settings, drift)
-    # Every plan reads the manifest's memory (a bounded walk from its end) and snapshots it when
-    # the walk was long: a later lookup, however many runs later, stops at that snapshot.
-    state = manifest.refresh_state()
+    cks, offsets, times, state = _repaired_state(spec, settings, manifest)
     stored = manifest.stored_plan(run_id)
     if stored is not None and all(
             cks.get(r.tp) == r.until
@@ -167,11 +161,36 @@ def prepare_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> Pl
             or (cks.get(r.tp) == r.expected and (r.empty or r.from_offset >= offsets[r.tp].log_start))
             for r in stored.active):
         return stored
+    plan = _first_plan_remembered(spec, settings, manifest, run_id, cks, offsets, times, state)
+    manifest.put_plan(plan)
+    return plan
+
+
+def _repaired_state(spec: PipelineSpec, settings: KafkaSettings, manifest: ManifestStore):
+    """The cluster's state for a plan that will run: a SQL sink's drift repaired, the manifest's
+    memory read (a bounded walk from its end, snapshotted when the walk was long: a later lookup,
+    however many runs later, stops at that snapshot)."""
+    manifest.ensure_topic()
+    cks, drift, offsets, times = _cluster_state(spec, settings)
+    if drift:
+        repair_drift(spec, settings, drift)
+    return cks, offsets, times, manifest.refresh_state()
+
+
+def _first_plan_remembered(spec, settings, manifest, run_id, cks, offsets, times, state) -> Plan:
     plan, first = _plan(spec, settings, run_id, cks, offsets, times, state)
     if first:
         manifest.put_starts(plan)  # later plans start this plan's uncommitted partitions here
-    manifest.put_plan(plan)
     return plan
+
+
+def fresh_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> Plan:
+    """A plan that will run at once and is not stored (a stream's batch: it is never retried as
+    such; a restarted stream plans again from the checkpoints). Repairs drift like
+    :func:`prepare_plan`."""
+    manifest = ManifestStore.of(spec, settings)
+    cks, offsets, times, state = _repaired_state(spec, settings, manifest)
+    return _first_plan_remembered(spec, settings, manifest, run_id, cks, offsets, times, state)
 
 
 def verify(spec: PipelineSpec, settings: KafkaSettings, plan: Plan) -> dict[TP, int | None]:

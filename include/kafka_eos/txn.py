@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from kafka_eos.errors import CheckpointConflict, ProducerFenced, TransactionFailed, TransactionTimedOut
 from kafka_eos.faults import armed, crash_point
-from kafka_eos.kafka_admin import committed_offsets, offset_metadata
+from kafka_eos.kafka_admin import group_client, committed_offsets, offset_metadata
 from kafka_eos.plan import PartitionRange
 from kafka_eos.settings import KafkaSettings
 
@@ -64,8 +64,12 @@ class TransactionalCommit:
 
     def __init__(self, settings: KafkaSettings, transactional_id: str, group_id: str,
                  ranges: Sequence[PartitionRange], dlq_topic: str | None = None,
-                 fences: Sequence[str] = (), timeout_ms: int = TRANSACTION_TIMEOUT_MS) -> None:
+                 fences: Sequence[str] = (), timeout_ms: int = TRANSACTION_TIMEOUT_MS,
+                 keep_open: bool = False) -> None:
         self.settings = settings
+        #: False: one transaction, its clients closed after it. True: many (stream mode), one
+        #: producer and epoch for all of them, until :meth:`close`.
+        self.keep_open = keep_open
         self.timeout_ms = timeout_ms
         self._begun: float | None = None
         self.transactional_id = transactional_id
@@ -75,6 +79,10 @@ class TransactionalCommit:
         self.dlq_topic = dlq_topic
         self._producer: Producer | None = None
         self._delivery_error: tuple[KafkaError, str] | None = None
+        #: Kept between :meth:`run` calls of a long-lived commit (stream mode): the group's
+        #: metadata and a consumer that reads its committed offsets.
+        self._group_md = None
+        self._reader: Consumer | None = None
 
     # -- the one retry routine ------------------------------------------------------------
     def _call(self, what: str, fn: Callable[[], object]) -> object:
@@ -173,28 +181,20 @@ class TransactionalCommit:
         :raises ProducerFenced: a newer attempt took over.
         :raises TransactionFailed: the transaction was aborted; nothing of it is visible.
         """
-        conf = self.settings.client_config(**{
-            "transactional.id": self.transactional_id,
-            "enable.idempotence": True,
-            "transaction.timeout.ms": self.timeout_ms,
-            # Keys land where Java producers put them.
-            "partitioner": "murmur2_random",
-            # Batch for throughput; a transaction flushes before it commits anyway.
-            "linger.ms": 20,
-            "compression.type": "lz4",
-        })
-        self._producer = Producer(conf)
-        # 1. Fence older attempts of the same work; their open transaction is aborted.
-        self._call("init_transactions", lambda: self._producer.init_transactions(CALL_TIMEOUT_S))
-        # 1b. Fence attempts of the same partitions in the other commit scope. Own id first, then
-        # the others: of two attempts that overlap, whichever inits last fences the other's
-        # producer, so at most one of them can commit (docs/architecture.md, "Fencing across scopes").
-        for fence_id in self.fences:
-            self._fence(fence_id)
+        try:
+            return self._run(records, manifest)
+        finally:
+            if not self.keep_open:
+                self.close()
+
+    def _run(self, records, manifest) -> CommitResult:
+        # 1. Fence older attempts (once per producer: a long-lived commit keeps its epoch).
+        self.open()
+        self._delivery_error, self._begun = None, None
 
         # 2. Check the checkpoint, now that no older attempt can commit any more.
         tps = [r.tp for r in self.ranges]
-        committed = committed_offsets(self.settings, self.group_id, tps)
+        committed = self._committed(tps)
         # Refresh ranges (idle partitions, checkpoint committed again unchanged) cannot tell a
         # landed commit from a pending one; the ranges that move decide, when there are any.
         deciding = [r for r in self.ranges if r.expected != r.until]
@@ -237,7 +237,9 @@ class TransactionalCommit:
         # 3b. The consumed offsets: the next offset to read is each range's end.
         # With the commit time in the metadata: the planner refreshes idle checkpoints by it.
         offsets = [TopicPartition(r.topic, r.partition, r.until, offset_metadata()) for r in self.ranges]
-        group_md = _group_metadata(self.settings, self.group_id)
+        if self._group_md is None:
+            self._group_md = _group_metadata(self.settings, self.group_id)
+        group_md = self._group_md
         self._call("send_offsets_to_transaction",
                    lambda: self._producer.send_offsets_to_transaction(offsets, group_md, CALL_TIMEOUT_S))
         # 3c. The manifest record(s), inside the transaction.
@@ -246,6 +248,47 @@ class TransactionalCommit:
         # 3d. Commit. A retriable failure here is retried by _call; commit is idempotent.
         self._call("commit_transaction", lambda: self._producer.commit_transaction(CALL_TIMEOUT_S))
         return CommitResult("committed", out, dead)
+
+    def open(self) -> None:
+        """Steps 1 and 1b, when this commit has no producer yet: a commit used for many
+        transactions (:meth:`use` between them) fences once, at its first."""
+        if self._producer is not None:
+            return
+        self._producer = Producer(self.settings.client_config(**{
+            "transactional.id": self.transactional_id,
+            "enable.idempotence": True,
+            "transaction.timeout.ms": self.timeout_ms,
+            # Keys land where Java producers put them.
+            "partitioner": "murmur2_random",
+            # Batch for throughput; a transaction flushes before it commits anyway.
+            "linger.ms": 20,
+            "compression.type": "lz4",
+        }))
+        # 1. Fence older attempts of the same work; their open transaction is aborted.
+        self._call("init_transactions", lambda: self._producer.init_transactions(CALL_TIMEOUT_S))
+        # 1b. Fence attempts of the same partitions in the other commit scope. Own id first, then
+        # the others: of two attempts that overlap, whichever inits last fences the other's
+        # producer, so at most one of them can commit (docs/architecture.md, "Fencing across scopes").
+        for fence_id in self.fences:
+            self._fence(fence_id)
+
+    def use(self, ranges: Sequence[PartitionRange]) -> "TransactionalCommit":
+        """The next transaction of a long-lived commit covers ``ranges`` (same transactional.id)."""
+        self.ranges = tuple(ranges)
+        return self
+
+    def close(self) -> None:
+        """Let go of the producer and reader. After a failure whose outcome is unknown the next
+        :meth:`run` builds a new producer: its init_transactions() settles the old transaction."""
+        self._producer, self._group_md = None, None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def _committed(self, tps: list) -> dict:
+        if self._reader is None:
+            self._reader = group_client(self.settings, self.group_id)
+        return committed_offsets(self.settings, self.group_id, tps, consumer=self._reader)
 
     def _fence(self, transactional_id: str) -> None:
         """Bump the epoch of ``transactional_id`` (aborting its open transaction) and let go."""

@@ -86,13 +86,19 @@ def to_records(rows: Iterable, spec: PipelineSpec, tally: Counter | None = None)
                    headers + dead_letter_headers(reason, row["topic"], row["partition"], row["offset"]))
 
 
-def atomic_commit(spec: PipelineSpec, plan: Plan, settings: KafkaSettings) -> TransactionalCommit:
+def atomic_commit(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
+                  partitions: Iterable[tuple[str, int]] | None = None, keep_open: bool = False) -> TransactionalCommit:
     """The transaction of a whole plan, under the pipeline's group-level transactional.id; it
-    also fences the per-partition ids of the plan's partitions."""
+    also fences the per-partition ids of the plan's partitions.
+
+    :param partitions: fence these partitions' ids instead (a long-lived commit: every source
+        partition, since later plans may hold partitions this one does not).
+    :param keep_open: one producer for many transactions (see :class:`TransactionalCommit`).
+    """
+    tps = [r.tp for r in plan.active] if partitions is None else list(partitions)
     return TransactionalCommit(settings, spec.transactional_id(), spec.source.group_id, plan.active,
-                               spec.sink.dlq_topic,
-                               fences=[spec.transactional_id(r.topic, r.partition) for r in plan.active],
-                               timeout_ms=spec.sink.transaction_timeout_s * 1000)
+                               spec.sink.dlq_topic, fences=[spec.transactional_id(t, p) for t, p in tps],
+                               timeout_ms=spec.sink.transaction_timeout_s * 1000, keep_open=keep_open)
 
 
 def partition_commit(spec: PipelineSpec, r: PartitionRange, settings: KafkaSettings) -> TransactionalCommit:
@@ -104,10 +110,12 @@ def partition_commit(spec: PipelineSpec, r: PartitionRange, settings: KafkaSetti
 
 
 def write_atomic(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
-                 summary: dict, tally: Counter | None = None) -> CommitResult:
+                 summary: dict, tally: Counter | None = None,
+                 commit: TransactionalCommit | None = None) -> CommitResult:
     """One transaction for the whole plan, on the driver.
 
     :param tally: filled with per-source-partition counts (see :func:`to_records`).
+    :param commit: a long-lived commit set to the plan's ranges (stream mode); else a new one.
     """
     from pyspark import StorageLevel
 
@@ -117,7 +125,7 @@ def write_atomic(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, setting
         df = df.persist(StorageLevel.MEMORY_AND_DISK)
         df.count()
     rows = df.toLocalIterator(prefetchPartitions=True) if df is not None else ()
-    commit = atomic_commit(spec, plan, settings)
+    commit = commit or atomic_commit(spec, plan, settings)
 
     def manifest(out: int, dead: int):
         record = {**summary, "status": COMMITTED, "records_out": out, "dead_letters": dead,

@@ -278,18 +278,22 @@ def _bytes(v):
 
 
 def write(results: "DataFrame | None", dead_letters: "DataFrame | None", spec: PipelineSpec, plan: Plan,
-          settings: KafkaSettings, summary: dict, records_in: int | None = None) -> SqlResult:
+          settings: KafkaSettings, summary: dict, records_in: int | None = None,
+          sink: SqlSink | None = None) -> SqlResult:
     """Commit a run to the SQL sink, then mirror the checkpoint to Kafka.
 
     ``results`` may be a one-DataFrame transform output (rows with ``dlq_reason``) when
     ``dead_letters`` is None.
+
+    :param sink: a long-lived sink whose tables exist (stream mode); else a new one.
     """
     from pyspark.sql import functions as F
 
     from kafka_eos.transforms import DLQ_REASON
 
-    sink = SqlSink(spec)
-    sink.create_tables()
+    if sink is None:
+        sink = SqlSink(spec)
+        sink.create_tables()
     if results is not None and dead_letters is None and DLQ_REASON in results.columns:
         dead_letters = results.where(F.col(DLQ_REASON).isNotNull())
         results = results.where(F.col(DLQ_REASON).isNull()).drop(DLQ_REASON)

@@ -1,0 +1,184 @@
+"""Which mode owns a pipeline. A running stream holds a *lease*: membership of the consumer group
+``<group_id>.stream``, subscribed to the pipeline's one-partition manifest topic, so that exactly
+one member is assigned its partition. Kafka keeps the lease alive while the stream polls and ends
+it ``session.timeout.ms`` after the process dies: nothing to clean up after a SIGKILL.
+
+A batch run (the DAG, ``kafka-eos run``) asks :func:`stream_owner` first and steps aside while a
+stream owns the pipeline; a stream refuses to start while another stream owns it, or while a batch
+run's plan is in flight (:func:`batch_in_flight`). The lease keeps the two modes from fencing
+each other back and forth; the commit protocol's fencing keeps either one exactly-once regardless.
+
+The lease group is not the pipeline's checkpoint group (that one must never have members); it
+never commits offsets, and its one partition is paused: it fetches nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from confluent_kafka import Consumer, KafkaException
+
+from kafka_eos.errors import BrokerError, PipelineBusy
+from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, admin_client
+from kafka_eos.manifest import PLANNED, ManifestStore
+from kafka_eos.plan import Plan
+from kafka_eos.settings import KafkaSettings
+from kafka_eos.spec import PipelineSpec
+
+#: How long Kafka keeps the lease of a stream that stopped polling (killed, frozen): a restart
+#: after a SIGKILL waits up to this long. Kafka's brokers accept 6 s to 30 min by default.
+SESSION_TIMEOUT_MS = 10_000
+#: A batch may run this long between two polls of the lease before Kafka takes it back
+#: (librdkafka's max.poll.interval.ms; a stream polls between batches).
+MAX_POLL_INTERVAL_MS = 3_600_000
+#: Client id prefix of a stream's lease member: ``kafka-eos-stream:<host>:<pid>``.
+CLIENT_PREFIX = "kafka-eos-stream"
+
+
+def lease_group(spec: PipelineSpec) -> str:
+    return f"{spec.source.group_id}.stream"
+
+
+@dataclass(frozen=True)
+class StreamOwner:
+    """The member of a pipeline's lease group: a running stream (or one that died less than
+    the session timeout ago)."""
+
+    client_id: str
+    host: str
+    member_id: str
+
+    def describe(self) -> str:
+        return f"{self.client_id} (member {self.member_id} from {self.host})"
+
+
+def stream_owner(spec: PipelineSpec, settings: KafkaSettings) -> StreamOwner | None:
+    """The stream that owns ``spec``'s pipeline now, or None.
+
+    :raises BrokerError: the group cannot be described.
+    """
+    group = lease_group(spec)
+    admin = admin_client(settings)  # kept alive while its future is read
+    try:
+        desc = admin.describe_consumer_groups([group], request_timeout=ADMIN_TIMEOUT_S)[group].result(
+            timeout=ADMIN_TIMEOUT_S)
+    except KafkaException as exc:
+        if exc.args[0].name() == "GROUP_ID_NOT_FOUND":
+            return None
+        raise BrokerError(f"describing lease group {group!r}: {exc.args[0].str()}") from exc
+    members = sorted(desc.members, key=lambda m: not (m.assignment and m.assignment.topic_partitions))
+    if not members:
+        return None
+    m = members[0]
+    return StreamOwner(m.client_id, m.host, m.member_id)
+
+
+def refuse_if_streaming(spec: PipelineSpec, settings: KafkaSettings) -> None:
+    """For a batch run: step aside while a stream owns the pipeline.
+
+    :raises PipelineBusy: naming the stream.
+    """
+    owner = stream_owner(spec, settings)
+    if owner is not None:
+        raise PipelineBusy(f"pipeline {spec.name} is owned by a stream, {owner.describe()}: batch runs wait until "
+                           f"it stops (SIGTERM; a killed stream lets go within {SESSION_TIMEOUT_MS / 1000:g} s)")
+
+
+def batch_in_flight(spec: PipelineSpec, settings: KafkaSettings, within_s: float) -> dict | None:
+    """The newest run record when it is a stored plan not yet committed and younger than
+    ``within_s`` (a batch run in flight, most likely), else None."""
+    record = ManifestStore.of(spec, settings).last_run()
+    if record is None or record.get("status") != PLANNED:
+        return None
+    plan = Plan.from_json(json.dumps(record["plan"]))
+    if plan.is_empty:
+        return None
+    try:
+        age = time.time() - datetime.fromisoformat(record.get("updated_at") or plan.created_at).timestamp()
+    except ValueError:
+        return None
+    return record if age < within_s else None
+
+
+class StreamLease:
+    """The lease of one stream: :meth:`acquire` once, :meth:`keep` between batches (a poll),
+    :meth:`release` at the end (leaves the group at once)."""
+
+    def __init__(self, spec: PipelineSpec, settings: KafkaSettings) -> None:
+        self.spec = spec
+        self.settings = settings
+        self.client_id = f"{CLIENT_PREFIX}:{socket.gethostname()}:{os.getpid()}"
+        self._consumer: Consumer | None = None
+        self._assigned = False
+        self._rebalanced = False
+        self.lost = False
+
+    def acquire(self, wait_s: float = SESSION_TIMEOUT_MS / 1000 + 5) -> None:
+        """Take the lease, waiting up to ``wait_s`` for a dead stream's lease to expire.
+
+        :raises PipelineBusy: another stream holds it.
+        """
+        deadline = time.monotonic() + wait_s
+        owner = stream_owner(self.spec, self.settings)
+        while owner is not None and time.monotonic() < deadline:
+            time.sleep(1.0)
+            owner = stream_owner(self.spec, self.settings)
+        if owner is not None:
+            raise PipelineBusy(f"pipeline {self.spec.name} is already streaming in {owner.describe()}")
+        ManifestStore.of(self.spec, self.settings).ensure_topic()
+        self._consumer = Consumer(self.settings.client_config(**{
+            "group.id": lease_group(self.spec), "client.id": self.client_id,
+            "enable.auto.commit": False, "auto.offset.reset": "latest",
+            "session.timeout.ms": SESSION_TIMEOUT_MS, "max.poll.interval.ms": MAX_POLL_INTERVAL_MS,
+        }))
+        self._consumer.subscribe([self.spec.manifest_topic], on_assign=self._on_assign,
+                                 on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        # Two streams that start together both join; one is assigned the partition. The other
+        # sees the rebalance end with nothing assigned, and lets go.
+        deadline = time.monotonic() + 2 * SESSION_TIMEOUT_MS / 1000
+        while time.monotonic() < deadline:
+            self._consumer.poll(0.2)
+            if self._assigned:
+                return
+            if self._consumer.assignment() == [] and self._rebalanced:
+                break
+        self.release()
+        owner = stream_owner(self.spec, self.settings)
+        raise PipelineBusy(f"pipeline {self.spec.name} is already streaming"
+                           + (f" in {owner.describe()}" if owner else ""))
+
+    def _on_assign(self, consumer: Consumer, partitions) -> None:
+        self._rebalanced = True
+        self._assigned = bool(partitions)
+        if partitions:
+            consumer.pause(partitions)  # membership is the lease; nothing to fetch
+
+    def _on_revoke(self, _consumer: Consumer, partitions) -> None:
+        if self._assigned and partitions:
+            self.lost = True
+        self._assigned = False
+
+    def keep(self) -> None:
+        """Poll (Kafka counts a member that stops polling as gone).
+
+        :raises PipelineBusy: the lease was taken away (another stream joined and won it).
+        """
+        if self._consumer is None:
+            return
+        self._consumer.poll(0)
+        if self.lost:
+            raise PipelineBusy(f"pipeline {self.spec.name}: this stream lost its lease to another stream; stopping")
+
+    def release(self) -> None:
+        if self._consumer is not None:
+            try:
+                self._consumer.close()  # leaves the group: a batch run may go at once
+            except (KafkaException, RuntimeError):
+                pass
+            self._consumer = None
+            self._assigned = False

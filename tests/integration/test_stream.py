@@ -1,0 +1,186 @@
+"""Stream mode against the real broker and real Spark: many batches over input with aborted
+transactions, both commit scopes and the SQL sink; SIGTERM and SIGKILL of a running stream; the
+lease that keeps a stream and batch runs from running the same pipeline at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from sqlalchemy import create_engine, text
+
+from kafka_eos import kafka_admin
+from kafka_eos.cli import main as cli
+from kafka_eos.errors import PipelineBusy
+from kafka_eos.readers import read_committed
+from kafka_eos.sample_data import produce_orders
+from kafka_eos.spec import spec_document
+from kafka_eos.stream.lease import StreamLease, stream_owner
+from kafka_eos.stream.loop import STREAM_RUN_ID, StreamRunner
+
+pytestmark = pytest.mark.integration
+
+KAFKA_EOS = Path(sys.executable).parent / "kafka-eos"
+
+
+def wait_until(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
+        time.sleep(0.2)
+
+
+def caught_up(spec, settings) -> bool:
+    """Every source partition's checkpoint is at its LSO."""
+    n = kafka_admin.partitions_of(settings, spec.source.topics)[spec.source.topics[0]]
+    tps = [(spec.source.topics[0], p) for p in range(n)]
+    lso = kafka_admin.partition_offsets(settings, tps)
+    cks = kafka_admin.committed_offsets(settings, spec.source.group_id, tps)
+    return all(cks[tp] == lso[tp].lso for tp in tps)
+
+
+def check_kafka_output(spec, settings, committed: list[dict], aborted: list[str]) -> None:
+    out = [json.loads(m.value)["order_id"] for m in read_committed(settings, spec.sink.topic)]
+    assert Counter(out) == Counter(o["order_id"] for o in committed)  # nothing lost, nothing twice
+    assert not set(out) & set(aborted)  # nothing of an aborted input transaction
+
+
+def stable_output(spec, settings) -> None:
+    """No transaction left open on the output: LSO == HW on every output partition."""
+    n = kafka_admin.partitions_of(settings, [spec.sink.topic])[spec.sink.topic]
+    offsets = kafka_admin.partition_offsets(settings, [(spec.sink.topic, p) for p in range(n)])
+    assert all(o.lso == o.high_watermark for o in offsets.values()), offsets
+
+
+@pytest.mark.parametrize("kind,commit", [("kafka", "atomic"), ("kafka", "per_partition"), ("sql", "atomic")])
+def test_stream_many_batches_exactly_once_over_aborted_input(spark, kafka_settings, make_spec, kind, commit):
+    transform = "identity" if kind == "kafka" else "spark_apps.transforms.revenue:revenue_per_minute"
+    extra = {} if kind == "kafka" else {"key_columns": ["minute", "category"], "merge": "add"}
+    spec = make_spec(transform, kind, commit, **extra)
+    topic = spec.source.topics[0]
+    lines: list[str] = []
+    runner = StreamRunner(spark, spec, kafka_settings, interval_s=0.2, report=lines.append)
+    failure: list[BaseException] = []
+
+    def run():
+        try:
+            runner.run()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+            failure.append(exc)
+
+    stream = threading.Thread(target=run)
+    stream.start()
+    committed, aborted, malformed = [], [], 0
+    try:
+        # Waves of input while the stream runs: each wave has aborted and (for SQL) poison records.
+        for wave in range(4):
+            truth = produce_orders(kafka_settings, topic, 120, first_seq=wave * 120, abort_every=3,
+                                   malformed_every=0 if kind == "kafka" else 13, transactional_id=f"wave-{wave}")
+            committed += truth.committed
+            aborted += truth.aborted
+            malformed += truth.malformed
+            time.sleep(1.0)
+        wait_until(lambda: failure or caught_up(spec, kafka_settings), 120, "the stream to catch up")
+    finally:
+        runner.stop()
+        stream.join(60)
+    assert not failure, failure
+    assert runner.stats.batches >= 2, lines  # waves arrived while it ran: more than one batch
+    assert runner.stats.records_in == len(committed) + malformed
+    assert all(line.startswith("batch ") and " committed: in " in line for line in lines), lines
+    if kind == "kafka":
+        check_kafka_output(spec, kafka_settings, committed, aborted)
+        stable_output(spec, kafka_settings)
+    else:
+        with create_engine(spec.sink.url).connect() as conn:
+            assert conn.execute(text("select sum(order_count) from results")).scalar() == len(committed)
+            assert conn.execute(text("select count(*) from kafka_eos_dead_letters")).scalar() == malformed
+    # The progress record: one key for every batch, holding the last batch's plan and number.
+    from kafka_eos.manifest import ManifestStore
+
+    record, _parts = ManifestStore.of(spec, kafka_settings).run_records(STREAM_RUN_ID)
+    assert record["stream"]["batch"] == runner.stats.batches
+    assert stream_owner(spec, kafka_settings) is None  # the lease was given back
+
+
+def _start_stream(spec_file: Path, settings, *flags: str, crash_at: str | None = None) -> subprocess.Popen:
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    env.pop("KAFKA_EOS_CRASH_AT", None)
+    if crash_at:
+        env["KAFKA_EOS_CRASH_AT"] = crash_at
+    return subprocess.Popen([str(KAFKA_EOS), "stream", str(spec_file), "--bootstrap", settings.bootstrap_servers,
+                             "--interval", "0.2", *flags], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _spec_file(spec, tmp_path: Path) -> Path:
+    path = tmp_path / f"{spec.name}.yaml"
+    path.write_text(yaml.safe_dump(spec_document(spec)))
+    return path
+
+
+def test_sigterm_mid_stream_exits_clean_and_a_restart_is_exactly_once(kafka_settings, make_spec, tmp_path,
+                                                                      capsys):
+    spec = make_spec("identity", "kafka", "atomic")
+    spec_file = _spec_file(spec, tmp_path)
+    truth = produce_orders(kafka_settings, spec.source.topics[0], 3000, abort_every=4, malformed_every=0)
+    proc = _start_stream(spec_file, kafka_settings, "--max-records", "100")
+    try:
+        first = proc.stdout.readline()
+        assert first.split(" ", 1)[1].startswith("batch 1 committed"), (first, proc.stderr.read())
+        # While it runs, it owns the pipeline: a batch run steps aside, a second stream is refused.
+        owner = stream_owner(spec, kafka_settings)
+        assert owner is not None and owner.client_id.endswith(f":{proc.pid}")
+        assert cli(["run", str(spec_file), "--bootstrap", kafka_settings.bootstrap_servers]) == 1
+        assert "is owned by a stream" in capsys.readouterr().err
+        with pytest.raises(PipelineBusy, match="already streaming"):
+            StreamLease(spec, kafka_settings).acquire(wait_s=0)
+        proc.send_signal(signal.SIGTERM)  # mid-stream: batches of 100 offsets, 3000 to go
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err
+    assert "stopped (SIGTERM)" in err
+    stable_output(spec, kafka_settings)  # the batch in flight finished: no open transaction
+    assert not caught_up(spec, kafka_settings), "the stream should have stopped before the end"
+    assert stream_owner(spec, kafka_settings) is None  # the lease went with it
+
+    again = _start_stream(spec_file, kafka_settings, "--until-caught-up")
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    check_kafka_output(spec, kafka_settings, truth.committed, truth.aborted)
+    stable_output(spec, kafka_settings)
+    assert caught_up(spec, kafka_settings)
+
+
+def test_sigkill_mid_transaction_then_restart_is_exactly_once(kafka_settings, make_spec, tmp_path):
+    spec = make_spec("identity", "kafka", "atomic")
+    spec_file = _spec_file(spec, tmp_path)
+    truth = produce_orders(kafka_settings, spec.source.topics[0], 2000, abort_every=5, malformed_every=0)
+    # The 3rd transaction of the stream is SIGKILLed after 100 of its records reached the broker.
+    killed = _start_stream(spec_file, kafka_settings, "--max-records", "150", crash_at="after_produce:3")
+    out, err = killed.communicate(timeout=300)
+    assert killed.returncode == -signal.SIGKILL, (out, err)
+    assert out.count(" committed: in ") == 2, out
+    n = kafka_admin.partitions_of(kafka_settings, [spec.sink.topic])[spec.sink.topic]
+    offsets = kafka_admin.partition_offsets(kafka_settings, [(spec.sink.topic, p) for p in range(n)])
+    assert any(o.lso < o.high_watermark for o in offsets.values()), "the killed transaction should be open"
+
+    # At once, not after the session timeout: the dead stream's lease expires while it waits.
+    again = _start_stream(spec_file, kafka_settings, "--until-caught-up")
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    check_kafka_output(spec, kafka_settings, truth.committed, truth.aborted)
+    stable_output(spec, kafka_settings)  # its init_transactions() aborted the killed transaction
+    assert caught_up(spec, kafka_settings)

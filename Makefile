@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 JARS   := .local/jars
 MVN    := mvn -q -B -s jvm/settings.xml -f jvm/pom.xml
 
-.PHONY: demo test install jars postgres chromium kafka-start kafka-stop airflow-up airflow-down clean
+.PHONY: demo test bench-stream install jars postgres chromium kafka-start kafka-stop airflow-up airflow-down clean
 
 demo: install jars
 	$(VENV)/bin/kafka-eos demo
@@ -50,6 +50,11 @@ $(JARS)/spark/.resolved: jvm/pom.xml
 	rm -rf $(JARS)/spark
 	$(MVN) -P spark dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=../$(JARS)/spark
 	touch $@
+
+# Continuous mode's end-to-end latency and throughput (figures on stdout and in
+# .local/bench/stream_latency.json; about 5 minutes). BENCH_ARGS: e.g. --rates 1000 --seconds 30.
+bench-stream: install jars
+	$(PY) -m kafka_eos.bench.stream_latency $(BENCH_ARGS)
 
 kafka-start: install jars
 	$(VENV)/bin/kafka-eos kafka start

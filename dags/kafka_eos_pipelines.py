@@ -14,20 +14,23 @@ from pathlib import Path
 
 import yaml
 
-from airflow.sdk import DAG, CronDataIntervalTimetable
+from airflow.sdk import DAG, CronDataIntervalTimetable, Param
 
 from kafka_eos.errors import SpecError
 from kafka_eos.paths import pipelines_dir
-from kafka_eos.spec import PipelineSpec, check_owners, parse_spec
+from kafka_eos.spec import STREAM_SCHEDULE, PipelineSpec, check_owners, parse_spec
+from kafka_eos_airflow.assets import source_asset
 from kafka_eos_airflow.hooks import KafkaEosHook
 from kafka_eos_airflow.notifiers import failure_notifiers
 from kafka_eos_airflow.operators import (KafkaEosPlanOperator, KafkaEosSparkSubmitOperator,
                                          KafkaEosVerifyOperator)
 from kafka_eos_airflow.params import pipeline_params
+from kafka_eos_airflow.stream import KafkaEosStreamOperator
 
 log = logging.getLogger(__name__)
 
 DAG_ID_PREFIX = "kafka_eos__"
+STREAM_DAG_ID_PREFIX = "kafka_eos_stream__"
 #: A fixed start: with catchup off only the latest interval runs; a moving start (``now()``)
 #: would make every parse a different DAG.
 START_DATE = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -60,7 +63,10 @@ def _doc_md(spec: PipelineSpec) -> str:
         "| `spark` | spark-submits `spark_apps/run_pipeline.py` on the stored plan; an empty plan skips Spark |",
         "| `verify` | checks that every checkpoint reached the plan's end and logs the run summary |",
         "",
-        f"Schedule: `{spec.schedule or 'manual only'}` (UTC, data intervals). On data loss: "
+        (f"Schedule: `stream`: a run whenever committed records wait beyond the checkpoint (asset "
+         f"`kafka-eos://{spec.name}/source`, watched by the triggerer). " if spec.schedule == STREAM_SCHEDULE else
+         f"Schedule: `{spec.schedule or 'manual only'}` (UTC, data intervals). ") +
+        f"While `kafka-eos stream {spec.name}` runs, live runs skip themselves (one mode at a time). On data loss: "
         f"`{src.on_data_loss}`. Spec: `{spec.path}`.",
         "",
         "Trigger with config: **Max records per partition** caps this run; **Dry run** shows the plan and "
@@ -78,7 +84,13 @@ def build_dag(spec: PipelineSpec, *, kafka_conn_id: str = KafkaEosHook.default_c
     :param kafka_conn_id: the ``kafka`` connection of the cluster (see ``KafkaEosHook``).
     :param spark_conn_id: the Spark connection spark-submit uses.
     """
-    schedule = CronDataIntervalTimetable(spec.schedule, timezone="UTC") if spec.schedule else None
+    if spec.schedule == STREAM_SCHEDULE:
+        # Event-driven: a run whenever committed records wait beyond the checkpoint.
+        schedule = [source_asset(spec, kafka_conn_id)]
+    elif spec.schedule:
+        schedule = CronDataIntervalTimetable(spec.schedule, timezone="UTC")
+    else:
+        schedule = None
     with DAG(
         dag_id=DAG_ID_PREFIX + spec.name,
         schedule=schedule,
@@ -97,6 +109,41 @@ def build_dag(spec: PipelineSpec, *, kafka_conn_id: str = KafkaEosHook.default_c
                                             conn_id=spark_conn_id)
         verify = KafkaEosVerifyOperator(task_id="verify", pipeline=spec.path, kafka_conn_id=kafka_conn_id)
         plan >> spark >> verify
+    return dag
+
+
+def build_stream_dag(spec: PipelineSpec, *, kafka_conn_id: str = KafkaEosHook.default_conn_name,
+                     **_ignored) -> DAG:
+    """The DAG that runs a pipeline as a stream (``kafka_eos_stream__<name>``): triggered by hand,
+    one long-running task; its retries restart a stream that died, its failure alerts."""
+    with DAG(
+        dag_id=STREAM_DAG_ID_PREFIX + spec.name,
+        schedule=None,
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,
+        # A stream that died restarts from its checkpoint after 30 s, three times, then alerts.
+        default_args={**DEFAULT_ARGS, "retries": 3},
+        params={
+            "interval_s": Param(1.0, type="number", minimum=0, title="Interval (seconds)",
+                                description="Least time between the starts of two batches."),
+            "until_caught_up": Param(False, type="boolean", title="Stop when caught up",
+                                     description="Drain the backlog, then stop (instead of running until "
+                                                 "the task is stopped)."),
+        },
+        tags=["kafka-eos", "stream", spec.sink.kind, spec.sink.commit],
+        doc_md="\n".join([
+            f"### kafka-eos stream `{spec.name}`",
+            "",
+            f"Runs `kafka-eos stream {spec.name}`: one Spark application that plans, reads, transforms and "
+            "commits one small range after another, each exactly once, and logs one line per batch. "
+            "Trigger it to start the stream; mark the task failed (or clear it) to stop it: the stream "
+            "finishes its batch in flight. A stream that dies is restarted from its checkpoint (3 retries), "
+            "then the failure alerts. While it runs, the scheduled DAG's runs of this pipeline skip themselves.",
+        ]),
+    ) as dag:
+        KafkaEosStreamOperator(task_id="stream", pipeline=spec.path, kafka_conn_id=kafka_conn_id,
+                               interval_s="{{ params.interval_s }}")
     return dag
 
 
@@ -124,6 +171,7 @@ def dags_from_folder(folder: str | Path, **kwargs) -> dict[str, DAG]:
             log.error("kafka-eos: skipping pipeline spec %s", exc)
             continue
         dags[DAG_ID_PREFIX + spec.name] = build_dag(spec, **kwargs)
+        dags[STREAM_DAG_ID_PREFIX + spec.name] = build_stream_dag(spec, **kwargs)
     return dags
 
 

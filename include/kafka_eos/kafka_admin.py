@@ -149,14 +149,30 @@ def all_partitions(settings: KafkaSettings) -> list[TP]:
 
 
 def ensure_compacted_topic(settings: KafkaSettings, topic: str, partitions: int = 1,
-                           retention_ms: int | None = None) -> None:
+                           retention_ms: int | None = None, segment_ms: int | None = None) -> None:
     """Create ``topic`` compacted when it is missing (a run manifest), and wait until it can be
-    used. With ``retention_ms`` it is ``compact,delete``: records older than that go too."""
+    used. With ``retention_ms`` it is ``compact,delete``: records older than that go too. With
+    ``segment_ms`` its segments roll at least that often (compaction never touches the active one)."""
     md = admin_client(settings).list_topics(timeout=ADMIN_TIMEOUT_S)
     replication = min(3, len(md.brokers)) or 1
     config = {"cleanup.policy": "compact"} if retention_ms is None else \
         {"cleanup.policy": "compact,delete", "retention.ms": str(retention_ms)}
+    if segment_ms is not None:
+        config["segment.ms"] = str(segment_ms)
     _create(settings, {topic: partitions}, replication, config, md)
+
+
+def set_topic_config(settings: KafkaSettings, topic: str, config: Mapping[str, str]) -> None:
+    """Set some of a topic's settings, leaving the others as they are (incremental alter).
+
+    :raises BrokerError: the cluster refused (an ACL may forbid AlterConfigs).
+    """
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+        ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in config.items()])
+    admin = admin_client(settings)
+    _result(admin.incremental_alter_configs([resource])[resource], f"setting {', '.join(config)} of topic {topic!r}")
 
 
 def create_topics(settings: KafkaSettings, topics: Mapping[str, int], config: Mapping[str, str] | None = None) -> None:

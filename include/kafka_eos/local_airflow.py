@@ -208,6 +208,12 @@ class LocalAirflow:
 
 def _group_alive(pgid: int) -> bool:
     try:
+        # The leader is our child when this process started it: reap it, or as a zombie it keeps
+        # the group "alive" until the timeout.
+        os.waitpid(pgid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    try:
         os.killpg(pgid, 0)
         return True
     except ProcessLookupError:

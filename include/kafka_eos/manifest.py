@@ -33,7 +33,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from kafka_eos.errors import BrokerError, PlanError
 from kafka_eos.kafka_admin import (ADMIN_TIMEOUT_S, TP, PartitionOffsets, admin_client, ensure_compacted_topic,
-                                  partition_offsets)
+                                  partition_offsets, set_topic_config)
 from kafka_eos.plan import Plan
 from kafka_eos.settings import KafkaSettings
 
@@ -52,6 +52,9 @@ MAX_TAIL_STEP = 1024
 SNAPSHOT_AFTER = 200
 #: How long manifest records are kept (``compact,delete``): the audit trail of 30 days of runs.
 MANIFEST_RETENTION_MS = 30 * 24 * 3600 * 1000
+#: Segments of a manifest roll at least this often: compaction leaves the active segment alone, and
+#: a stream writes its progress and checkpoint records once per batch under the same few keys.
+MANIFEST_SEGMENT_MS = 3600 * 1000
 #: A snapshot older than this is written again, however short the lookups, so retention never
 #: deletes the newest snapshot of a pipeline that plans at least this often.
 SNAPSHOT_MAX_AGE_S = MANIFEST_RETENTION_MS / 1000 / 4
@@ -164,7 +167,14 @@ class ManifestStore:
         return cls(settings, spec.manifest_topic, spec.name)
 
     def ensure_topic(self) -> None:
-        ensure_compacted_topic(self.settings, self.topic, retention_ms=MANIFEST_RETENTION_MS)
+        ensure_compacted_topic(self.settings, self.topic, retention_ms=MANIFEST_RETENTION_MS,
+                               segment_ms=MANIFEST_SEGMENT_MS)
+
+    def ensure_compaction(self) -> None:
+        """Before a stream writes a record per batch: the topic exists and its segments roll
+        hourly (a manifest created before that setting keeps Kafka's 7 days otherwise)."""
+        self.ensure_topic()
+        set_topic_config(self.settings, self.topic, {"segment.ms": str(MANIFEST_SEGMENT_MS)})
 
     # -- writes -----------------------------------------------------------------------------
     def put(self, key: str, record: dict | None) -> None:

@@ -59,6 +59,11 @@ class SinkSpec:
     headers: tuple[tuple[str, bytes], ...] = ()
 
 
+#: ``schedule: stream``: the pipeline's DAG runs whenever committed records wait beyond its
+#: checkpoint (an Airflow asset watched by a trigger), not on a clock.
+STREAM_SCHEDULE = "stream"
+
+
 @dataclass(frozen=True)
 class PipelineSpec:
     name: str
@@ -308,7 +313,7 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
     _topic_name(manifest, where, "manifest_topic")
     schedule = top.get("schedule")
     if schedule is not None and not isinstance(schedule, str):
-        raise SpecError(f"{where}: schedule: must be a cron string")
+        raise SpecError(f"{where}: schedule: must be a cron string, or {STREAM_SCHEDULE!r}")
     return PipelineSpec(name=name, source=source, transform=transform, sink=sink,
                         schedule=schedule, manifest_topic=manifest, path=where)
 

@@ -188,9 +188,11 @@ class KafkaEosPlanOperator(_PipelineOperator):
         with task_errors():
             options, spec = run_spec(self.pipeline, context)
             settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
+            side = SideRequest.of(options, context)
+            if options.reset_to or (side is None and not options.dry_run):
+                self._step_aside_for_a_stream(spec, settings)
             if options.reset_to:
                 return self._reset(spec, settings, options, context)
-            side = SideRequest.of(options, context)
             if side is not None:
                 return self._side(spec, settings, options, side, context)
             if options.dry_run:
@@ -203,6 +205,21 @@ class KafkaEosPlanOperator(_PipelineOperator):
         self.log.info("pipeline %s run %s: %d partition(s) to run%s", spec.name, plan.run_id,
                       len(plan.active), " (empty plan: Spark is skipped)" if plan.is_empty else "")
         return plan_summary(plan)
+
+    def _step_aside_for_a_stream(self, spec: PipelineSpec, settings: KafkaSettings) -> None:
+        """A pipeline runs in one mode at a time: while ``kafka-eos stream`` owns it, a live run
+        (or a reset) skips itself and the tasks behind it, rather than fence the stream's producer.
+        Replays, backfills and dry runs go on (they never touch the live checkpoint).
+
+        :raises AirflowSkipException: a stream owns the pipeline.
+        """
+        from kafka_eos.errors import PipelineBusy
+        from kafka_eos.stream.lease import refuse_if_streaming
+
+        try:
+            refuse_if_streaming(spec, settings)
+        except PipelineBusy as exc:
+            raise AirflowSkipException(str(exc)) from None
 
     def _alert_skipped(self, spec: PipelineSpec, plan: Plan, context: Context) -> None:
         for s in plan.skipped:

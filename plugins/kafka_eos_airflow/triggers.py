@@ -7,7 +7,7 @@ import asyncio
 import time
 from typing import Any, AsyncIterator
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 from kafka_eos.health import DEFAULT_OLDER_THAN_S
 
@@ -71,6 +71,19 @@ class HungTransactionTrigger(BaseTrigger):
             await asyncio.sleep(self.poll_interval_s)
 
 
+def committed_data_waiting(pipeline: str, kafka_conn_id: str) -> list[dict]:
+    """One look (blocking, read-only): the partitions of ``pipeline``'s source where committed
+    records wait beyond its checkpoint, with checkpoint, LSO, lag and oldest unprocessed record."""
+    from kafka_eos.health.backlog import backlog, waiting
+    from kafka_eos.spec import load_spec
+
+    from kafka_eos_airflow.hooks import KafkaEosHook
+
+    spec = load_spec(pipeline, import_transform=False)
+    rows, _drift = backlog(spec, KafkaEosHook(kafka_conn_id).get_settings())
+    return waiting(rows)
+
+
 class CommittedDataTrigger(BaseTrigger):
     """Fire when committed records wait beyond a pipeline's checkpoint: ``{"status": "available",
     "partitions": [...]}`` with each such partition's checkpoint, LSO, lag and oldest unprocessed
@@ -95,25 +108,58 @@ class CommittedDataTrigger(BaseTrigger):
             "pipeline": self.pipeline, "kafka_conn_id": self.kafka_conn_id,
             "poll_interval_s": self.poll_interval_s, "timeout_s": self.timeout_s})
 
-    def look(self) -> list[dict]:
-        """One look (blocking): the partitions where committed records wait."""
-        from kafka_eos.health.backlog import backlog, waiting
-        from kafka_eos.spec import load_spec
-
-        from kafka_eos_airflow.hooks import KafkaEosHook
-
-        spec = load_spec(self.pipeline, import_transform=False)
-        rows, _drift = backlog(spec, KafkaEosHook(self.kafka_conn_id).get_settings())
-        return waiting(rows)
-
     async def run(self) -> AsyncIterator[TriggerEvent]:
         started = time.monotonic()
         while True:
-            found = await asyncio.to_thread(self.look)
+            found = await asyncio.to_thread(committed_data_waiting, self.pipeline, self.kafka_conn_id)
             if found:
                 yield TriggerEvent({"status": "available", "pipeline": self.pipeline, "partitions": found})
                 return
             if self.timeout_s is not None and time.monotonic() - started >= self.timeout_s:
                 yield TriggerEvent({"status": "timeout", "pipeline": self.pipeline, "timeout_s": self.timeout_s})
                 return
+            await asyncio.sleep(self.poll_interval_s)
+
+
+class CommittedDataEventTrigger(BaseEventTrigger):
+    """The watcher of a pipeline's source asset (``schedule: stream``): fires
+    ``{"status": "available", "pipeline": …, "partitions": [...]}`` whenever committed records wait
+    beyond the pipeline's checkpoint, each time they wait up to a new LSO; the same backlog fires
+    again only after ``refire_after_s`` (a run that failed is given another chance). Runs as long as
+    the asset is watched.
+
+    It only reads (offsets, the group's checkpoint, the first record after it, read_committed):
+    aborted records and commit markers are offsets but not data and never fire it, records behind
+    an open transaction are not readable yet, and it never commits offsets (the Kafka provider's
+    message-queue triggers consume and commit, which would move no checkpoint of ours but could
+    not tell committed data from the pipeline's progress).
+
+    :param pipeline: the pipeline (spec name or path).
+    :param kafka_conn_id: the ``kafka`` connection (see :class:`~kafka_eos_airflow.hooks.KafkaEosHook`).
+    :param poll_interval_s: how often it looks; the asset's latency is about this plus a DAG run.
+    """
+
+    def __init__(self, pipeline: str, kafka_conn_id: str, poll_interval_s: float = 5.0,
+                 refire_after_s: float = 300.0) -> None:
+        super().__init__()
+        self.pipeline = pipeline
+        self.kafka_conn_id = kafka_conn_id
+        self.poll_interval_s = poll_interval_s
+        self.refire_after_s = refire_after_s
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return ("kafka_eos_airflow.triggers.CommittedDataEventTrigger", {
+            "pipeline": self.pipeline, "kafka_conn_id": self.kafka_conn_id,
+            "poll_interval_s": self.poll_interval_s, "refire_after_s": self.refire_after_s})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        fired: dict[str, int] = {}  # how far (LSO) each partition's backlog reached when it last fired
+        fired_at = 0.0
+        while True:
+            found = await asyncio.to_thread(committed_data_waiting, self.pipeline, self.kafka_conn_id)
+            reach = {f"{p['topic']}-{p['partition']}": p["lso"] for p in found}
+            new_data = any(lso > fired.get(tp, -1) for tp, lso in reach.items())
+            if found and (new_data or time.monotonic() - fired_at >= self.refire_after_s):
+                fired, fired_at = {**fired, **reach}, time.monotonic()
+                yield TriggerEvent({"status": "available", "pipeline": self.pipeline, "partitions": found})
             await asyncio.sleep(self.poll_interval_s)

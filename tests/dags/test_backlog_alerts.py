@@ -186,3 +186,62 @@ def test_a_plan_that_skips_deleted_records_alerts_and_goes_on(run_dag, kafka_set
     assert alert["skipped"] == [{"pipeline": unique, "topic": topic, "partition": 0, "from": 2, "until": 6}]
     ((_from, _to, mail),) = mails
     assert f"<b>{topic}-0</b>: offsets [2, 6) were deleted by retention before they were read" in _html(mail)
+
+
+def _events(trigger, seconds: float, meanwhile=None) -> list[dict]:
+    """The events a long-running trigger yields within ``seconds``; ``meanwhile()`` runs (off the
+    event loop) after the first third of that time."""
+
+    async def collect():
+        found: list[dict] = []
+
+        async def watch():
+            async for event in trigger.run():
+                found.append(event.payload)
+
+        task = asyncio.create_task(watch())
+        await asyncio.sleep(seconds / 3)
+        if meanwhile is not None:
+            await asyncio.to_thread(meanwhile)
+        await asyncio.sleep(seconds * 2 / 3)
+        task.cancel()
+        return found
+
+    return asyncio.run(collect())
+
+
+def test_the_asset_watcher_fires_on_committed_records_only_once_per_new_lso(kafka_settings, kafka_connection,
+                                                                            pipeline, unique, killed_transaction):
+    from airflow.triggers.base import BaseEventTrigger
+
+    from kafka_eos_airflow.triggers import CommittedDataEventTrigger
+
+    path = pipeline()
+    topic = f"in-{unique}"
+    _aborted(kafka_settings, topic, 1, f"writer-{unique}")  # partition 1: offsets and a marker, no data
+    killed_transaction(f"open-{unique}", (topic, 0))  # partition 0: an open transaction ...
+    _produce(kafka_settings, topic, 0, 2)  # ... and committed records behind it, not readable yet
+    trigger = CommittedDataEventTrigger(path, kafka_connection, poll_interval_s=0.3)
+    assert isinstance(trigger, BaseEventTrigger)  # what an AssetWatcher accepts
+    classpath, kwargs = trigger.serialize()
+    module, _, name = classpath.rpartition(".")
+    again = getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))
+    assert again.serialize() == (classpath, kwargs)
+    assert BaseEventTrigger.hash(classpath, kwargs) == BaseEventTrigger.hash(*again.serialize())
+
+    groups = [f"kafka-eos.{unique}"]
+    before = kafka_admin.committed_offsets(kafka_settings, groups[0], [(topic, 0), (topic, 1)])
+    assert _events(trigger, 3) == []  # aborted data and data behind an open transaction: nothing
+    # Committed records on partition 1: one event for them, however many looks see the same
+    # backlog; records added meanwhile (a new LSO) fire once more.
+    _produce(kafka_settings, topic, 1, 3)
+    for watcher in (trigger, again):  # twice, two instances: it only reads
+        events = _events(watcher, 4.5, meanwhile=lambda: None)
+        assert len(events) == 1, events
+        ((row,),) = [e["partitions"] for e in events]
+        assert (row["partition"], row["checkpoint"], row["lso"]) == (1, None, 5)
+    events = _events(trigger, 4.5, meanwhile=lambda: _produce(kafka_settings, topic, 1, 2))
+    assert [e["partitions"][0]["lso"] for e in events] == [5, 7]
+    assert kafka_admin.committed_offsets(kafka_settings, groups[0], [(topic, 0), (topic, 1)]) == before
+    assert [g for g in kafka_admin.admin_client(kafka_settings).list_consumer_groups().result().valid
+            if g.group_id in groups] == []  # it never joined (or created) the pipeline's group

@@ -35,7 +35,8 @@ def test_every_bundled_spec_has_a_dag(dagbag):
     from kafka_eos.paths import pipelines_dir
 
     specs = sorted(p.stem for p in pipelines_dir().glob("*.yaml"))
-    assert sorted(dagbag.dag_ids) == sorted([*(f"kafka_eos__{s}" for s in specs), "kafka_eos_watchdog",
+    assert sorted(dagbag.dag_ids) == sorted([*(f"kafka_eos__{s}" for s in specs),
+                                             *(f"kafka_eos_stream__{s}" for s in specs), "kafka_eos_watchdog",
                                              "kafka_eos_runbook_abort_transaction"])
     assert set(BUNDLED) <= set(dagbag.dag_ids)
 
@@ -124,7 +125,7 @@ def test_a_bad_spec_is_skipped_and_the_others_still_get_dags(pipelines_module, t
     (tmp_path / "bad_field.yaml").write_text(yaml.safe_dump({**good, "name": "other", "sink": {"kind": "s3"}}))
     (tmp_path / "bad_yaml.yaml").write_text("name: [unclosed\n")
     dags = pipelines_module.dags_from_folder(tmp_path)
-    assert list(dags) == ["kafka_eos__orders_enriched"]
+    assert list(dags) == ["kafka_eos__orders_enriched", "kafka_eos_stream__orders_enriched"]
     assert "bad_field.yaml" in caplog.text and "sink.kind" in caplog.text
     assert "bad_yaml.yaml" in caplog.text
 
@@ -138,6 +139,36 @@ def test_a_spec_without_schedule_is_manual_only(pipelines_module, tmp_path):
     assert dag.dag_id == "kafka_eos__adhoc"
     assert dag.schedule is None
     assert not dag.timetable.can_be_scheduled
+
+
+def test_a_stream_spec_is_scheduled_on_its_source_asset_watched_by_a_read_only_trigger(pipelines_module, tmp_path):
+    from airflow.sdk.definitions.timetables.assets import AssetTriggeredTimetable
+
+    from kafka_eos.spec import parse_spec
+    from kafka_eos_airflow.triggers import CommittedDataEventTrigger
+
+    spec = parse_spec({"name": "ev", "source": {"topics": ["t"]}, "sink": {"kind": "kafka", "topic": "o"},
+                       "schedule": "stream"}, str(tmp_path / "ev.yaml"))
+    dag = pipelines_module.build_dag(spec)
+    assert isinstance(dag.timetable, AssetTriggeredTimetable)
+    (asset,) = dag.timetable.asset_condition.objects
+    assert (asset.name, asset.uri) == ("kafka-eos.ev.source", "kafka-eos://ev/source")
+    (watcher,) = asset.watchers
+    assert isinstance(watcher.trigger, CommittedDataEventTrigger)
+    assert watcher.trigger.serialize() == ("kafka_eos_airflow.triggers.CommittedDataEventTrigger", {
+        "pipeline": str(tmp_path / "ev.yaml"), "kafka_conn_id": "kafka_eos_kafka", "poll_interval_s": 5.0,
+        "refire_after_s": 300.0})
+    assert [t.task_id for t in dag.topological_sort()] == ["plan", "spark", "verify"]
+
+
+def test_every_pipeline_has_a_stream_dag_that_restarts_and_alerts(dagbag):
+    from kafka_eos_airflow.stream import KafkaEosStreamOperator
+
+    dag = dagbag.dags["kafka_eos_stream__orders_enriched"]
+    assert dag.schedule is None and dag.max_active_runs == 1 and "stream" in dag.tags and dag.doc_md
+    (task,) = dag.tasks
+    assert isinstance(task, KafkaEosStreamOperator) and task.retries == 3 and len(task.on_failure_callback) == 2
+    assert dag.params.validate() == {"interval_s": 1.0, "until_caught_up": False}
 
 
 # --- the hook: Connection -> KafkaSettings -----------------------------------------------------
@@ -206,5 +237,5 @@ def test_specs_sharing_a_group_get_no_dag(pipelines_module, tmp_path, caplog):
     (tmp_path / "b.yaml").write_text(yaml.safe_dump({**good, "name": "b"}))
     (tmp_path / "c.yaml").write_text(yaml.safe_dump({**good, "name": "c",
                                                      "source": {**good["source"], "group_id": "kafka-eos.c"}}))
-    assert list(pipelines_module.dags_from_folder(tmp_path)) == ["kafka_eos__c"]
+    assert list(pipelines_module.dags_from_folder(tmp_path)) == ["kafka_eos__c", "kafka_eos_stream__c"]
     assert caplog.text.count("is also the group of pipeline") == 2

@@ -110,6 +110,11 @@ def test_stream_many_batches_exactly_once_over_aborted_input(spark, kafka_settin
 
     record, _parts = ManifestStore.of(spec, kafka_settings).run_records(STREAM_RUN_ID)
     assert record["stream"]["batch"] == runner.stats.batches
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    manifest = ConfigResource(ResourceType.TOPIC, spec.manifest_topic)
+    configs = kafka_admin.admin_client(kafka_settings).describe_configs([manifest])[manifest].result(30)
+    assert configs["segment.ms"].value == "3600000"  # compaction reaches the batches' records within the hour
     assert stream_owner(spec, kafka_settings) is None  # the lease was given back
 
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Callable
 from kafka_eos.batch import BatchClients, RunSummary, check_transaction_timeout, run_batch
 from kafka_eos.errors import BrokerError, PipelineBusy, ProducerFenced, TransactionFailed
 from kafka_eos.kafka_admin import admin_client, partition_offsets
-from kafka_eos.manifest import now_iso
+from kafka_eos.manifest import ManifestStore, now_iso
 from kafka_eos.pipeline import fresh_plan
 from kafka_eos.plan import Plan, plan_ranges
 from kafka_eos.settings import KafkaSettings
@@ -168,6 +168,7 @@ class StreamRunner:
                     f"pipeline {self.spec.name}: run {running['plan']['run_id']!r} planned at "
                     f"{running.get('updated_at')} has not committed (a batch run in flight?): wait for it, or "
                     f"start with --force if it failed (its transaction, if open, is aborted either way)")
+        ManifestStore.of(self.spec, self.settings).ensure_compaction()  # a record per batch: compacted hourly
         self._lease.acquire()
         self._admin = admin_client(self.settings)
         if self.spec.sink.kind == "kafka":

@@ -1,0 +1,85 @@
+"""A stream under Airflow: one long-running task that runs ``kafka-eos stream`` and stays up as long
+as the stream does (docs/stream.md). The task's retries restart a stream that died (from its
+checkpoint); its failure callbacks alert when it stays down. Killing the task (mark failed, clear)
+sends the stream SIGTERM: the batch in flight finishes and nothing stays open.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException
+
+from kafka_eos_airflow.hooks import KafkaEosHook
+
+if TYPE_CHECKING:  # pragma: no cover
+    from airflow.sdk import Context
+
+#: How long a stream may take to finish its batch in flight after SIGTERM before it is killed.
+STOP_GRACE_S = 120.0
+
+
+class KafkaEosStreamOperator(BaseOperator):
+    """Run ``kafka-eos stream PIPELINE`` in a process of its own until it stops.
+
+    Kafka settings reach it through the environment and a private file it names (never argv);
+    each line it logs per batch goes to the task's log. Exit 0 (stopped, or caught up with
+    ``until_caught_up``) is success; anything else fails the task with the stream's last line.
+
+    :param pipeline: spec name under include/pipelines/ or path to a spec YAML. (templated)
+    :param kafka_conn_id: the ``kafka`` connection (see :class:`KafkaEosHook`). (templated)
+    :param interval_s: least time between two batches' starts. (templated)
+    :param until_caught_up: stop at the first batch with nothing to read (drain and stop);
+        the run's ``until_caught_up`` param sets it too.
+    """
+
+    template_fields: Sequence[str] = ("pipeline", "kafka_conn_id", "interval_s")
+
+    def __init__(self, *, pipeline: str, kafka_conn_id: str = KafkaEosHook.default_conn_name,
+                 interval_s: float | str = 1.0, until_caught_up: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+        self.kafka_conn_id = kafka_conn_id
+        self.interval_s = interval_s
+        self.until_caught_up = until_caught_up
+        self._proc: subprocess.Popen | None = None
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        interval = float(self.interval_s)
+        drain = self.until_caught_up or bool(context["params"].get("until_caught_up"))
+        settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
+        command = [sys.executable, "-m", "kafka_eos.cli", "stream", self.pipeline, "--interval", f"{interval:g}",
+                   *(["--until-caught-up"] if drain else [])]
+        with tempfile.TemporaryDirectory(prefix="kafka-eos-stream-") as tmp:
+            env = {**os.environ, **settings.to_environ(Path(tmp) / "client.json")}
+            self.log.info("starting: %s", " ".join(command))
+            self._proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True, start_new_session=True)
+            last = ""
+            for line in self._proc.stdout:
+                last = line.rstrip() or last
+                self.log.info("%s", last)
+            code = self._proc.wait()
+        if code != 0:
+            raise AirflowException(f"kafka-eos stream {self.pipeline} exited with {code}: {last}")
+        return {"pipeline": self.pipeline, "stopped": last}
+
+    def on_kill(self) -> None:
+        """SIGTERM: the stream finishes its batch in flight and exits; killed after a grace period."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the next start aborts what it left open
+

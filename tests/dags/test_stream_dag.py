@@ -1,0 +1,132 @@
+"""Event-driven runs in a real Airflow deployment (scheduler, triggerer, LocalExecutor, PostgreSQL):
+a spec with ``schedule: stream`` gets a DAG scheduled on its source asset; the asset's watcher runs
+in the triggerer and a run commits the committed records exactly once, without a clock. While a
+stream owns the pipeline, a run steps aside (its tasks are skipped) and commits nothing."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+
+import pytest
+import yaml
+from confluent_kafka import Producer
+
+from kafka_eos import kafka_admin
+from kafka_eos.readers import read_committed
+from kafka_eos.spec import load_spec
+from kafka_eos.stream.lease import StreamLease
+
+pytestmark = pytest.mark.integration
+
+#: A run is three tasks and a spark-submit under a real scheduler, on 2 busy cores.
+RUN_TIMEOUT_S = 420
+
+
+def _wait(what: str, check, timeout_s: float = RUN_TIMEOUT_S, every_s: float = 2.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(every_s)
+    raise AssertionError(f"{what}: not within {timeout_s:g}s")
+
+
+def _asset_runs(airflow, dag_id: str, count: int) -> list[dict] | None:
+    runs = [r for r in airflow.api("GET", f"/api/v2/dags/{dag_id}/dagRuns?limit=100")["dag_runs"]
+            if r["run_type"] == "asset_triggered"]
+    if len(runs) >= count and all(r["state"] in ("success", "failed") for r in runs):
+        return sorted(runs, key=lambda r: r["queued_at"])
+    return None
+
+
+def _produce(settings, topic: str, txid: str, values: list[str], abort: bool = False) -> None:
+    producer = Producer(settings.client_config(**{"transactional.id": txid}))
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for v in values:
+        producer.produce(topic, value=v.encode(), key=v.encode())
+    producer.flush(30)
+    (producer.abort_transaction if abort else producer.commit_transaction)(30)
+
+
+def test_a_stream_scheduled_dag_runs_on_committed_data_and_steps_aside_for_a_stream(airflow_deployment,
+                                                                                    kafka_settings, unique):
+    airflow = airflow_deployment
+    name = f"ev_{unique.replace('-', '_')}"
+    topic, out = f"{name}.in", f"{name}.out"
+    kafka_admin.create_topics(kafka_settings, {topic: 2, out: 2})
+    spec_path = airflow.dags_folder.parent / "specs" / f"{name}.yaml"
+    spec_path.write_text(yaml.safe_dump({
+        "name": name, "source": {"topics": [topic]}, "transform": "identity",
+        "sink": {"kind": "kafka", "topic": out, "commit": "atomic"}, "schedule": "stream"}))
+    spec = load_spec(str(spec_path), import_transform=False)
+    dag_id = f"kafka_eos__{name}"
+    airflow.airflow("dags", "reserialize")
+    _wait("the DAG parsed", lambda: dag_id in {d["dag_id"] for d in airflow.api("GET", "/api/v2/dags?limit=1000")["dags"]})
+    airflow.api("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+
+    _produce(kafka_settings, topic, f"{name}-aborted", ["x1", "x2"], abort=True)  # no data: no run
+    time.sleep(15)
+    assert _asset_runs(airflow, dag_id, 1) is None
+    committed = [f"a{i}" for i in range(10)]
+    produced_at = time.monotonic()
+    _produce(kafka_settings, topic, f"{name}-writer", committed)
+    (first,) = _wait("a run on the asset", lambda: _asset_runs(airflow, dag_id, 1))
+    latency = time.monotonic() - produced_at
+    assert first["state"] == "success", first
+    assert Counter(m.value.decode() for m in read_committed(kafka_settings, out)) == Counter(committed)
+    print(f"event-driven run: committed records to committed output in {latency:.1f} s")
+
+    # A stream owns the pipeline: the next run skips itself and commits nothing.
+    lease = StreamLease(spec, kafka_settings)
+    lease.acquire()
+    try:
+        _produce(kafka_settings, topic, f"{name}-writer", ["b0", "b1"])
+        runs = _wait("a second run on the asset", lambda: _asset_runs(airflow, dag_id, 2))
+        tis = airflow.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{runs[1]['dag_run_id']}/taskInstances")
+        assert {t["task_id"]: t["state"] for t in tis["task_instances"]} == {
+            "plan": "skipped", "spark": "skipped", "verify": "skipped"}
+        assert len(read_committed(kafka_settings, out)) == len(committed)
+    finally:
+        lease.release()
+
+    # The stream gone, new records fire the watcher again; the run reads everything waiting.
+    _produce(kafka_settings, topic, f"{name}-writer", ["c0"])
+    runs = _wait("a third run on the asset", lambda: _asset_runs(airflow, dag_id, 3))
+    assert runs[2]["state"] == "success", runs[2]
+    assert Counter(m.value.decode() for m in read_committed(kafka_settings, out)) == Counter(
+        committed + ["b0", "b1", "c0"])
+    tps = [(topic, 0), (topic, 1)]
+    lso = kafka_admin.partition_offsets(kafka_settings, tps)
+    assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, tps) == {
+        tp: lso[tp].lso for tp in tps}
+
+
+def test_the_stream_dag_runs_a_stream_until_caught_up(airflow_db, kafka_connection, kafka_settings, pipelines_module,
+                                                      unique):
+    import os
+    from pathlib import Path
+
+    from kafka_eos.sample_data import produce_orders
+
+    name = f"sd_{unique.replace('-', '_')}"
+    topic, out = f"{name}.in", f"{name}.out"
+    kafka_admin.create_topics(kafka_settings, {topic: 2, out: 2})
+    truth = produce_orders(kafka_settings, topic, 300, abort_every=3, malformed_every=0)
+    specs = Path(os.environ["AIRFLOW_HOME"]) / "specs"  # the tests' DAG file builds DAGs from here
+    (specs / f"{name}.yaml").write_text(yaml.safe_dump({
+        "name": name, "source": {"topics": [topic], "max_records_per_partition": 40}, "transform": "identity",
+        "sink": {"kind": "kafka", "topic": out, "commit": "per_partition"}}))
+    dag = pipelines_module.dags_from_folder(specs)[f"kafka_eos_stream__{name}"]
+    dag.tasks[0].retries = 0
+    dag_run = dag.test(run_conf={"until_caught_up": True, "interval_s": 0.2})
+    assert {ti.task_id: ti.state for ti in dag_run.get_task_instances()} == {"stream": "success"}
+
+    out_ids = [m.value for m in read_committed(kafka_settings, out)]
+    assert Counter(out_ids) == Counter(json.dumps(o).encode() for o in truth.committed)  # exactly once
+    tps = [(topic, 0), (topic, 1)]
+    lso = kafka_admin.partition_offsets(kafka_settings, tps)
+    assert kafka_admin.committed_offsets(kafka_settings, f"kafka-eos.{name}", tps) == {tp: lso[tp].lso for tp in tps}

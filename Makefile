@@ -51,8 +51,8 @@ $(JARS)/spark/.resolved: jvm/pom.xml
 	$(MVN) -P spark dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=../$(JARS)/spark
 	touch $@
 
-# Continuous mode's end-to-end latency and throughput (figures on stdout and in
-# .local/bench/stream_latency.json; about 5 minutes). BENCH_ARGS: e.g. --rates 1000 --seconds 30.
+# End-to-end latency and throughput of continuous mode and of event-driven runs (figures on stdout
+# and in .local/bench/stream_latency.json; about 15 minutes). BENCH_ARGS: e.g. --forms continuous --rates 1000.
 bench-stream: install jars
 	$(PY) -m kafka_eos.bench.stream_latency $(BENCH_ARGS)
 

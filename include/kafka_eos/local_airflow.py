@@ -36,6 +36,33 @@ ADMIN = "admin"
 API_CONN_ID = "kafka_eos_airflow_api"
 
 
+def connections_environ(settings) -> dict[str, str]:
+    """The project's connections, as Airflow reads them from the environment: ``kafka_eos_kafka``
+    to the cluster of ``settings``, ``spark_default`` in local mode."""
+    return {"AIRFLOW_CONN_KAFKA_EOS_KAFKA": json.dumps({"conn_type": "kafka", "extra": {
+                "bootstrap.servers": settings.bootstrap_servers, **settings.extra}}),
+            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"})}
+
+
+def write_specs_dag_file(dags_folder: Path, specs_folder: Path, name: str = "kafka_eos_specs.py") -> Path:
+    """A DAG file in ``dags_folder`` that builds, with the project's DAG factory, a DAG per spec in
+    ``specs_folder`` (a deployment over specs of its own: tests, benchmarks)."""
+    dags_dir = PROJECT_ROOT / "dags"
+    path = dags_folder / name
+    path.write_text(f'''\
+"""airflow DAGs of the pipeline specs in {specs_folder}, made by the project's DAG factory."""
+import sys
+
+if {str(dags_dir)!r} not in sys.path:
+    sys.path.insert(0, {str(dags_dir)!r})
+
+from kafka_eos_pipelines import dags_from_folder
+
+globals().update(dags_from_folder({str(specs_folder)!r}))
+''')
+    return path
+
+
 class AirflowError(KafkaEosError):
     """The local Airflow deployment did not start or answer."""
 
@@ -99,10 +126,7 @@ class LocalAirflow:
         from kafka_eos.paths import local_dir
 
         return cls(local_dir() / "airflow", int(os.environ.get("KAFKA_EOS_AIRFLOW_PORT", "8080")),
-                   PROJECT_ROOT / "dags", {
-                       "AIRFLOW_CONN_KAFKA_EOS_KAFKA": json.dumps({"conn_type": "kafka", "extra": {
-                           "bootstrap.servers": settings.bootstrap_servers, **settings.extra}}),
-                       "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"})})
+                   PROJECT_ROOT / "dags", connections_environ(settings))
 
     def password(self) -> str:
         """The admin's password: generated once into the file Airflow's simple auth manager reads

@@ -164,7 +164,7 @@ def airflow_deployment(kafka_settings, free_ports, postgres_url):
     folder beside its dags folder. Started once per session, stopped at its end."""
     from sqlalchemy import create_engine, text
 
-    from kafka_eos.local_airflow import LocalAirflow
+    from kafka_eos.local_airflow import LocalAirflow, connections_environ, write_specs_dag_file
 
     # PostgreSQL, not SQLite: `airflow backfill create` writes while the scheduler runs, and SQLite
     # answers "database is locked".
@@ -175,22 +175,9 @@ def airflow_deployment(kafka_settings, free_ports, postgres_url):
     home = Path(tempfile.mkdtemp(prefix="kafka-eos-airflow-deployment-"))
     (home / "dags").mkdir()
     (home / "specs").mkdir()
-    (home / "dags" / "kafka_eos_deployed.py").write_text(f'''\
-"""airflow DAGs of the deployment tests' pipeline specs, made by the project's DAG factory."""
-import sys
-
-if {str(DAGS_DIR)!r} not in sys.path:
-    sys.path.insert(0, {str(DAGS_DIR)!r})
-
-from kafka_eos_pipelines import dags_from_folder
-
-globals().update(dags_from_folder({str(home / "specs")!r}))
-''')
-    deployment = LocalAirflow(home / "home", free_ports(1), home / "dags", {
-        "AIRFLOW_CONN_KAFKA_EOS_KAFKA": json.dumps({"conn_type": "kafka", "extra": {
-            "bootstrap.servers": kafka_settings.bootstrap_servers, **kafka_settings.extra}}),
-        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
-    }, database_url=postgres_url.rsplit("/", 1)[0] + f"/{database}")
+    write_specs_dag_file(home / "dags", home / "specs", "kafka_eos_deployed.py")
+    deployment = LocalAirflow(home / "home", free_ports(1), home / "dags", connections_environ(kafka_settings),
+                              database_url=postgres_url.rsplit("/", 1)[0] + f"/{database}")
     deployment.start()
     yield deployment
     deployment.stop()

@@ -113,7 +113,8 @@ def test_stream_many_batches_exactly_once_over_aborted_input(spark, kafka_settin
     from confluent_kafka.admin import ConfigResource, ResourceType
 
     manifest = ConfigResource(ResourceType.TOPIC, spec.manifest_topic)
-    configs = kafka_admin.admin_client(kafka_settings).describe_configs([manifest])[manifest].result(30)
+    admin = kafka_admin.admin_client(kafka_settings)  # alive until its answer is read
+    configs = admin.describe_configs([manifest])[manifest].result(30)
     assert configs["segment.ms"].value == "3600000"  # compaction reaches the batches' records within the hour
     assert stream_owner(spec, kafka_settings) is None  # the lease was given back
 

@@ -1,15 +1,17 @@
-"""Latency and throughput of continuous mode (``kafka-eos stream``), end to end:
+"""Latency and throughput of continuous mode (``kafka-eos stream``) and of event-driven runs
+(``schedule: stream`` under a local Airflow deployment), end to end:
 
-    python -m kafka_eos.bench.stream_latency [--rates 1000,10000] [--seconds 60] [--commit atomic]
+    python -m kafka_eos.bench.stream_latency [--forms continuous,event] [--rates 1000,10000] [--seconds 60]
 
 A producer commits records at a fixed rate (a transaction every 100 ms; every 4th tick one more
 transaction, aborted); each committed transaction's commit time is noted when ``commit_transaction()`` returns. A
 ``kafka-eos stream`` process (its own process, as in production) copies the source to the sink
 (``identity``). A read_committed reader of the sink notes when each record becomes visible: its
 latency is that minus its transaction's commit time. Printed per rate: p50/p95/p99 latency, the
-rate produced and the rate committed by the stream, the largest backlog seen (committed input the
-stream had not committed yet) and how long it took to catch up once the producer stopped. Written
-to ``.local/bench/stream_latency.json``.
+rate produced, the largest backlog seen (committed input the pipeline had not committed yet) and
+how long it took to catch up once the producer stopped. Event-driven runs: the same over a DAG
+scheduled on the source asset (a DAG run per event), at a low rate. Written to
+``.local/bench/stream_latency.json``.
 
 Runs on the local broker (started if needed) unless ``KAFKA_BOOTSTRAP_SERVERS`` is set; topics are
 new for each run.
@@ -21,6 +23,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -45,6 +48,8 @@ TXN_EVERY_S = 0.1
 ABORT_EVERY = 4
 #: Target on this machine (2 cores): p95 end-to-end latency at 1,000 records/s.
 TARGET_P95_S = 5.0
+#: Target for event-driven runs (a DAG run per event: scheduling, three tasks, a spark-submit).
+TARGET_EVENT_P95_S = 60.0
 #: Kept up: the backlog is gone this soon after the producer stops (about two batches).
 CAUGHT_UP_S = 5.0
 
@@ -128,13 +133,54 @@ def _backlog(settings: KafkaSettings, topic: str, group: str) -> int:
     return sum(lso[tp].lso - (cks[tp] or 0) for tp in tps)
 
 
-def run_rate(settings: KafkaSettings, rate: int, seconds: float, commit: str, interval: float, work: Path,
-             warmup: float) -> dict:
-    """One measurement: a stream over new topics, fed at ``rate`` records/s for ``warmup`` seconds
-    (not measured: the JVM compiles, Spark's first jobs are slow) and then ``seconds``."""
-    name = f"bench_{rate}_{uuid.uuid4().hex[:6]}"
+def _measure(settings: KafkaSettings, source: str, sink: str, group: str, rate: int, seconds: float,
+             warmup: float, catch_up_limit_s: float) -> dict:
+    """Feed ``source`` at ``rate`` for ``warmup + seconds`` while reading ``sink``; wait for the
+    pipeline to catch up. The latencies, counts and backlog of the measured part."""
+    reader, producer = SinkReader(settings, sink), RateProducer(settings, source, rate, seconds, warmup)
+    reader.start()
+    producer.start()
+    max_backlog = 0
+    measuring_from = time.monotonic() + warmup
+    while producer.is_alive():
+        if time.monotonic() >= measuring_from:
+            max_backlog = max(max_backlog, _backlog(settings, source, group))
+        time.sleep(1.0)
+    stopped = time.monotonic()
+    while _backlog(settings, source, group) > 0 and time.monotonic() - stopped < catch_up_limit_s:
+        time.sleep(0.2)
+    catch_up_s = time.monotonic() - stopped
+    time.sleep(1.0)  # the reader sees the last commit
+    reader.stop.set()
+    reader.join(30)
+    latencies = [at - producer.committed_at[txn] for txn, at in reader.seen if txn in producer.measured]
+    warm = [at - producer.committed_at[txn] for txn, at in reader.seen
+            if txn in producer.committed_at and txn not in producer.measured]
+    return {
+        "rate": rate, "seconds": seconds, "records_committed_in": producer.committed_records,
+        "records_out": len(reader.seen), "aborted_visible": sum(1 for txn, _at in reader.seen if txn in producer.aborted),
+        "p50_s": round(statistics.median(latencies), 3) if latencies else None,
+        "p95_s": round(percentile(latencies, 95), 3) if latencies else None,
+        "p99_s": round(percentile(latencies, 99), 3) if latencies else None,
+        "warmup_s": warmup, "warmup_max_latency_s": round(max(warm), 3) if warm else None,
+        "produced_per_s": round(producer.committed_records / (warmup + seconds)),
+        "max_backlog": max_backlog, "catch_up_s": round(catch_up_s, 1),
+    }
+
+
+def _topics(settings: KafkaSettings, name: str) -> tuple[str, str]:
     source, sink = f"{name}.in", f"{name}.out"
     create_topics(settings, {source: PARTITIONS, sink: PARTITIONS})
+    return source, sink
+
+
+def run_continuous(settings: KafkaSettings, rate: int, seconds: float, commit: str, interval: float, work: Path,
+                   warmup: float) -> dict:
+    """Continuous mode: a ``kafka-eos stream`` process over new topics, fed at ``rate`` records/s
+    for ``warmup`` seconds (not measured: the JVM compiles, Spark's first jobs are slow) and then
+    ``seconds``."""
+    name = f"bench_{rate}_{uuid.uuid4().hex[:6]}"
+    source, sink = _topics(settings, name)
     spec = parse_spec({"name": name, "source": {"topics": [source]}, "transform": "identity",
                        "sink": {"kind": "kafka", "topic": sink, "commit": commit}}, str(work / f"{name}.yaml"))
     spec_file = work / f"{name}.yaml"
@@ -151,22 +197,7 @@ def run_rate(settings: KafkaSettings, rate: int, seconds: float, commit: str, in
             if stream.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the stream did not start: see {log.name}")
             time.sleep(0.5)
-        reader, producer = SinkReader(settings, sink), RateProducer(settings, source, rate, seconds, warmup)
-        reader.start()
-        producer.start()
-        max_backlog = 0
-        measuring_from = time.monotonic() + warmup
-        while producer.is_alive():
-            if time.monotonic() >= measuring_from:
-                max_backlog = max(max_backlog, _backlog(settings, source, spec.source.group_id))
-            time.sleep(1.0)
-        stopped = time.monotonic()
-        while _backlog(settings, source, spec.source.group_id) > 0 and time.monotonic() - stopped < 300:
-            time.sleep(0.2)
-        catch_up_s = time.monotonic() - stopped
-        time.sleep(1.0)  # the reader sees the last commit
-        reader.stop.set()
-        reader.join(30)
+        result = _measure(settings, source, sink, spec.source.group_id, rate, seconds, warmup, 300)
     finally:
         stream.send_signal(signal.SIGTERM)
         try:
@@ -174,57 +205,100 @@ def run_rate(settings: KafkaSettings, rate: int, seconds: float, commit: str, in
         except subprocess.TimeoutExpired:
             os.killpg(stream.pid, signal.SIGKILL)
         log.close()
-    latencies = [at - producer.committed_at[txn] for txn, at in reader.seen if txn in producer.measured]
-    warm = [at - producer.committed_at[txn] for txn, at in reader.seen
-            if txn in producer.committed_at and txn not in producer.measured]
-    leaked = sum(1 for txn, _at in reader.seen if txn in producer.aborted)
     batches = sum(1 for line in open(log.name) if " batch " in line and " committed: " in line)
-    return {
-        "rate": rate, "seconds": seconds, "commit": commit, "interval_s": interval,
-        "records_committed_in": producer.committed_records, "records_out": len(reader.seen),
-        "aborted_visible": leaked, "batches": batches,
-        "p50_s": round(statistics.median(latencies), 3) if latencies else None,
-        "p95_s": round(percentile(latencies, 95), 3) if latencies else None,
-        "p99_s": round(percentile(latencies, 99), 3) if latencies else None,
-        "warmup_s": warmup, "warmup_max_latency_s": round(max(warm), 3) if warm else None,
-        "produced_per_s": round(producer.committed_records / (warmup + seconds)),
-        "max_backlog": max_backlog, "catch_up_s": round(catch_up_s, 1),
-    }
+    return {"form": "continuous", "commit": commit, "interval_s": interval, "batches": batches, **result}
+
+
+def run_event_driven(settings: KafkaSettings, rate: int, seconds: float, commit: str, work: Path) -> dict:
+    """Event-driven runs: a local Airflow deployment (scheduler, triggerer, LocalExecutor) with a
+    ``schedule: stream`` DAG over new topics, fed at ``rate`` records/s for ``seconds``. Each DAG
+    run starts cold (a spark-submit): nothing to warm up."""
+    from kafka_eos.local_airflow import LocalAirflow, connections_environ, write_specs_dag_file
+
+    name = f"bench_event_{uuid.uuid4().hex[:6]}"
+    source, sink = _topics(settings, name)
+    home = work / name
+    for folder in ("dags", "specs"):
+        (home / folder).mkdir(parents=True)
+    write_specs_dag_file(home / "dags", home / "specs")
+    (home / "specs" / f"{name}.yaml").write_text(json.dumps({
+        "name": name, "source": {"topics": [source]}, "transform": "identity",
+        "sink": {"kind": "kafka", "topic": sink, "commit": commit}, "schedule": "stream"}))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    airflow = LocalAirflow(home / "airflow", port, home / "dags", connections_environ(settings))
+    airflow.start()
+    dag_id = f"kafka_eos__{name}"
+    try:
+        airflow.airflow("dags", "reserialize")
+        deadline = time.monotonic() + 120
+        while dag_id not in {d["dag_id"] for d in airflow.api("GET", "/api/v2/dags?limit=1000")["dags"]}:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"DAG {dag_id} not parsed: see {home / 'airflow'}")
+            time.sleep(2)
+        airflow.api("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+        result = _measure(settings, source, sink, f"kafka-eos.{name}", rate, seconds, 0.0, 600)
+        runs = airflow.api("GET", f"/api/v2/dags/{dag_id}/dagRuns?limit=1000")["dag_runs"]
+    finally:
+        airflow.stop()
+    return {"form": "event-driven", "commit": commit, "dag_runs": len(runs),
+            "failed_runs": sum(1 for r in runs if r["state"] == "failed"), **result}
+
+
+def _print_row(r: dict) -> None:
+    print(f"{r['form']:>12} {r['rate']:>7} {r['p50_s']!s:>7} {r['p95_s']!s:>7} {r['p99_s']!s:>7} "
+          f"{r['produced_per_s']:>6} {r['records_out']:>8} {r.get('batches', r.get('dag_runs'))!s:>8} "
+          f"{r['max_backlog']:>11} {r['catch_up_s']:>10} {r['aborted_visible']:>8} {r['warmup_max_latency_s']!s:>10}",
+          flush=True)
+
+
+def _verdict(r: dict) -> str:
+    target = TARGET_P95_S if r["form"] == "continuous" else TARGET_EVENT_P95_S
+    met = r["p95_s"] is not None and r["p95_s"] <= target
+    kept_up = r["records_out"] == r["records_committed_in"] and r["aborted_visible"] == 0 and (
+        r["catch_up_s"] <= CAUGHT_UP_S or r["form"] != "continuous")
+    return (f"{r['form']} at {r['rate']}/s: p95 {r['p95_s']} s (target <= {target:g} s: {'met' if met else 'NOT met'}); "
+            f"{r['records_out']}/{r['records_committed_in']} committed records out, {r['aborted_visible']} aborted "
+            f"visible, caught up {r['catch_up_s']} s after the producer stopped: "
+            f"{'exactly once, kept up' if kept_up else 'FELL BEHIND or LOST/DUPLICATED'}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="stream_latency", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rates", default="1000,10000", help="records/s, comma-separated")
-    parser.add_argument("--seconds", type=float, default=60.0, help="how long each rate is measured")
+    parser.add_argument("--forms", default="continuous,event", help="continuous, event (comma-separated)")
+    parser.add_argument("--rates", default="1000,10000", help="continuous mode: records/s, comma-separated")
+    parser.add_argument("--seconds", type=float, default=60.0, help="continuous mode: how long each rate is measured")
     parser.add_argument("--warmup", type=float, default=20.0,
-                        help="seconds produced at the rate before measuring (its worst latency is shown apart)")
+                        help="continuous mode: seconds produced before measuring (its worst latency is shown apart)")
+    parser.add_argument("--event-rate", type=int, default=20, help="event-driven runs: records/s")
+    parser.add_argument("--event-seconds", type=float, default=240.0, help="event-driven runs: how long")
     parser.add_argument("--commit", default="atomic", choices=["atomic", "per_partition"])
     parser.add_argument("--interval", type=float, default=0.5, help="the stream's --interval")
     args = parser.parse_args(argv)
+    forms = args.forms.split(",")
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or LocalBroker.default().start()
     settings = KafkaSettings(bootstrap)
     work = local_dir() / "bench"
     work.mkdir(parents=True, exist_ok=True)
     results = []
-    print(f"continuous mode, identity, {PARTITIONS} partitions, {args.commit} commit, --interval {args.interval:g}; "
-          f"a committed producer transaction every {TXN_EVERY_S:g} s and an aborted one every "
-          f"{ABORT_EVERY * TXN_EVERY_S:g} s; measured for "
-          f"{args.seconds:g} s after a {args.warmup:g} s warm-up at the same rate")
-    print(f"{'rate/s':>8} {'p50 s':>7} {'p95 s':>7} {'p99 s':>7} {'in/s':>7} {'out':>8} {'batches':>7} "
-          f"{'max backlog':>11} {'catch-up s':>10} {'aborted seen':>12} {'warm-up max s':>13}")
-    for rate in (int(r) for r in args.rates.split(",")):
-        r = run_rate(settings, rate, args.seconds, args.commit, args.interval, work, args.warmup)
-        results.append(r)
-        print(f"{r['rate']:>8} {r['p50_s']:>7} {r['p95_s']:>7} {r['p99_s']:>7} {r['produced_per_s']:>7} "
-              f"{r['records_out']:>8} {r['batches']:>7} {r['max_backlog']:>11} {r['catch_up_s']:>10} "
-              f"{r['aborted_visible']:>12} {r['warmup_max_latency_s']:>13}", flush=True)
+    print(f"identity pipeline, {PARTITIONS} partitions, {args.commit} commit; a committed producer transaction every "
+          f"{TXN_EVERY_S:g} s and an aborted one every {ABORT_EVERY * TXN_EVERY_S:g} s. Continuous: --interval "
+          f"{args.interval:g}, measured for {args.seconds:g} s after a {args.warmup:g} s warm-up at the same rate. "
+          f"Event-driven: a local Airflow deployment (LocalExecutor), {args.event_seconds:g} s.")
+    print(f"{'form':>12} {'rate/s':>7} {'p50 s':>7} {'p95 s':>7} {'p99 s':>7} {'in/s':>6} {'out':>8} "
+          f"{'batches':>8} {'max backlog':>11} {'catch-up s':>10} {'aborted':>8} {'warm-up s':>10}")
+    if "continuous" in forms:
+        for rate in (int(r) for r in args.rates.split(",")):
+            results.append(run_continuous(settings, rate, args.seconds, args.commit, args.interval, work, args.warmup))
+            _print_row(results[-1])
+    if "event" in forms:
+        results.append(run_event_driven(settings, args.event_rate, args.event_seconds, args.commit, work))
+        _print_row(results[-1])
+    print("(batches: stream batches, or DAG runs for the event-driven form; aborted: records of aborted "
+          "transactions seen by the read_committed reader)")
     for r in results:
-        kept_up = r["records_out"] == r["records_committed_in"] and r["catch_up_s"] <= CAUGHT_UP_S
-        print(f"rate {r['rate']}/s: p95 {r['p95_s']} s (target <= {TARGET_P95_S:g} s: "
-              f"{'met' if r['p95_s'] is not None and r['p95_s'] <= TARGET_P95_S else 'NOT met'}); "
-              f"{r['records_out']}/{r['records_committed_in']} committed records out, {r['aborted_visible']} aborted "
-              f"visible, caught up {r['catch_up_s']} s after the producer stopped: "
-              f"{'kept up' if kept_up else 'FELL BEHIND'}")
+        print(_verdict(r))
     out = work / "stream_latency.json"
     out.write_text(json.dumps(results, indent=2))
     print(f"written: {out}")

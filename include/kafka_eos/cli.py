@@ -232,6 +232,7 @@ def cmd_checkpoint(args) -> int:
 def cmd_pipelines(args) -> int:
     from kafka_eos.manifest import ManifestStore
     from kafka_eos.pipeline import checkpoint_rows
+    from kafka_eos.stream.lease import stream_owner
 
     settings = _settings(args)
     found = []
@@ -247,7 +248,10 @@ def cmd_pipelines(args) -> int:
             last = ManifestStore.of(spec, settings).last_run()
             row["last_run"] = None if last is None else {
                 "run_id": last["plan"]["run_id"], "status": last.get("status"),
-                "at": last.get("committed_at") or last.get("updated_at")}
+                "at": last.get("committed_at") or last.get("updated_at"),
+                **({"stream_batch": last["stream"]["batch"]} if "stream" in last else {})}
+            owner = stream_owner(spec, settings)
+            row["streaming"] = None if owner is None else owner.client_id
         except KafkaEosError as exc:
             row["error"] = str(exc)
         found.append(row)
@@ -258,7 +262,12 @@ def cmd_pipelines(args) -> int:
         if "error" in r:
             return "error (below)"
         last = r.get("last_run")
-        return "none" if last is None else f"{last['status']} {(last['at'] or '')[:16].replace('T', ' ')}"
+        if last is None:
+            return "none"
+        text = f"{last['status']} {(last['at'] or '')[:16].replace('T', ' ')}"
+        if "stream_batch" in last:
+            text += f" (stream batch {last['stream_batch']})"
+        return text + (f", streaming now in {r['streaming']}" if r.get("streaming") else "")
 
     print(table([(r["name"], r.get("sink"), r.get("target"), r.get("commit"), r.get("lag"), last_run(r))
                  for r in found], ("pipeline", "sink", "writes to", "commit", "lag", "last run (UTC)")))

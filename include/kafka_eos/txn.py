@@ -11,6 +11,9 @@ One :class:`TransactionalCommit` is one transaction of one unit of work: the who
    -> go on; equal to ``until`` -> an earlier attempt committed -> no-op; else -> conflict.
 3. Produce results and dead letters, flush, ``send_offsets_to_transaction({tp: until})``,
    produce the manifest record, ``commit_transaction()``.
+
+A stream (``keep_open=True``) runs many transactions through one commit: steps 1 and 1b once, at
+its first, then 2 and 3 per transaction (:meth:`TransactionalCommit.use` sets the next ranges).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from kafka_eos.errors import CheckpointConflict, ProducerFenced, TransactionFailed, TransactionTimedOut
 from kafka_eos.faults import armed, crash_point
-from kafka_eos.kafka_admin import group_client, committed_offsets, offset_metadata
+from kafka_eos.kafka_admin import committed_offsets, group_client, offset_metadata
 from kafka_eos.plan import PartitionRange
 from kafka_eos.settings import KafkaSettings
 
@@ -264,13 +267,17 @@ class TransactionalCommit:
             "linger.ms": 20,
             "compression.type": "lz4",
         }))
-        # 1. Fence older attempts of the same work; their open transaction is aborted.
-        self._call("init_transactions", lambda: self._producer.init_transactions(CALL_TIMEOUT_S))
-        # 1b. Fence attempts of the same partitions in the other commit scope. Own id first, then
-        # the others: of two attempts that overlap, whichever inits last fences the other's
-        # producer, so at most one of them can commit (docs/architecture.md, "Fencing across scopes").
-        for fence_id in self.fences:
-            self._fence(fence_id)
+        try:
+            # 1. Fence older attempts of the same work; their open transaction is aborted.
+            self._call("init_transactions", lambda: self._producer.init_transactions(CALL_TIMEOUT_S))
+            # 1b. Fence attempts of the same partitions in the other commit scope. Own id first, then
+            # the others: of two attempts that overlap, whichever inits last fences the other's
+            # producer, so at most one of them can commit (docs/architecture.md, "Fencing across scopes").
+            for fence_id in self.fences:
+                self._fence(fence_id)
+        except BaseException:
+            self._producer = None  # not open: the next run() starts again from step 1
+            raise
 
     def use(self, ranges: Sequence[PartitionRange]) -> "TransactionalCommit":
         """The next transaction of a long-lived commit covers ``ranges`` (same transactional.id)."""

@@ -127,6 +127,22 @@ class SideRequest:
         return side_spec(spec, side), plan, side.to_json()
 
 
+def step_aside_for_a_stream(spec: PipelineSpec, settings: KafkaSettings) -> None:
+    """A pipeline runs in one mode at a time: while ``kafka-eos stream`` owns it, a live run's task
+    (or a reset) skips itself and the tasks behind it, rather than fence the stream's producer.
+    Replays, backfills and dry runs go on (they never touch the live checkpoint).
+
+    :raises AirflowSkipException: a stream owns the pipeline.
+    """
+    from kafka_eos.errors import PipelineBusy
+    from kafka_eos.stream.lease import refuse_if_streaming
+
+    try:
+        refuse_if_streaming(spec, settings)
+    except PipelineBusy as exc:
+        raise AirflowSkipException(str(exc)) from None
+
+
 def _moved(moves: dict[str, list]) -> str:
     """``orders-0 6 -> 3, …`` from ``{"orders-0": [6, 3], …}``."""
     return ", ".join(f"{tp} {a} -> {b}" for tp, (a, b) in moves.items())
@@ -190,7 +206,7 @@ class KafkaEosPlanOperator(_PipelineOperator):
             settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
             side = SideRequest.of(options, context)
             if options.reset_to or (side is None and not options.dry_run):
-                self._step_aside_for_a_stream(spec, settings)
+                step_aside_for_a_stream(spec, settings)
             if options.reset_to:
                 return self._reset(spec, settings, options, context)
             if side is not None:
@@ -205,21 +221,6 @@ class KafkaEosPlanOperator(_PipelineOperator):
         self.log.info("pipeline %s run %s: %d partition(s) to run%s", spec.name, plan.run_id,
                       len(plan.active), " (empty plan: Spark is skipped)" if plan.is_empty else "")
         return plan_summary(plan)
-
-    def _step_aside_for_a_stream(self, spec: PipelineSpec, settings: KafkaSettings) -> None:
-        """A pipeline runs in one mode at a time: while ``kafka-eos stream`` owns it, a live run
-        (or a reset) skips itself and the tasks behind it, rather than fence the stream's producer.
-        Replays, backfills and dry runs go on (they never touch the live checkpoint).
-
-        :raises AirflowSkipException: a stream owns the pipeline.
-        """
-        from kafka_eos.errors import PipelineBusy
-        from kafka_eos.stream.lease import refuse_if_streaming
-
-        try:
-            refuse_if_streaming(spec, settings)
-        except PipelineBusy as exc:
-            raise AirflowSkipException(str(exc)) from None
 
     def _alert_skipped(self, spec: PipelineSpec, plan: Plan, context: Context) -> None:
         for s in plan.skipped:
@@ -356,6 +357,8 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
             settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
             side = SideRequest.of(options, context)
             if side is None:
+                # A stream that started after the plan task (a retry, a slow queue) is not fenced.
+                step_aside_for_a_stream(spec, settings)
                 plan, side_json = self.plan_to_run(settings, spec, run_id), None
             else:
                 spec, plan, side_json = side.find(spec, settings, run_id)

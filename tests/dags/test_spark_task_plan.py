@@ -36,3 +36,30 @@ def test_spark_task_replans_after_retention_deleted_part_of_the_stored_range(kaf
     (r,) = plan.ranges
     assert (r.from_offset, r.until, r.expected) == (4, 10, 2)
     assert [(s.from_offset, s.until) for s in plan.skipped] == [(2, 4)]
+
+
+def test_spark_task_of_a_live_run_steps_aside_for_a_stream_that_started_after_its_plan(
+        kafka_settings, kafka_connection, unique, tmp_path):
+    """The plan task ran before the stream started: the Spark task must not fence the stream."""
+    import yaml
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from kafka_eos.spec import spec_document
+    from kafka_eos.stream.lease import StreamLease
+    from kafka_eos_airflow.operators import KafkaEosSparkSubmitOperator
+
+    topic = f"in-{unique}"
+    kafka_admin.create_topics(kafka_settings, {topic: 1, f"out-{unique}": 1})
+    spec = parse_spec({"name": unique, "source": {"topics": [topic]},
+                       "sink": {"kind": "kafka", "topic": f"out-{unique}"}}, str(tmp_path / "p.yaml"))
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(spec_document(spec)))
+    prepare_plan(spec, kafka_settings, "run-1")  # the plan task
+    lease = StreamLease(spec, kafka_settings)
+    lease.acquire()
+    try:
+        task = KafkaEosSparkSubmitOperator(task_id="spark", pipeline=str(tmp_path / "p.yaml"),
+                                           kafka_conn_id=kafka_connection)
+        with pytest.raises(AirflowSkipException, match="is owned by a stream"):
+            task.execute({"run_id": "run-1", "params": {}, "dag_run": None})
+    finally:
+        lease.release()

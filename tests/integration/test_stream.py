@@ -136,9 +136,10 @@ def _spec_file(spec, tmp_path: Path) -> Path:
 
 
 def test_sigterm_mid_stream_exits_clean_and_a_restart_is_exactly_once(kafka_settings, make_spec, tmp_path,
-                                                                      capsys):
+                                                                      capsys, monkeypatch):
     spec = make_spec("identity", "kafka", "atomic")
     spec_file = _spec_file(spec, tmp_path)
+    monkeypatch.setattr("kafka_eos.spec.pipelines_dir", lambda: tmp_path)  # `pipelines` lists this spec
     truth = produce_orders(kafka_settings, spec.source.topics[0], 3000, abort_every=4, malformed_every=0)
     proc = _start_stream(spec_file, kafka_settings, "--max-records", "100")
     try:
@@ -149,6 +150,9 @@ def test_sigterm_mid_stream_exits_clean_and_a_restart_is_exactly_once(kafka_sett
         assert owner is not None and owner.client_id.endswith(f":{proc.pid}")
         assert cli(["run", str(spec_file), "--bootstrap", kafka_settings.bootstrap_servers]) == 1
         assert "is owned by a stream" in capsys.readouterr().err
+        assert cli(["pipelines", "--bootstrap", kafka_settings.bootstrap_servers, "--json"]) == 0
+        (listed,) = json.loads(capsys.readouterr().out)["pipelines"]
+        assert listed["streaming"] == owner.client_id and listed["last_run"]["stream_batch"] >= 1
         with pytest.raises(PipelineBusy, match="already streaming"):
             StreamLease(spec, kafka_settings).acquire(wait_s=0)
         proc.send_signal(signal.SIGTERM)  # mid-stream: batches of 100 offsets, 3000 to go
@@ -190,3 +194,48 @@ def test_sigkill_mid_transaction_then_restart_is_exactly_once(kafka_settings, ma
     check_kafka_output(spec, kafka_settings, truth.committed, truth.aborted)
     stable_output(spec, kafka_settings)  # its init_transactions() aborted the killed transaction
     assert caught_up(spec, kafka_settings)
+
+
+def test_two_streams_racing_for_the_lease_end_with_one_owner(kafka_settings, make_spec, monkeypatch):
+    """Both looked before either joined: Kafka assigns the lease partition to one of them; the
+    other lets go (at once when it never got it, or when it was taken from it and not given back)."""
+    from kafka_eos.stream import lease as lease_module
+
+    spec = make_spec("identity", "kafka", "atomic")
+    first = StreamLease(spec, kafka_settings)
+    first.acquire()
+    outcome: dict[str, BaseException | None] = {}
+    stop = threading.Event()
+
+    def first_keeps_polling():  # a running stream polls between batches
+        try:
+            while not stop.is_set():
+                first.keep()
+                time.sleep(0.2)
+            outcome["first"] = None
+        except PipelineBusy as exc:
+            outcome["first"] = exc
+
+    poller = threading.Thread(target=first_keeps_polling)
+    poller.start()
+    monkeypatch.setattr(lease_module, "stream_owner", lambda *_: None)  # the second looked too early
+    second = StreamLease(spec, kafka_settings)
+    try:
+        second.acquire(wait_s=0)
+        outcome["second"] = None
+    except PipelineBusy as exc:
+        outcome["second"] = exc
+    monkeypatch.undo()
+    if outcome["second"] is None:  # the second won: the first must notice and let go
+        poller.join(lease_module.LOST_AFTER_S + 15)
+        assert isinstance(outcome.get("first"), PipelineBusy), outcome
+    else:  # the first kept it
+        time.sleep(2)
+        stop.set()
+        poller.join(30)
+        assert outcome["first"] is None, outcome
+        assert stream_owner(spec, kafka_settings).client_id == first.client_id
+    stop.set()
+    first.release()
+    second.release()
+    assert stream_owner(spec, kafka_settings) is None

@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from confluent_kafka import Consumer, KafkaException
 
 from kafka_eos.errors import BrokerError, PipelineBusy
-from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, admin_client
+from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, admin_client, retrying
 from kafka_eos.manifest import PLANNED, ManifestStore
 from kafka_eos.plan import Plan
 from kafka_eos.settings import KafkaSettings
@@ -36,6 +36,8 @@ SESSION_TIMEOUT_MS = 10_000
 #: A batch may run this long between two polls of the lease before Kafka takes it back
 #: (librdkafka's max.poll.interval.ms; a stream polls between batches).
 MAX_POLL_INTERVAL_MS = 3_600_000
+#: A lease taken away by a rebalance and not given back within this long is lost.
+LOST_AFTER_S = 2 * SESSION_TIMEOUT_MS / 1000
 #: Client id prefix of a stream's lease member: ``kafka-eos-stream:<host>:<pid>``.
 CLIENT_PREFIX = "kafka-eos-stream"
 
@@ -63,14 +65,21 @@ def stream_owner(spec: PipelineSpec, settings: KafkaSettings) -> StreamOwner | N
     :raises BrokerError: the group cannot be described.
     """
     group = lease_group(spec)
-    admin = admin_client(settings)  # kept alive while its future is read
-    try:
-        desc = admin.describe_consumer_groups([group], request_timeout=ADMIN_TIMEOUT_S)[group].result(
-            timeout=ADMIN_TIMEOUT_S)
-    except KafkaException as exc:
-        if exc.args[0].name() == "GROUP_ID_NOT_FOUND":
-            return None
-        raise BrokerError(f"describing lease group {group!r}: {exc.args[0].str()}") from exc
+
+    def once():
+        admin = admin_client(settings)  # kept alive while its future is read
+        try:
+            return admin.describe_consumer_groups([group], request_timeout=ADMIN_TIMEOUT_S)[group].result(
+                timeout=ADMIN_TIMEOUT_S)
+        except KafkaException as exc:
+            if exc.args[0].name() == "GROUP_ID_NOT_FOUND":
+                return None
+            raise BrokerError(f"describing lease group {group!r}: {exc.args[0].name()} {exc.args[0].str()}") from exc
+
+    # A cold broker answers NOT_COORDINATOR while it loads its group metadata: retried.
+    desc = retrying(once)
+    if desc is None:
+        return None
     members = sorted(desc.members, key=lambda m: not (m.assignment and m.assignment.topic_partitions))
     if not members:
         return None
@@ -116,7 +125,8 @@ class StreamLease:
         self._consumer: Consumer | None = None
         self._assigned = False
         self._rebalanced = False
-        self.lost = False
+        #: When the partition was last taken away (a rebalance), while it has not come back.
+        self._revoked_at: float | None = None
 
     def acquire(self, wait_s: float = SESSION_TIMEOUT_MS / 1000 + 5) -> None:
         """Take the lease, waiting up to ``wait_s`` for a dead stream's lease to expire.
@@ -156,23 +166,30 @@ class StreamLease:
         self._rebalanced = True
         self._assigned = bool(partitions)
         if partitions:
+            self._revoked_at = None
             consumer.pause(partitions)  # membership is the lease; nothing to fetch
 
     def _on_revoke(self, _consumer: Consumer, partitions) -> None:
+        # An eager rebalance (a member joins or leaves) takes the partition from everyone first:
+        # lost only if it does not come back.
         if self._assigned and partitions:
-            self.lost = True
+            self._revoked_at = time.monotonic()
         self._assigned = False
 
     def keep(self) -> None:
         """Poll (Kafka counts a member that stops polling as gone).
 
-        :raises PipelineBusy: the lease was taken away (another stream joined and won it).
+        :raises PipelineBusy: the lease went to another member and did not come back within
+            :data:`LOST_AFTER_S` (the commit protocol's fencing keeps both exactly-once meanwhile).
         """
         if self._consumer is None:
             return
         self._consumer.poll(0)
-        if self.lost:
-            raise PipelineBusy(f"pipeline {self.spec.name}: this stream lost its lease to another stream; stopping")
+        if not self._assigned and self._revoked_at is not None \
+                and time.monotonic() - self._revoked_at > LOST_AFTER_S:
+            owner = stream_owner(self.spec, self.settings)
+            raise PipelineBusy(f"pipeline {self.spec.name}: this stream lost its lease"
+                               + (f" to {owner.describe()}" if owner else "") + "; stopping")
 
     def release(self) -> None:
         if self._consumer is not None:

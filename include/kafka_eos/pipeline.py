@@ -178,6 +178,7 @@ def _repaired_state(spec: PipelineSpec, settings: KafkaSettings, manifest: Manif
 
 
 def _first_plan_remembered(spec, settings, manifest, run_id, cks, offsets, times, state) -> Plan:
+    """:func:`_plan`; a pipeline's first plan also records where it starts each partition."""
     plan, first = _plan(spec, settings, run_id, cks, offsets, times, state)
     if first:
         manifest.put_starts(plan)  # later plans start this plan's uncommitted partitions here

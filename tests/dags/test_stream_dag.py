@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 import yaml
 from confluent_kafka import Producer
+from test_backfill import _wait
 
 from kafka_eos import kafka_admin
 from kafka_eos.readers import read_committed
@@ -19,19 +20,6 @@ from kafka_eos.spec import load_spec
 from kafka_eos.stream.lease import StreamLease
 
 pytestmark = pytest.mark.integration
-
-#: A run is three tasks and a spark-submit under a real scheduler, on 2 busy cores.
-RUN_TIMEOUT_S = 420
-
-
-def _wait(what: str, check, timeout_s: float = RUN_TIMEOUT_S, every_s: float = 2.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(every_s)
-    raise AssertionError(f"{what}: not within {timeout_s:g}s")
 
 
 def _asset_runs(airflow, dag_id: str, count: int) -> list[dict] | None:

@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 JARS   := .local/jars
 MVN    := mvn -q -B -s jvm/settings.xml -f jvm/pom.xml
 
-.PHONY: demo test bench-stream install jars postgres chromium kafka-start kafka-stop airflow-up airflow-down clean
+.PHONY: demo test bench bench-stream install jars postgres chromium kafka-start kafka-stop airflow-up airflow-down clean
 
 demo: install jars
 	$(VENV)/bin/kafka-eos demo
@@ -50,6 +50,13 @@ $(JARS)/spark/.resolved: jvm/pom.xml
 	rm -rf $(JARS)/spark
 	$(MVN) -P spark dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=../$(JARS)/spark
 	touch $@
+
+# Throughput beside plain at-least-once Spark and Kafka's own perf tools, fixed costs, the planner
+# and memory (a table on stdout; .local/bench/throughput.json and throughput.png; about 20 minutes).
+# BENCH_ARGS: e.g. --records 100000 --sizes 1 --skip airflow,postgres.
+bench: install jars postgres
+	$(PY) -m pip install -q -r requirements-bench.txt
+	$(PY) -m kafka_eos.bench.throughput $(BENCH_ARGS)
 
 # End-to-end latency and throughput of continuous mode and of event-driven runs (figures on stdout
 # and in .local/bench/stream_latency.json; about 15 minutes). BENCH_ARGS: e.g. --forms continuous --rates 1000.

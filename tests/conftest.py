@@ -10,14 +10,9 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import shutil
 import socket
-import subprocess
 import sys
-import tempfile
-import time
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -199,46 +194,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _pg_bin() -> Path:
-    for base in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
-        if (base / "initdb").exists():
-            return base
-    raise RuntimeError("PostgreSQL server binaries not found under /usr/lib/postgresql: "
-                       "run `make postgres` (installs Debian's postgresql package)")
-
-
 @pytest.fixture(scope="session")
 def postgres_url():
-    """A throwaway PostgreSQL cluster on 127.0.0.1 (it refuses to run as root: runs as postgres)."""
-    bin_dir = _pg_bin()
-    # Not under pytest's tmp folder: that is private to root, and the server runs as postgres.
-    base = Path(tempfile.mkdtemp(prefix="kafka-eos-pg-"))
-    base.chmod(0o755)
-    data = base / "data"
-    as_pg = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    if as_pg:
-        shutil.chown(base, "postgres")
-    subprocess.run([*as_pg, str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "kafka_eos"],
-                   check=True, capture_output=True)
-    port = _free_port()
-    log = base / "pg.log"
-    subprocess.run([*as_pg, str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-o",
-                    f"-p {port} -k {data.parent} -c listen_addresses=127.0.0.1", "start"],
-                   check=True, capture_output=True)
-    url = f"postgresql+psycopg2://kafka_eos@127.0.0.1:{port}/postgres"
-    deadline = time.monotonic() + 30
-    from sqlalchemy import create_engine, text
+    """A throwaway PostgreSQL cluster on 127.0.0.1 (:class:`kafka_eos.local_postgres.LocalPostgres`)."""
+    from kafka_eos.local_postgres import LocalPostgres
 
-    while True:
-        try:
-            with create_engine(url).connect() as conn:
-                conn.execute(text("select 1"))
-            break
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-    yield url
-    subprocess.run([*as_pg, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "stop"],
-                   capture_output=True)
-    shutil.rmtree(base, ignore_errors=True)
+    server = LocalPostgres()
+    yield server.start()
+    server.stop()

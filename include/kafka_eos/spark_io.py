@@ -86,11 +86,15 @@ def get_session(app_name: str = "kafka-eos", master: str | None = None,
 
 
 def read_ranges(spark: "SparkSession", settings: KafkaSettings,
-                ranges: Sequence[PartitionRange]) -> "DataFrame":
+                ranges: Sequence[PartitionRange], max_records_per_task: int | None = None) -> "DataFrame":
     """Read exactly ``[from, until)`` of each non-empty range, committed records only.
 
     ``assign`` (not ``subscribe``) and no ``minPartitions``: one Spark task holds one source
     partition, which per_partition scope relies on.
+
+    :param max_records_per_task: split ranges longer than this (in offsets) over several tasks
+        (work that commits on the driver: the driver then holds one small task's rows at a time,
+        however large the run).
     """
     ranges = [r for r in ranges if not r.empty]
     if not ranges:
@@ -113,4 +117,5 @@ def read_ranges(spark: "SparkSession", settings: KafkaSettings,
             .option("includeHeaders", "true")
             # Records vanishing between planning and reading is data loss: fail the run.
             .option("failOnDataLoss", "true")
+            .options(**({"maxRecordsPerPartition": str(max_records_per_task)} if max_records_per_task else {}))
             .load())

@@ -1,24 +1,28 @@
 """Kafka sink: results and dead letters written transactionally with the consumed offsets.
 
-``atomic``: one transaction on the driver; rows stream to it with ``toLocalIterator`` (one
-Spark partition at a time), never collected whole. ``per_partition``: one transaction per source
-partition, on the executors, under that partition's own transactional.id.
+``atomic``: one transaction on the driver; rows stream to it as Arrow batches with
+``toLocalIterator`` (one Spark partition at a time), never collected whole. ``per_partition``:
+one transaction per source partition, on the executors, under that partition's own
+transactional.id. Rows reach Python as Arrow batches in both (:mod:`kafka_eos.sinks.batches`).
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import TYPE_CHECKING, Iterable, Iterator
 
-from kafka_eos.errors import DeadLetterWithoutTopic, SpecError
+from kafka_eos.errors import SpecError
 from kafka_eos.manifest import COMMITTED, checkpoint_key, checkpoint_record, now_iso, partition_key, run_key
 from kafka_eos.plan import PartitionRange, Plan
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
 from kafka_eos.transforms import DLQ_REASON
-from kafka_eos.txn import CommitResult, OutRecord, TransactionalCommit, dead_letter_headers
+from kafka_eos.sinks import batches
+from kafka_eos.txn import CommitResult, TransactionalCommit
 
 if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
 #: Columns a Kafka-sink transform must return (kafka_eos.transforms documents the contract).
@@ -41,13 +45,6 @@ def check_output(df: "DataFrame", spec: PipelineSpec) -> None:
                             "per_partition scope needs a row-wise transform: use commit: atomic")
 
 
-def _no_dead_letter_topic(spec: PipelineSpec, row) -> DeadLetterWithoutTopic:
-    return DeadLetterWithoutTopic(
-        f"{row['topic']}-{row['partition']} offset {row['offset']}: dead letter ({row[DLQ_REASON]}) but "
-        f"{spec.path} has no sink.dlq_topic: nothing of this batch was committed; "
-        "set sink.dlq_topic or fix the record")
-
-
 def check_one_task_per_partition(df: "DataFrame", spec: PipelineSpec, plan: Plan) -> None:
     """per_partition scope: each source partition's rows must be in exactly one Spark task.
     A union (no Exchange) puts a partition's rows in two tasks; the second would find the range
@@ -61,29 +58,6 @@ def check_one_task_per_partition(df: "DataFrame", spec: PipelineSpec, plan: Plan
         raise SpecError(f"{spec.path}: transform: {spec.transform} turns {ranges} source partitions into {tasks} "
                         "Spark partitions (a union?); per_partition scope needs one task per source "
                         "partition: use commit: atomic")
-
-
-def to_records(rows: Iterable, spec: PipelineSpec, tally: Counter | None = None) -> Iterator[OutRecord]:
-    """Rows of a transform's output -> records for the sink or the dead-letter topic.
-
-    :param tally: when given, counts ``((topic, partition), "out" | "dead")`` per source partition.
-    :raises DeadLetterWithoutTopic: a dead letter, and the sink has no ``dlq_topic`` (the
-        transaction it was meant for aborts: nothing of the batch is committed).
-    """
-    sink_topic, dlq_topic, added = spec.sink.topic, spec.sink.dlq_topic, list(spec.sink.headers)
-    for row in rows:
-        carried = row["headers"] if "headers" in row.__fields__ else None
-        headers = [(h["key"], h["value"]) for h in carried or ()] + added
-        reason = row[DLQ_REASON]
-        if tally is not None:
-            tally[((row["topic"], row["partition"]), "out" if reason is None else "dead")] += 1
-        if reason is None:
-            yield sink_topic, row["key"], row["value"], headers
-        elif dlq_topic is None:
-            raise _no_dead_letter_topic(spec, row)
-        else:
-            yield (dlq_topic, row["key"], row["value"],
-                   headers + dead_letter_headers(reason, row["topic"], row["partition"], row["offset"]))
 
 
 def atomic_commit(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
@@ -114,7 +88,7 @@ def write_atomic(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, setting
                  commit: TransactionalCommit | None = None) -> CommitResult:
     """One transaction for the whole plan, on the driver.
 
-    :param tally: filled with per-source-partition counts (see :func:`to_records`).
+    :param tally: filled with per-source-partition counts (see :func:`kafka_eos.sinks.batches.records`).
     :param commit: a long-lived commit set to the plan's ranges (stream mode); else a new one.
     """
     from pyspark import StorageLevel
@@ -122,9 +96,12 @@ def write_atomic(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, setting
     if df is not None:
         # Compute first, commit after: the transaction stays open only while cached rows stream
         # to the producer, not while Spark reads and transforms (its timeout would abort it).
-        df = df.persist(StorageLevel.MEMORY_AND_DISK)
+        df = batches.prepared(df).persist(StorageLevel.MEMORY_AND_DISK)
         df.count()
-    rows = df.toLocalIterator(prefetchPartitions=True) if df is not None else ()
+    # From the cache to the driver as Arrow batches, one Spark task at a time; the executors
+    # pack the next while the driver produces.
+    rows = (df.mapInArrow(batches.pack, batches.PACKED_SCHEMA).toLocalIterator(prefetchPartitions=True)
+            if df is not None else ())
     commit = commit or atomic_commit(spec, plan, settings)
 
     def manifest(out: int, dead: int):
@@ -134,7 +111,7 @@ def write_atomic(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, setting
                 *_checkpoint_records(spec, plan, plan.active)]
 
     try:
-        return commit.run(to_records(rows, spec, tally), manifest)
+        return commit.run(batches.records(batches.unpack(rows), spec, tally), manifest)
     finally:
         if df is not None:
             df.unpersist()
@@ -146,9 +123,12 @@ def _checkpoint_records(spec: PipelineSpec, plan: Plan, ranges: Iterable[Partiti
 
 
 def commit_partition(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
-                     r: PartitionRange, rows: Iterable) -> CommitResult:
+                     r: PartitionRange, rows: Iterable["pa.RecordBatch"]) -> CommitResult:
     """The transaction of one source partition (on an executor, or on the driver when the
-    partition produced no rows at all)."""
+    partition produced no rows at all).
+
+    :param rows: the partition's rows, as Arrow record batches of :func:`batches.prepared` columns.
+    """
     commit = partition_commit(spec, r, settings)
 
     def manifest(out: int, dead: int):
@@ -157,36 +137,52 @@ def commit_partition(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
         return [(spec.manifest_topic, partition_key(plan.pipeline, plan.run_id, r.topic, r.partition), record),
                 *_checkpoint_records(spec, plan, [r])]
 
-    return commit.run(to_records(rows, spec), manifest)
+    return commit.run(batches.records(rows, spec), manifest)
+
+
+#: What the scan of each Spark task returns (:func:`task_sources`).
+_SCAN_SCHEMA = "task int, topics array<string>, partitions array<int>, dead string"
+#: What the commit of each Spark task returns.
+_COMMIT_SCHEMA = "topic string, partition int, status string, records_out long, dead_letters long"
 
 
 def task_sources(df: "DataFrame", spec: PipelineSpec) -> tuple[dict[int, tuple[str, int]], dict | None]:
     """Before anything commits: which source partition each Spark task of ``df`` holds, and,
     for a sink without ``dlq_topic``, the first dead letter (None when there is none).
 
+    :param df: :func:`batches.prepared` columns.
     :raises SpecError: a task holds rows of two source partitions, or a source partition's rows
         are in two tasks (a union, a join that moved rows): the scope needs one task per partition.
     """
     need_dead_letter = spec.sink.dlq_topic is None
 
-    def scan(index: int, rows: Iterator) -> Iterator[tuple]:
+    def scan(arrow_batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
         tps, dead = set(), None
-        for row in rows:
-            tps.add((row["topic"], row["partition"]))
-            if need_dead_letter and dead is None and row[DLQ_REASON] is not None:
-                dead = {k: row[k] for k in ("topic", "partition", "offset", DLQ_REASON)}
-        yield index, sorted(tps), dead
+        for batch in arrow_batches:
+            tps |= batches.source_partitions(batch)
+            if need_dead_letter and dead is None:
+                dead = batches.first_dead_letter(batch)
+        ordered = sorted(tps)
+        yield pa.RecordBatch.from_pydict({
+            "task": [TaskContext.get().partitionId()], "topics": [[t for t, _ in ordered]],
+            "partitions": [[p for _, p in ordered]], "dead": [json.dumps(dead) if dead else None]},
+            schema=pa.schema([("task", pa.int32()), ("topics", pa.list_(pa.string())),
+                              ("partitions", pa.list_(pa.int32())), ("dead", pa.string())]))
 
     owner: dict[int, tuple[str, int]] = {}
     first_dead = None
-    for index, tps, dead in df.rdd.mapPartitionsWithIndex(scan).collect():
-        first_dead = first_dead or dead
+    for row in df.mapInArrow(scan, _SCAN_SCHEMA).collect():
+        tps = list(zip(row["topics"], row["partitions"]))
+        first_dead = first_dead or (json.loads(row["dead"]) if row["dead"] else None)
         if len(tps) > 1:
             raise SpecError(f"{spec.path}: transform: {spec.transform} puts rows of "
                             f"{', '.join(f'{t}-{p}' for t, p in tps)} in one Spark task; per_partition scope "
                             "needs a row-wise transform: use commit: atomic")
         if tps:
-            owner[index] = tps[0]
+            owner[row["task"]] = tps[0]
     if len(set(owner.values())) < len(owner):
         twice = sorted({tp for tp in owner.values() if list(owner.values()).count(tp) > 1})
         raise SpecError(f"{spec.path}: transform: rows of {', '.join(f'{t}-{p}' for t, p in twice)} are in two "
@@ -198,22 +194,30 @@ def _commit_spark_partition(spec: PipelineSpec, plan: Plan, settings: KafkaSetti
                             owner: dict[int, tuple[str, int]]):
     ranges = {r.tp: r for r in plan.active}
 
-    def run(index: int, rows: Iterator) -> Iterator[tuple]:
+    def run(arrow_batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        index = TaskContext.get().partitionId()
         if index not in owner:
             return  # no rows when checked: the driver commits its partition offsets-only
         r = ranges[owner[index]]
 
-        def checked_rows():
+        def checked(arrow_batches):
             # The rows are read again from the cache, or recomputed if an executor lost it: any
             # row of another partition stops the task before it commits.
-            for row in rows:
-                if (row["topic"], row["partition"]) != r.tp:
-                    raise RuntimeError(f"rows of {row['topic']}-{row['partition']} in the task of "
-                                       f"{r.topic}-{r.partition}: the transform is not deterministic")
-                yield row
+            for batch in arrow_batches:
+                for t, p in batches.source_partitions(batch) - {r.tp}:
+                    raise RuntimeError(f"rows of {t}-{p} in the task of {r.topic}-{r.partition}: "
+                                       "the transform is not deterministic")
+                yield batch
 
-        res = commit_partition(spec, plan, settings, r, checked_rows())
-        yield (r.topic, r.partition, res.status, res.records_out, res.dead_letters)
+        res = commit_partition(spec, plan, settings, r, checked(arrow_batches))
+        yield pa.RecordBatch.from_pydict(
+            {"topic": [r.topic], "partition": [r.partition], "status": [res.status],
+             "records_out": [res.records_out], "dead_letters": [res.dead_letters]},
+            schema=pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("status", pa.string()),
+                              ("records_out", pa.int64()), ("dead_letters", pa.int64())]))
 
     return run
 
@@ -226,20 +230,22 @@ def write_per_partition(df: "DataFrame | None", spec: PipelineSpec, plan: Plan,
 
     Which task holds which source partition is decided before any partition commits: the
     transform's output is cached, checked (:func:`task_sources`), then committed from the cache.
+    Both passes move rows to Python as Arrow batches.
     """
     from pyspark import StorageLevel
 
     results: dict[tuple[str, int], CommitResult] = {}
     if df is not None:
         check_one_task_per_partition(df, spec, plan)
-        df = df.persist(StorageLevel.MEMORY_AND_DISK)
+        df = batches.prepared(df).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             owner, dead = task_sources(df, spec)
             if dead is not None:
-                raise _no_dead_letter_topic(spec, dead)
-            for topic, partition, status, out, dead_letters in df.rdd.mapPartitionsWithIndex(
-                    _commit_spark_partition(spec, plan, settings, owner)).collect():
-                results[(topic, partition)] = CommitResult(status, out, dead_letters)
+                raise batches.no_dead_letter_topic(spec, dead["topic"], dead["partition"], dead["offset"],
+                                                   dead[DLQ_REASON])
+            for row in df.mapInArrow(_commit_spark_partition(spec, plan, settings, owner), _COMMIT_SCHEMA).collect():
+                results[(row["topic"], row["partition"])] = CommitResult(row["status"], row["records_out"],
+                                                                         row["dead_letters"])
         finally:
             df.unpersist()
     for r in plan.active:

@@ -19,7 +19,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 
 from confluent_kafka import Consumer, KafkaException
 

@@ -1,0 +1,658 @@
+"""``make bench``: kafka-eos's throughput beside plain at-least-once Spark and the broker's own
+ceiling, its fixed costs, its planner, and its memory.
+
+    python -m kafka_eos.bench.throughput [--records 300000] [--sizes 1,4] [--skip airflow,postgres]
+
+On the local broker (started if needed) unless ``KAFKA_BOOTSTRAP_SERVERS`` is set, one after
+another on the same generated orders (about 200-byte JSON values, 6 partitions, transactions of
+1,000 records with every 3rd aborted, every 50th record malformed):
+
+- ceiling: Kafka's perf tools from the broker's jars (``ProducerPerformance`` with a
+  transactional id, ``ConsumerPerformance`` read_committed);
+- baseline: plain Spark, the same plan and transform, Spark's own at-least-once Kafka sink;
+- kafka-eos: the same, exactly-once, Kafka sink ``atomic`` and ``per_partition``; the SQL sink
+  (SQLite, PostgreSQL) with the ``revenue_per_minute`` aggregation;
+- fixed costs: ``kafka-eos run`` with an empty plan and with a handful of records, and an Airflow
+  DAG run (``airflow dags test``) of each;
+- the planner over a topic of 1,000 partitions;
+- peak RSS of the driver (JVM, Python) and the Python workers, at each input size.
+
+Spark runs are whole ``spark-submit`` processes (``local[2]``, JVM start included), as a DAG's
+Spark task runs them. Every kafka-eos run is checked: its read_committed output must be exactly
+the committed valid input and its dead letters the committed malformed input; the bench exits 1
+otherwise. Written to ``.local/bench/throughput.json`` and ``throughput.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from kafka_eos.kafka_admin import create_topics, partition_offsets
+from kafka_eos.local_kafka import LocalBroker
+from kafka_eos.paths import PROJECT_ROOT, jars_dir, local_dir
+from kafka_eos.sample_data import _poison, make_order
+from kafka_eos.settings import KafkaSettings
+from kafka_eos.spec import PipelineSpec, parse_spec, spec_document
+
+#: Source partitions (as in the issue's measurements: a few per core).
+PARTITIONS = 6
+#: Default input size (1x): a kafka-eos run takes tens of seconds on 2 cores.
+DEFAULT_RECORDS = 300_000
+#: Records per source transaction; every ABORT_EVERY-th transaction is aborted.
+PER_TRANSACTION = 1000
+ABORT_EVERY = 3
+#: Every this-many-th record is malformed (a dead letter of the orders transform).
+MALFORMED_EVERY = 50
+#: Padding that brings an order's JSON to about 200 bytes.
+NOTE = "gift wrap; leave at the door; ring twice" + "." * 16
+#: The Kafka-sink transform (JSON parse, validation, enrichment: Spark SQL only).
+ORDERS_TRANSFORM = "spark_apps.transforms.orders:enrich"
+#: The SQL-sink transform (per-minute revenue: an aggregation).
+REVENUE_TRANSFORM = "spark_apps.transforms.revenue:revenue_per_minute"
+#: Spark master of every run: the machine's two cores.
+MASTER = "local[2]"
+#: How often the process tree's memory is sampled.
+SAMPLE_EVERY_S = 0.2
+#: Partitions of the planner's topic.
+PLANNER_PARTITIONS = 1000
+#: Targets (issue: performance) on this machine.
+TARGETS = {"atomic": 0.8, "per_partition": 0.9, "plan_1000_s": 2.0, "empty_run_s": 3.0}
+
+
+@dataclass
+class Input:
+    """Ground truth of a generated topic."""
+
+    topic: str
+    records: int  # committed records (valid + malformed)
+    valid: int
+    malformed: int
+    aborted: int
+    value_bytes: int  # total bytes of committed values
+
+    @property
+    def mean_value_bytes(self) -> float:
+        return self.value_bytes / max(self.records, 1)
+
+
+def generate(settings: KafkaSettings, topic: str, count: int, seed: int = 11) -> Input:
+    """``count`` committed orders in ``topic`` (plus aborted ones: every ABORT_EVERY-th
+    transaction of PER_TRANSACTION records is aborted, on top of the count)."""
+    create_topics(settings, {topic: PARTITIONS})
+    rng = random.Random(seed)
+    start = datetime.now(timezone.utc).replace(microsecond=0)
+    producer = Producer(settings.client_config(**{
+        "transactional.id": f"kafka-eos.bench.{topic}", "partitioner": "murmur2_random",
+        "linger.ms": 20, "compression.type": "lz4", "queue.buffering.max.messages": 500_000}))
+    producer.init_transactions(30)
+    truth = Input(topic, 0, 0, 0, 0, 0)
+    seq = txn = 0
+    while truth.records < count:
+        txn += 1
+        abort = txn % ABORT_EVERY == 0
+        n = PER_TRANSACTION if abort else min(PER_TRANSACTION, count - truth.records)
+        producer.begin_transaction()
+        valid = malformed = size = 0
+        for _ in range(n):
+            order = make_order(seq, rng, start)
+            if seq % MALFORMED_EVERY == MALFORMED_EVERY - 1:
+                value = _poison(seq % 4, order)
+                malformed += 1
+            else:
+                value = json.dumps({**order, "note": NOTE}).encode()
+                valid += 1
+            size += len(value or b"")
+            _produce(producer, topic, order["customer_id"].encode(), value)
+            seq += 1
+        if abort:
+            producer.flush(60)
+            producer.abort_transaction(60)
+            truth.aborted += n
+        else:
+            producer.commit_transaction(60)
+            truth.records += n
+            truth.valid += valid
+            truth.malformed += malformed
+            truth.value_bytes += size
+    return truth
+
+
+def _produce(producer: Producer, topic: str, key: bytes, value: bytes | None) -> None:
+    while True:
+        try:
+            producer.produce(topic, key=key, value=value)
+            return
+        except BufferError:
+            producer.poll(0.1)
+
+
+def count_committed(settings: KafkaSettings, topic: str) -> int:
+    """Records of ``topic`` a read_committed consumer sees, up to each partition's LSO now."""
+    from kafka_eos.kafka_admin import partitions_of
+
+    n = partitions_of(settings, [topic])[topic]
+    ends = partition_offsets(settings, [(topic, p) for p in range(n)])
+    todo = {p for p in range(n) if ends[(topic, p)].lso > ends[(topic, p)].log_start}
+    if not todo:
+        return 0
+    consumer = Consumer(settings.client_config(**{
+        "group.id": f"kafka-eos.bench.count.{uuid.uuid4()}", "enable.auto.commit": False,
+        "isolation.level": "read_committed", "enable.partition.eof": True}))
+    seen = 0
+    try:
+        consumer.assign([TopicPartition(topic, p, ends[(topic, p)].log_start) for p in todo])
+        deadline = time.monotonic() + 300
+        while todo:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: partitions {sorted(todo)} not read to their LSO in 300 s")
+            for msg in consumer.consume(10_000, 1.0):
+                if msg.error():
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        todo.discard(msg.partition())
+                        continue
+                    raise RuntimeError(f"{topic}-{msg.partition()}: {msg.error().str()}")
+                seen += 1
+                if msg.offset() + 1 >= ends[(topic, msg.partition())].lso:
+                    todo.discard(msg.partition())
+    finally:
+        consumer.close()
+    return seen
+
+
+# -- processes and their memory ----------------------------------------------------------------
+
+@dataclass
+class Measured:
+    """One whole process: wall seconds, exit code, and the peak RSS (MiB) of its parts."""
+
+    seconds: float
+    returncode: int
+    peak_mib: dict = field(default_factory=dict)
+    stdout: str = ""
+
+
+def _role(proc) -> str | None:
+    try:
+        cmd = " ".join(proc.cmdline())
+    except Exception:
+        return None
+    if "pyspark.daemon" in cmd or "pyspark.worker" in cmd or "pyspark/daemon" in cmd:
+        return "python_workers"
+    if proc.name().startswith("java") or cmd.startswith("java") or "/java " in cmd:
+        return "driver_jvm"
+    if "python" in proc.name() or "python" in cmd.split(" ")[0]:
+        return "driver_python"
+    return None
+
+
+def run_measured(argv: list[str], env: dict, log: Path, timeout_s: float = 3600) -> Measured:
+    """Run ``argv`` to its end, sampling the RSS of its process tree (driver JVM, driver Python,
+    Python workers summed) every SAMPLE_EVERY_S."""
+    import psutil
+
+    peaks: dict[str, float] = {}
+    started = time.monotonic()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=out, text=True,
+                                start_new_session=True)
+        stdout: list[str] = []
+        reader = threading.Thread(target=lambda: stdout.extend(proc.stdout), daemon=True)
+        reader.start()
+        root = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            if time.monotonic() - started > timeout_s:
+                proc.kill()
+                break
+            now: dict[str, float] = {}
+            try:
+                tree = [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                tree = []
+            for p in tree:
+                role = _role(p)
+                try:
+                    rss = p.memory_info().rss / 2**20
+                except psutil.Error:
+                    continue
+                if role:
+                    now[role] = now.get(role, 0.0) + rss
+            for role, mib in now.items():
+                peaks[role] = max(peaks.get(role, 0.0), mib)
+            time.sleep(SAMPLE_EVERY_S)
+        proc.wait()
+        reader.join(10)
+    return Measured(round(time.monotonic() - started, 2), proc.returncode,
+                    {k: round(v) for k, v in peaks.items()}, "".join(stdout))
+
+
+def spark_submit(app: Path, args: list[str]) -> list[str]:
+    """A spark-submit of ``app`` the way a DAG's Spark task runs it (client mode, local[2])."""
+    from kafka_eos.spark_io import local_master_conf, session_conf
+
+    conf = {**session_conf(), **local_master_conf(MASTER)}
+    argv = [str(Path(sys.executable).parent / "spark-submit"), "--master", MASTER,
+            "--jars", conf.pop("spark.jars")]
+    for key, value in conf.items():
+        argv += ["--conf", f"{key}={value}"]
+    return [*argv, str(app), *args]
+
+
+def spark_env(settings: KafkaSettings, folder: Path) -> dict:
+    return {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
+            **settings.to_environ(folder / f"client-{uuid.uuid4().hex[:6]}.json")}
+
+
+# -- pipelines ---------------------------------------------------------------------------------
+
+def bench_spec(work: Path, settings: KafkaSettings, source: Input, label: str, *, kind: str = "kafka",
+               commit: str = "atomic", url: str | None = None) -> PipelineSpec:
+    """A pipeline over ``source`` with new output topics (or a new SQL table), in a spec file."""
+    name = f"bench_{label}_{uuid.uuid4().hex[:6]}"
+    raw = {"name": name, "source": {"topics": [source.topic], "max_records_per_partition": 10**12}}
+    if kind == "kafka":
+        create_topics(settings, {f"{name}.out": PARTITIONS, f"{name}.dlq": 1})
+        raw.update(transform=ORDERS_TRANSFORM,
+                   sink={"kind": "kafka", "topic": f"{name}.out", "dlq_topic": f"{name}.dlq", "commit": commit})
+    else:
+        raw.update(transform=REVENUE_TRANSFORM,
+                   sink={"kind": "sql", "table": name, "key_columns": ["minute", "category"], "merge": "add",
+                         "url": url})
+    path = work / f"{name}.yaml"
+    spec = parse_spec(raw, str(path))
+    path.write_text(json.dumps(spec_document(spec)))
+    return spec
+
+
+def _plan_file(work: Path, plan) -> Path:
+    path = work / f"{plan.pipeline}.{uuid.uuid4().hex[:6]}.plan.json"
+    path.write_text(plan.to_json())
+    return path
+
+
+def run_baseline(work: Path, settings: KafkaSettings, source: Input) -> dict:
+    """Plain Spark: the orders transform over the whole topic, Spark's own Kafka sink."""
+    from kafka_eos.pipeline import compute_plan
+
+    spec = bench_spec(work, settings, source, "baseline")
+    plan, _drift = compute_plan(spec, settings, "bench")
+    m = run_measured(spark_submit(PROJECT_ROOT / "spark_apps" / "bench_baseline.py",
+                                  ["--spec", spec.path, "--plan", str(_plan_file(work, plan))]),
+                     spark_env(settings, work), work / f"{spec.name}.log")
+    if m.returncode != 0:
+        raise RuntimeError(f"baseline run failed (exit {m.returncode}): see {work / spec.name}.log")
+    out, dead = count_committed(settings, spec.sink.topic), count_committed(settings, spec.sink.dlq_topic)
+    return _row("baseline", "Spark's Kafka sink (at-least-once)", source, m, out, dead)
+
+
+def run_kafka_eos(work: Path, settings: KafkaSettings, source: Input, kind: str, commit: str = "atomic",
+                  url: str | None = None, label: str | None = None) -> dict:
+    """kafka-eos on the whole topic: the plan stored (as the DAG's plan task does), then a
+    spark-submit of the Spark task's entry point; the output checked against the input."""
+    from kafka_eos.pipeline import prepare_plan
+
+    spec = bench_spec(work, settings, source, label or commit, kind=kind, commit=commit, url=url)
+    plan = prepare_plan(spec, settings, "bench")
+    m = run_measured(spark_submit(PROJECT_ROOT / "spark_apps" / "run_pipeline.py",
+                                  ["--spec", spec.path, "--plan", str(_plan_file(work, plan))]),
+                     spark_env(settings, work), work / f"{spec.name}.log")
+    summary = next((json.loads(line.split(" ", 1)[1]) for line in m.stdout.splitlines()
+                    if line.startswith("KAFKA_EOS_SUMMARY ")), None)
+    if m.returncode != 0 or summary is None:
+        raise RuntimeError(f"kafka-eos run {spec.name} failed (exit {m.returncode}): see {work / spec.name}.log")
+    if kind == "kafka":
+        out, dead = count_committed(settings, spec.sink.topic), count_committed(settings, spec.sink.dlq_topic)
+    else:
+        out, dead = summary["records_out"], summary["dead_letters"]
+    row = _row(label or commit, f"kafka-eos, {kind} sink" + (f" ({commit})" if kind == "kafka" else ""),
+               source, m, out, dead)
+    row["summary_in"] = summary["records_in"]
+    row["spec"] = spec.path
+    row["anomalies"] = _anomalies(row, source, kind, summary)
+    return row
+
+
+def _anomalies(row: dict, source: Input, kind: str, summary: dict) -> list[str]:
+    """What an exactly-once run got wrong (nothing, when it is right)."""
+    found = []
+    if summary["records_in"] != source.records:
+        found.append(f"read {summary['records_in']} committed input records, the topic has {source.records}")
+    if kind == "kafka" and row["records_out"] != source.valid:
+        found.append(f"{row['records_out']} output records for {source.valid} valid inputs")
+    if row["dead_letters"] != source.malformed:
+        found.append(f"{row['dead_letters']} dead letters for {source.malformed} malformed inputs")
+    return found
+
+
+def _row(name: str, what: str, source: Input, m: Measured, out: int, dead: int) -> dict:
+    return {"name": name, "what": what, "records_in": source.records, "records_out": out, "dead_letters": dead,
+            "seconds": m.seconds, "records_per_s": round(source.records / m.seconds),
+            "mb_per_s": round(source.value_bytes / m.seconds / 1e6, 2), "peak_mib": m.peak_mib}
+
+
+# -- the broker's ceiling ----------------------------------------------------------------------
+
+def _kafka_tool(main_class: str, args: list[str], log: Path) -> str:
+    argv = ["java", "-Xmx1g", "-cp", str(jars_dir("kafka") / "*"), main_class, *args]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    log.write_text(res.stdout + res.stderr)
+    if res.returncode != 0:
+        raise RuntimeError(f"{main_class} failed (exit {res.returncode}): see {log}")
+    return res.stdout
+
+
+def run_ceiling(work: Path, settings: KafkaSettings, source: Input) -> list[dict]:
+    """Kafka's own perf tools on the same broker: a transactional producer of records the size
+    of the input's, and a read_committed consumer of the input topic itself."""
+    topic = f"bench.ceiling.{uuid.uuid4().hex[:6]}"
+    create_topics(settings, {topic: PARTITIONS})
+    size = round(source.mean_value_bytes)
+    out = _kafka_tool("org.apache.kafka.tools.ProducerPerformance", [
+        "--topic", topic, "--num-records", str(source.records), "--record-size", str(size), "--throughput", "-1",
+        "--transactional-id", f"kafka-eos.bench.ceiling.{topic}", "--transaction-duration-ms", "1000",
+        "--producer-props", f"bootstrap.servers={settings.bootstrap_servers}", "acks=all", "linger.ms=20",
+        "compression.type=lz4"], work / "producer-performance.log")
+    # "300000 records sent, 181818.2 records/sec (34.68 MB/sec), 12.3 ms avg latency, ..."
+    last = [line for line in out.splitlines() if "records sent" in line][-1]
+    produce_rps = float(last.split(" records/sec")[0].split(", ")[-1])
+    props = work / "consumer.properties"
+    props.write_text("isolation.level=read_committed\nauto.offset.reset=earliest\n")
+    out = _kafka_tool("org.apache.kafka.tools.ConsumerPerformance", [
+        "--bootstrap-server", settings.bootstrap_servers, "--topic", source.topic,
+        "--messages", str(source.records), "--consumer.config", str(props), "--timeout", "60000",
+        "--group", f"kafka-eos.bench.ceiling.{uuid.uuid4().hex[:6]}"], work / "consumer-performance.log")
+    # CSV: start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec,
+    # rebalance.time.ms, fetch.time.ms, fetch.MB.sec, fetch.nMsg.sec
+    fields = [line for line in out.splitlines() if line.strip() and line[0].isdigit()][-1].split(", ")
+    consumed, fetch_mbps, consume_rps = int(fields[4]), float(fields[8]), float(fields[9])
+    if consumed < source.records:
+        raise RuntimeError(f"ConsumerPerformance read {consumed} of {source.records} committed records of {source.topic}")
+    return [
+        {"name": "ceiling_produce", "what": f"ProducerPerformance, transactional, {size}-byte records",
+         "records_in": source.records, "records_per_s": round(produce_rps),
+         "mb_per_s": round(produce_rps * size / 1e6, 2)},
+        {"name": "ceiling_consume", "what": "ConsumerPerformance, read_committed, the input topic",
+         "records_in": consumed, "records_per_s": round(consume_rps), "mb_per_s": round(fetch_mbps * 2**20 / 1e6, 2)},
+    ]
+
+
+# -- fixed costs and the planner ---------------------------------------------------------------
+
+def _kafka_eos(*args: str) -> list[str]:
+    return [str(Path(sys.executable).parent / "kafka-eos"), *args]
+
+
+def run_cli(work: Path, settings: KafkaSettings, spec: PipelineSpec, label: str) -> dict:
+    """One whole ``kafka-eos run`` process."""
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    m = run_measured(_kafka_eos("run", spec.path, "--bootstrap", settings.bootstrap_servers), env,
+                     work / f"{spec.name}.{label}.log")
+    if m.returncode != 0:
+        raise RuntimeError(f"kafka-eos run {spec.path} failed (exit {m.returncode}): see {work / spec.name}.{label}.log")
+    return {"name": label, "what": "kafka-eos run (whole process)", "seconds": m.seconds, "peak_mib": m.peak_mib,
+            "output": m.stdout.strip().splitlines()[-1:]}
+
+
+def run_dags(work: Path, settings: KafkaSettings, specs: dict[str, PipelineSpec]) -> list[dict]:
+    """An Airflow DAG run (``airflow dags test``: plan, Spark and verify tasks, spark-submit
+    included) of each spec, in an Airflow home of the bench's own."""
+    from kafka_eos.demo import airflow_env
+    from kafka_eos.local_airflow import write_specs_dag_file
+
+    home = work / f"airflow-{uuid.uuid4().hex[:6]}"
+    (home / "specs").mkdir(parents=True)
+    for spec in specs.values():
+        shutil.copy(spec.path, home / "specs" / Path(spec.path).name)
+    write_specs_dag_file(home / "dags", home / "specs")
+    env = {**airflow_env(settings), "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}"}
+    airflow = str(Path(sys.executable).parent / "airflow")
+    subprocess.run([airflow, "db", "migrate"], env=env, check=True, capture_output=True, timeout=600)
+    rows = []
+    for label, spec in specs.items():
+        m = run_measured([airflow, "dags", "test", f"kafka_eos__{spec.name}"], env, work / f"{spec.name}.dag.log")
+        if m.returncode != 0:
+            raise RuntimeError(f"DAG run of {spec.name} failed (exit {m.returncode}): see {work / spec.name}.dag.log")
+        rows.append({"name": label, "what": "Airflow DAG run (airflow dags test)", "seconds": m.seconds})
+    return rows
+
+
+def run_planner(work: Path, settings: KafkaSettings) -> list[dict]:
+    """Planning a pipeline whose source topic has PLANNER_PARTITIONS partitions: the first plan
+    (no checkpoints), a plan over committed checkpoints (stored, as a run's plan task does), and
+    ``kafka-eos plan`` as a whole process."""
+    from kafka_eos.kafka_admin import alter_group_offsets
+    from kafka_eos.pipeline import compute_plan, prepare_plan
+
+    topic = f"bench.planner.{uuid.uuid4().hex[:6]}"
+    create_topics(settings, {topic: PLANNER_PARTITIONS})
+    producer = Producer(settings.client_config(**{"transactional.id": f"kafka-eos.bench.{topic}"}))
+    producer.init_transactions(60)
+    producer.begin_transaction()
+    for p in range(PLANNER_PARTITIONS):
+        for i in range(3):
+            producer.produce(topic, value=b"x" * 10, partition=p)
+    producer.commit_transaction(120)
+    name = f"bench_planner_{uuid.uuid4().hex[:6]}"
+    create_topics(settings, {f"{name}.out": PARTITIONS})
+    path = work / f"{name}.yaml"
+    spec = parse_spec({"name": name, "source": {"topics": [topic]}, "transform": "identity",
+                       "sink": {"kind": "kafka", "topic": f"{name}.out"}}, str(path))
+    path.write_text(json.dumps(spec_document(spec)))
+    started = time.monotonic()
+    first, _drift = compute_plan(spec, settings, "bench-first")
+    first_s = time.monotonic() - started
+    alter_group_offsets(settings, spec.source.group_id, {(topic, p): 1 for p in range(PLANNER_PARTITIONS)})
+    started = time.monotonic()
+    stored = prepare_plan(spec, settings, "bench-stored")
+    stored_s = time.monotonic() - started
+    if len(first.active) != PLANNER_PARTITIONS or sum(1 for r in stored.active if not r.empty) != PLANNER_PARTITIONS:
+        raise RuntimeError(f"planner: {len(first.active)} and {len(stored.active)} ranges for {PLANNER_PARTITIONS} partitions")
+    m = run_measured(_kafka_eos("plan", spec.path, "--bootstrap", settings.bootstrap_servers, "--json"), dict(os.environ),
+                     work / f"{name}.plan.log")
+    if m.returncode != 0:
+        raise RuntimeError(f"kafka-eos plan {spec.path} failed: see {work / name}.plan.log")
+    return [
+        {"name": "plan_1000_first", "what": f"first plan, {PLANNER_PARTITIONS} partitions (in-process)",
+         "seconds": round(first_s, 3)},
+        {"name": "plan_1000_s", "what": f"plan over {PLANNER_PARTITIONS} checkpoints, stored (in-process)",
+         "seconds": round(stored_s, 3)},
+        {"name": "plan_1000_cli", "what": f"kafka-eos plan --json, {PLANNER_PARTITIONS} partitions (whole process)",
+         "seconds": m.seconds},
+    ]
+
+
+# -- the report --------------------------------------------------------------------------------
+
+def _ratios(rows: list[dict]) -> None:
+    """``x_baseline`` and ``x_ceiling`` of every throughput row, against the baseline of the same
+    input size and the slower of the two ceilings."""
+    ceiling = min((r["records_per_s"] for r in rows if r["name"].startswith("ceiling")), default=None)
+    for r in rows:
+        if "size" not in r:
+            continue
+        base = next((b for b in rows if b["name"] == "baseline" and b.get("size") == r["size"]), None)
+        r["x_baseline"] = round(r["records_per_s"] / base["records_per_s"], 2) if base else None
+        r["x_ceiling"] = round(r["records_per_s"] / ceiling, 3) if ceiling else None
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"\n{'run':<16} {'size':>4} {'records':>9} {'s':>7} {'rec/s':>8} {'MB/s':>6} {'x base':>6} {'x ceil':>6} "
+          f"{'JVM MiB':>7} {'drv Py':>6} {'workers':>7}  what")
+    for r in rows:
+        if "records_per_s" not in r:
+            continue
+        mib = r.get("peak_mib", {})
+        print(f"{r['name']:<16} {str(r.get('size', '')):>4} {r['records_in']:>9} {r.get('seconds', ''):>7} "
+              f"{r['records_per_s']:>8} {r['mb_per_s']:>6} {r.get('x_baseline') or '':>6} {r.get('x_ceiling') or '':>6} "
+              f"{mib.get('driver_jvm', ''):>7} {mib.get('driver_python', ''):>6} {mib.get('python_workers', ''):>7}  "
+              f"{r['what']}")
+    print(f"\n{'fixed cost / planner':<20} {'s':>7}  what")
+    for r in rows:
+        if "records_per_s" not in r:
+            print(f"{r['name']:<20} {r['seconds']:>7}  {r['what']}")
+
+
+def verdicts(rows: list[dict]) -> list[str]:
+    """One line per target: the figure, the target, met or not."""
+    def find(name, size=None):
+        return next((r for r in rows if r["name"] == name and (size is None or r.get("size") == size)), None)
+
+    lines = []
+    for scope in ("per_partition", "atomic"):
+        for r in (r for r in rows if r["name"] == scope):
+            ok = r["x_baseline"] is not None and r["x_baseline"] >= TARGETS[scope]
+            lines.append(f"{scope} at {r['size']}x: {r['x_baseline']}x the at-least-once baseline "
+                         f"(target >= {TARGETS[scope]}x): {'met' if ok else 'NOT met'}")
+    sizes = sorted({r["size"] for r in rows if r["name"] == "atomic"})
+    if len(sizes) > 1:
+        small, large = find("atomic", sizes[0]), find("atomic", sizes[-1])
+        for part in ("driver_python", "driver_jvm"):
+            a, b = small["peak_mib"].get(part), large["peak_mib"].get(part)
+            if a and b:
+                ok = b <= a * 1.25
+                lines.append(f"atomic {part} peak RSS {a} MiB at {sizes[0]}x, {b} MiB at {sizes[-1]}x "
+                             f"(target: flat): {'met' if ok else 'NOT met'}")
+    for name in ("plan_1000_s", "empty_run_s"):
+        r = find(name)
+        if r:
+            ok = r["seconds"] <= TARGETS[name]
+            lines.append(f"{r['what']}: {r['seconds']} s (target <= {TARGETS[name]:g} s): {'met' if ok else 'NOT met'}")
+    return lines
+
+
+def chart(rows: list[dict], path: Path) -> None:
+    """Records/s of every Spark run beside the baseline of its size; fixed costs beside."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in rows if "size" in r]
+    fixed = [r for r in rows if "records_per_s" not in r]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [3, 2]})
+    labels = [f"{r['name']}\n{r['size']}x" for r in runs]
+    colors = ["#888888" if r["name"] == "baseline" else "#2a6fbb" if r["name"] in ("atomic", "per_partition")
+              else "#3a9a5b" for r in runs]
+    bars = left.bar(labels, [r["records_per_s"] for r in runs], color=colors)
+    for bar, r in zip(bars, runs):
+        if r.get("x_baseline"):
+            left.annotate(f"{r['x_baseline']}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                          ha="center", va="bottom", fontsize=8)
+    ceilings = {r["name"]: r["records_per_s"] for r in rows if r["name"].startswith("ceiling")}
+    left.set_title("records/s, whole spark-submit processes (local[2]); ceiling: "
+                   + ", ".join(f"{k.split('_')[1]} {v:,}/s" for k, v in ceilings.items()), fontsize=9)
+    left.tick_params(axis="x", labelsize=7)
+    left.set_ylabel("committed input records / s")
+    right.barh([r["name"] for r in fixed], [r["seconds"] for r in fixed], color="#c07a2a")
+    right.set_xlabel("seconds")
+    right.set_title("fixed costs and planning", fontsize=9)
+    right.tick_params(axis="y", labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="throughput", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=DEFAULT_RECORDS, help="committed input records at 1x")
+    parser.add_argument("--sizes", default="1,4", help="input sizes, as multiples of --records (comma-separated)")
+    parser.add_argument("--skip", default="", help="parts to leave out: ceiling, sql, postgres, fixed, airflow, planner")
+    args = parser.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or LocalBroker.default().start()
+    settings = KafkaSettings(bootstrap)
+    out_dir = local_dir() / "bench"
+    work = out_dir / f"throughput-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
+    work.mkdir(parents=True)
+    rows: list[dict] = []
+    inputs: dict[int, Input] = {}
+
+    def step(what: str, fn, *a, **kw):
+        started = time.monotonic()
+        print(f"  {what} ...", end="", flush=True)
+        result = fn(*a, **kw)
+        print(f" {time.monotonic() - started:.0f} s", flush=True)
+        return result
+
+    print(f"orders (~{len(NOTE) + 150}-byte JSON), {PARTITIONS} partitions, transactions of {PER_TRANSACTION} with every "
+          f"{ABORT_EVERY}rd aborted, every {MALFORMED_EVERY}th record malformed; Spark {MASTER}; logs in {work}")
+    for size in (int(s) for s in args.sizes.split(",")):
+        source = inputs[size] = step(f"generating {size}x ({args.records * size} committed records)", generate,
+                                     settings, f"bench.orders.{size}x.{uuid.uuid4().hex[:6]}", args.records * size)
+        if not rows and "ceiling" not in skip:
+            rows += step("ceiling (Kafka's perf tools)", run_ceiling, work, settings, source)
+        runs = [step(f"baseline {size}x", run_baseline, work, settings, source)]
+        for commit in ("atomic", "per_partition"):
+            runs.append(step(f"kafka-eos {commit} {size}x", run_kafka_eos, work, settings, source, "kafka", commit))
+        if size == 1 and "sql" not in skip:
+            runs.append(step("kafka-eos SQL sink, SQLite", run_kafka_eos, work, settings, source, "sql",
+                             url=f"sqlite:///{work / 'bench.db'}", label="sql_sqlite"))
+            if "postgres" not in skip:
+                from kafka_eos.local_postgres import LocalPostgres
+
+                server = LocalPostgres()
+                try:
+                    runs.append(step("kafka-eos SQL sink, PostgreSQL", run_kafka_eos, work, settings, source, "sql",
+                                     url=server.start(), label="sql_postgres"))
+                finally:
+                    server.stop()
+        for r in runs:
+            r["size"] = size
+        rows += runs
+    if "fixed" not in skip:
+        from kafka_eos.spec import load_spec
+
+        # The atomic pipeline of the first size has read everything: its next plan is empty.
+        caught_up = load_spec(next(r["spec"] for r in rows if r["name"] == "atomic" and r["size"] == min(inputs)))
+        empty = step("kafka-eos run, empty plan", run_cli, work, settings, caught_up, "empty_run_s")
+        empty["what"] = "kafka-eos run, empty plan (whole process)"
+        few = generate(settings, f"bench.few.{uuid.uuid4().hex[:6]}", 10)
+        handful = step("kafka-eos run, 10 records", run_cli, work, settings, bench_spec(work, settings, few, "few"),
+                       "few_run_s")
+        handful["what"] = "kafka-eos run, 10 records (whole process)"
+        rows += [empty, handful]
+        if "airflow" not in skip:
+            dag_rows = step("Airflow DAG runs", run_dags, work, settings,
+                            {"empty_dag_s": caught_up, "few_dag_s": bench_spec(work, settings, few, "fewdag")})
+            for r in dag_rows:
+                r["what"] = ("Airflow DAG run, empty plan" if r["name"] == "empty_dag_s"
+                             else "Airflow DAG run, 10 records") + " (airflow dags test)"
+            rows += dag_rows
+    if "planner" not in skip:
+        rows += step(f"planner, {PLANNER_PARTITIONS} partitions", run_planner, work, settings)
+    _ratios(rows)
+    print_table(rows)
+    print()
+    for line in verdicts(rows):
+        print(line)
+    anomalies = [f"{r['name']} {r.get('size')}x: {a}" for r in rows for a in r.get("anomalies", [])]
+    for a in anomalies:
+        print(f"ANOMALY {a}")
+    (out_dir / "throughput.json").write_text(json.dumps(
+        {"records": args.records, "inputs": {str(k): v.__dict__ for k, v in inputs.items()}, "rows": rows,
+         "verdicts": verdicts(rows), "anomalies": anomalies}, indent=2))
+    print(f"written: {out_dir / 'throughput.json'}")
+    try:
+        chart(rows, out_dir / "throughput.png")
+        print(f"written: {out_dir / 'throughput.png'}")
+    except ImportError:
+        print("no chart: matplotlib is not installed (make bench installs requirements-bench.txt)")
+    return 1 if anomalies else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

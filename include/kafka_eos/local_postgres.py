@@ -1,0 +1,75 @@
+"""A throwaway PostgreSQL server on 127.0.0.1 from Debian's server package (``make postgres``),
+for the SQL sink's tests and benchmark. PostgreSQL refuses to run as root: as root it runs as the
+``postgres`` user, from a folder that user owns."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from kafka_eos.errors import KafkaEosError
+
+#: A fresh cluster answers within a few seconds; 2 busy cores make it slower.
+START_TIMEOUT_S = 30.0
+
+
+def _pg_bin() -> Path:
+    for base in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (base / "initdb").exists():
+            return base
+    raise KafkaEosError("PostgreSQL server binaries not found under /usr/lib/postgresql: "
+                        "run `make postgres` (installs Debian's postgresql package)")
+
+
+class LocalPostgres:
+    """``start()`` initialises a cluster in a new temporary folder and returns its SQLAlchemy URL
+    (user ``kafka_eos``, trust authentication on loopback); ``stop()`` stops it and removes the folder."""
+
+    def __init__(self) -> None:
+        self.bin_dir = _pg_bin()
+        self.base: Path | None = None
+        self.as_pg = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+    def start(self) -> str:
+        from sqlalchemy import create_engine, text
+
+        # Not under a private tmp folder: the server may run as another user.
+        self.base = Path(tempfile.mkdtemp(prefix="kafka-eos-pg-"))
+        self.base.chmod(0o755)
+        data = self.base / "data"
+        if self.as_pg:
+            shutil.chown(self.base, "postgres")
+        subprocess.run([*self.as_pg, str(self.bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "kafka_eos"],
+                       check=True, capture_output=True)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        subprocess.run([*self.as_pg, str(self.bin_dir / "pg_ctl"), "-D", str(data), "-l", str(self.base / "pg.log"),
+                        "-w", "-o", f"-p {port} -k {self.base} -c listen_addresses=127.0.0.1", "start"],
+                       check=True, capture_output=True)
+        url = f"postgresql+psycopg2://kafka_eos@127.0.0.1:{port}/postgres"
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            try:
+                engine = create_engine(url)
+                with engine.connect() as conn:
+                    conn.execute(text("select 1"))
+                engine.dispose()
+                return url
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.base is None:
+            return
+        subprocess.run([*self.as_pg, str(self.bin_dir / "pg_ctl"), "-D", str(self.base / "data"), "-m", "fast", "stop"],
+                       capture_output=True)
+        shutil.rmtree(self.base, ignore_errors=True)
+        self.base = None

@@ -1,0 +1,140 @@
+"""A Kafka-sink transform's output as Arrow record batches, and the output records they hold.
+
+Rows reach Python as Arrow batches (``mapInArrow`` on the executors; packed into Arrow IPC
+streams for the driver), never as one ``Row`` object per record: the per-record Python work is
+the ``produce()`` call and little else. Columns are made ready on the JVM first
+(:func:`prepared`): key and value as binary, headers only when a transform carries them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Iterable, Iterator
+
+from kafka_eos.errors import DeadLetterWithoutTopic
+from kafka_eos.spec import PipelineSpec
+from kafka_eos.transforms import DLQ_REASON
+from kafka_eos.txn import OutRecord, dead_letter_headers
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+#: Schema of a packed DataFrame: one row per Arrow record batch, as an Arrow IPC stream.
+PACKED_SCHEMA = "arrow_ipc binary"
+
+
+def prepared(df: "DataFrame") -> "DataFrame":
+    """The columns the sink writes, in the types it writes: binary key and value (a string is
+    its UTF-8 bytes, as ``str.encode()`` gives), headers when present, source coordinates and
+    ``dlq_reason``."""
+    from pyspark.sql import functions as F
+
+    cols = [F.col("key").cast("binary").alias("key"), F.col("value").cast("binary").alias("value")]
+    if "headers" in df.columns:
+        cols.append(F.col("headers"))
+    return df.select(*cols, F.col("topic"), F.col("partition").cast("int").alias("partition"),
+                     F.col("offset").cast("long").alias("offset"), F.col(DLQ_REASON).cast("string").alias(DLQ_REASON))
+
+
+def no_dead_letter_topic(spec: PipelineSpec, topic: str, partition: int, offset: int, reason: str) -> DeadLetterWithoutTopic:
+    return DeadLetterWithoutTopic(
+        f"{topic}-{partition} offset {offset}: dead letter ({reason}) but {spec.path} has no sink.dlq_topic: "
+        "nothing of this batch was committed; set sink.dlq_topic or fix the record")
+
+
+def first_dead_letter(batch: "pa.RecordBatch") -> dict | None:
+    """The first row of ``batch`` marked as a dead letter, or None."""
+    import pyarrow.compute as pc
+
+    reasons = batch.column(DLQ_REASON)
+    if reasons.null_count == len(batch):
+        return None
+    i = pc.index(pc.is_valid(reasons), True).as_py()
+    return {k: batch.column(k)[i].as_py() for k in ("topic", "partition", "offset", DLQ_REASON)}
+
+
+def source_partitions(batch: "pa.RecordBatch") -> set[tuple[str, int]]:
+    """The source (topic, partition) pairs whose rows ``batch`` holds."""
+    import pyarrow as pa
+
+    pairs = pa.Table.from_batches([batch]).group_by(["topic", "partition"]).aggregate([])
+    return set(zip(pairs.column("topic").to_pylist(), pairs.column("partition").to_pylist()))
+
+
+def tally_batch(batch: "pa.RecordBatch", tally: Counter) -> None:
+    """Add ``batch``'s counts to ``tally``: ``((topic, partition), "out" | "dead")`` per source partition."""
+    import pyarrow as pa
+
+    counts = pa.Table.from_batches([batch]).group_by(["topic", "partition"]).aggregate(
+        [("offset", "count"), (DLQ_REASON, "count")])
+    for topic, partition, rows, dead in zip(*(counts.column(c).to_pylist() for c in (
+            "topic", "partition", "offset_count", f"{DLQ_REASON}_count"))):
+        tally[((topic, partition), "out")] += rows - dead
+        if dead:
+            tally[((topic, partition), "dead")] += dead
+
+
+def records(batches: Iterable["pa.RecordBatch"], spec: PipelineSpec, tally: Counter | None = None) -> Iterator[OutRecord]:
+    """Output records of the rows in ``batches``: results to the sink topic, dead letters (the
+    source key and value, the reason and source coordinates in headers) to the dead-letter topic.
+
+    :param tally: when given, counts ``((topic, partition), "out" | "dead")`` per source partition.
+    :raises DeadLetterWithoutTopic: a dead letter, and the sink has no ``dlq_topic`` (the
+        transaction it was meant for aborts: nothing of the batch is committed).
+    """
+    sink_topic, dlq_topic, added = spec.sink.topic, spec.sink.dlq_topic, list(spec.sink.headers)
+    for batch in batches:
+        if not len(batch):
+            continue
+        if dlq_topic is None and (dead := first_dead_letter(batch)) is not None:
+            raise no_dead_letter_topic(spec, dead["topic"], dead["partition"], dead["offset"], dead[DLQ_REASON])
+        if tally is not None:
+            tally_batch(batch, tally)
+        keys, values = batch.column("key").to_pylist(), batch.column("value").to_pylist()
+        reasons = batch.column(DLQ_REASON)
+        carried = batch.column("headers") if "headers" in batch.schema.names else None
+        if reasons.null_count == len(batch) and not added and _no_headers(carried):
+            # The common case: results only, no headers to carry.
+            for key, value in zip(keys, values):
+                yield sink_topic, key, value, None
+            continue
+        headers = carried.to_pylist() if carried is not None else [None] * len(batch)
+        reasons_py = reasons.to_pylist()
+        topics, partitions, offsets = (batch.column(c).to_pylist() for c in ("topic", "partition", "offset"))
+        for i, (key, value, reason) in enumerate(zip(keys, values, reasons_py)):
+            h = [(x["key"], x["value"]) for x in headers[i] or ()] + added
+            if reason is None:
+                yield sink_topic, key, value, h
+            else:
+                yield dlq_topic, key, value, h + dead_letter_headers(reason, topics[i], partitions[i], offsets[i])
+
+
+def _no_headers(carried: "pa.Array | None") -> bool:
+    """No row carries a header (a record without headers reads as null or as an empty list)."""
+    import pyarrow.compute as pc
+
+    if carried is None or carried.null_count == len(carried):
+        return True
+    return (pc.max(pc.list_value_length(carried)).as_py() or 0) == 0
+
+
+def pack(batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
+    """``mapInArrow`` function: each batch as one row holding its Arrow IPC stream (rows reach
+    the driver a batch at a time, not a ``Row`` object per record)."""
+    import pyarrow as pa
+
+    for batch in batches:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+        yield pa.RecordBatch.from_arrays([pa.array([sink.getvalue().to_pybytes()], pa.binary())],
+                                         names=["arrow_ipc"])
+
+
+def unpack(rows: Iterable) -> Iterator["pa.RecordBatch"]:
+    """The record batches of packed rows (see :func:`pack`)."""
+    import pyarrow as pa
+
+    for row in rows:
+        yield from pa.ipc.open_stream(row[0])

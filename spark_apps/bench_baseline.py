@@ -1,0 +1,55 @@
+"""spark-submit entry point of ``make bench``'s baseline: the same plan and transform as a
+kafka-eos run, written with Spark's own Kafka sink (at-least-once: no transaction, no offsets).
+
+    spark-submit --jars <connector jars> spark_apps/bench_baseline.py --spec S --plan P
+
+It reads the plan's ranges exactly as kafka-eos does (:func:`kafka_eos.spark_io.read_ranges`),
+applies the spec's transform, and writes results to the sink topic and dead letters to the
+dead-letter topic in one ``df.write.format("kafka")``. It is what a pipeline without
+exactly-once would run; never use it for results (a retry duplicates its output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pyspark.sql import functions as F
+
+    from kafka_eos.batch import transformed
+    from kafka_eos.plan import Plan
+    from kafka_eos.settings import KafkaSettings
+    from kafka_eos.spark_io import get_session
+    from kafka_eos.spec import load_spec
+    from kafka_eos.transforms import DLQ_REASON
+
+    parser = argparse.ArgumentParser(prog="bench_baseline")
+    parser.add_argument("--spec", required=True)
+    parser.add_argument("--plan", required=True)
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    spec = load_spec(args.spec)
+    plan = Plan.from_json(Path(args.plan).read_text(), args.plan)
+    settings = KafkaSettings.from_environ(os.environ)
+    spark = get_session(f"bench baseline {spec.name}")
+    _source, results, _dead = transformed(spark, spec, plan, settings)
+    dlq = spec.sink.dlq_topic or spec.sink.topic
+    out = results.select(
+        F.when(F.col(DLQ_REASON).isNull(), F.lit(spec.sink.topic)).otherwise(F.lit(dlq)).alias("topic"),
+        "key", "value", *(["headers"] if "headers" in results.columns else []))
+    writer = out.write.format("kafka")
+    for key, value in settings.spark_options().items():
+        writer = writer.option(key, value)
+    writer.save()
+    print("BASELINE_SUMMARY " + json.dumps({"seconds_in_app": round(time.monotonic() - started, 3)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

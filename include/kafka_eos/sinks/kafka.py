@@ -32,28 +32,33 @@ REQUIRED_COLUMNS = ("key", "value", "topic", "partition", "offset", DLQ_REASON)
 def check_output(df: "DataFrame", spec: PipelineSpec) -> None:
     """Reject a transform output the Kafka sink cannot commit exactly once.
 
-    :raises SpecError: naming the missing column, or the shuffle in per_partition scope.
+    :raises SpecError: naming the missing column.
     """
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
     if missing:
         raise SpecError(f"{spec.path}: transform: {spec.transform} output lacks column(s) "
                         f"{', '.join(missing)} (see kafka_eos.transforms)")
-    if spec.sink.commit == "per_partition":
-        physical = df._jdf.queryExecution().executedPlan().toString()
-        if "Exchange" in physical:
-            raise SpecError(f"{spec.path}: transform: {spec.transform} shuffles (an Exchange in its plan); "
-                            "per_partition scope needs a row-wise transform: use commit: atomic")
 
 
-def check_one_task_per_partition(df: "DataFrame", spec: PipelineSpec, plan: Plan) -> None:
-    """per_partition scope: each source partition's rows must be in exactly one Spark task.
-    A union (no Exchange) puts a partition's rows in two tasks; the second would find the range
+def check_no_shuffle(df: "DataFrame", spec: PipelineSpec) -> None:
+    """per_partition scope: the transform must not shuffle.
+
+    :raises SpecError: an Exchange in the physical plan.
+    """
+    physical = df._jdf.queryExecution().executedPlan().toString()
+    if "Exchange" in physical:
+        raise SpecError(f"{spec.path}: transform: {spec.transform} shuffles (an Exchange in its plan); "
+                        "per_partition scope needs a row-wise transform: use commit: atomic")
+
+
+def _one_task_per_partition(tasks: int, spec: PipelineSpec, plan: Plan) -> None:
+    """per_partition scope: each source partition's rows must be in exactly one Spark task. A
+    union (no Exchange) puts a partition's rows in two tasks; the second would find the range
     committed by the first and drop its rows.
 
     :raises SpecError: the output has more or fewer Spark partitions than source ranges.
     """
     ranges = sum(1 for r in plan.active if not r.empty)
-    tasks = df.rdd.getNumPartitions()
     if tasks != ranges:
         raise SpecError(f"{spec.path}: transform: {spec.transform} turns {ranges} source partitions into {tasks} "
                         "Spark partitions (a union?); per_partition scope needs one task per source "
@@ -146,13 +151,14 @@ _SCAN_SCHEMA = "task int, topics array<string>, partitions array<int>, dead stri
 _COMMIT_SCHEMA = "topic string, partition int, status string, records_out long, dead_letters long"
 
 
-def task_sources(df: "DataFrame", spec: PipelineSpec) -> tuple[dict[int, tuple[str, int]], dict | None]:
+def task_sources(df: "DataFrame", spec: PipelineSpec, plan: Plan) -> tuple[dict[int, tuple[str, int]], dict | None]:
     """Before anything commits: which source partition each Spark task of ``df`` holds, and,
     for a sink without ``dlq_topic``, the first dead letter (None when there is none).
 
     :param df: :func:`batches.prepared` columns.
-    :raises SpecError: a task holds rows of two source partitions, or a source partition's rows
-        are in two tasks (a union, a join that moved rows): the scope needs one task per partition.
+    :raises SpecError: more or fewer tasks than source ranges, a task holds rows of two source
+        partitions, or a source partition's rows are in two tasks (a union, a join that moved
+        rows): the scope needs one task per partition.
     """
     need_dead_letter = spec.sink.dlq_topic is None
 
@@ -174,7 +180,9 @@ def task_sources(df: "DataFrame", spec: PipelineSpec) -> tuple[dict[int, tuple[s
 
     owner: dict[int, tuple[str, int]] = {}
     first_dead = None
-    for row in df.mapInArrow(scan, _SCAN_SCHEMA).collect():
+    scanned = df.mapInArrow(scan, _SCAN_SCHEMA).collect()  # one row per task
+    _one_task_per_partition(len(scanned), spec, plan)
+    for row in scanned:
         tps = list(zip(row["topics"], row["partitions"]))
         first_dead = first_dead or (json.loads(row["dead"]) if row["dead"] else None)
         if len(tps) > 1:
@@ -236,10 +244,12 @@ def write_per_partition(df: "DataFrame | None", spec: PipelineSpec, plan: Plan,
 
     results: dict[tuple[str, int], CommitResult] = {}
     if df is not None:
-        check_one_task_per_partition(df, spec, plan)
         df = batches.prepared(df).persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            owner, dead = task_sources(df, spec)
+            # Checked on the cached DataFrame's plan (it shows the plan it caches): Spark plans
+            # the read once, not once for the check and again for the run.
+            check_no_shuffle(df, spec)
+            owner, dead = task_sources(df, spec, plan)
             if dead is not None:
                 raise batches.no_dead_letter_topic(spec, dead["topic"], dead["partition"], dead["offset"],
                                                    dead[DLQ_REASON])

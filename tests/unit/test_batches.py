@@ -1,0 +1,80 @@
+"""Arrow batches of a Kafka-sink transform's output -> output records (kafka_eos.sinks.batches):
+what the producer is handed, per row, in every case the sink meets."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+
+from kafka_eos.errors import DeadLetterWithoutTopic
+from kafka_eos.sinks import batches
+from kafka_eos.spec import parse_spec
+
+HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+
+
+def spec(dlq_topic: str | None = "out.dlq"):
+    sink = {"kind": "kafka", "topic": "out", "commit": "per_partition"}
+    if dlq_topic:
+        sink["dlq_topic"] = dlq_topic
+    return parse_spec({"name": "p", "source": {"topics": ["in"]}, "transform": "identity", "sink": sink})
+
+
+def batch(keys, values, reasons, partitions=None, headers=None) -> pa.RecordBatch:
+    n = len(keys)
+    cols = {"key": pa.array(keys, pa.binary()), "value": pa.array(values, pa.binary())}
+    if headers is not None:
+        cols["headers"] = pa.array(headers, HEADERS)
+    cols.update({"topic": pa.array(["in"] * n), "partition": pa.array(partitions or [0] * n, pa.int32()),
+                 "offset": pa.array(range(10, 10 + n), pa.int64()), "dlq_reason": pa.array(reasons, pa.string())})
+    return pa.RecordBatch.from_pydict(cols)
+
+
+def test_results_without_headers_go_to_the_sink_topic():
+    records = list(batches.records([batch([b"k1", None], [b"v1", b"v2"], [None, None])], spec()))
+    assert records == [("out", b"k1", b"v1", None), ("out", None, b"v2", None)]
+
+
+def test_dead_letters_carry_reason_and_source_coordinates_and_carried_headers():
+    b = batch([b"k1", b"k2"], [b"v1", b"{bad"], [None, "malformed JSON"], partitions=[3, 3],
+              headers=[[{"key": "trace", "value": b"t1"}], None])
+    records = list(batches.records([b], spec()))
+    assert records[0] == ("out", b"k1", b"v1", [("trace", b"t1")])
+    assert records[1] == ("out.dlq", b"k2", b"{bad", [
+        ("kafka-eos.reason", b"malformed JSON"), ("kafka-eos.source.topic", b"in"),
+        ("kafka-eos.source.partition", b"3"), ("kafka-eos.source.offset", b"11")])
+
+
+def test_headers_the_spec_adds_are_on_every_record():
+    s = spec()
+    s = dataclasses.replace(s, sink=dataclasses.replace(s.sink, headers=(("kafka-eos.replay", b"r1"),)))
+    records = list(batches.records([batch([b"k"], [b"v"], [None], headers=[[]])], s))
+    assert records == [("out", b"k", b"v", [("kafka-eos.replay", b"r1")])]
+
+
+def test_tally_counts_out_and_dead_per_source_partition():
+    tally: Counter = Counter()
+    b = batch([b"a", b"b", b"c", b"d"], [b"1", b"2", b"3", b"4"], [None, "bad", None, None], partitions=[0, 0, 1, 1])
+    assert len(list(batches.records([b, batch([], [], [])], spec(), tally))) == 4
+    assert tally == {(("in", 0), "out"): 1, (("in", 0), "dead"): 1, (("in", 1), "out"): 2}
+
+
+def test_a_dead_letter_without_a_dead_letter_topic_stops_before_its_batch_is_produced():
+    good, bad = batch([b"a"], [b"1"], [None]), batch([b"b", b"c"], [b"2", b"3"], [None, "bad amount: -5"])
+    produced = []
+    with pytest.raises(DeadLetterWithoutTopic, match=r"in-0 offset 11: dead letter \(bad amount: -5\)"):
+        for record in batches.records([good, bad], spec(dlq_topic=None)):
+            produced.append(record)
+    assert produced == [("out", b"a", b"1", None)]
+
+
+def test_pack_and_unpack_round_trip_and_source_partitions():
+    b = batch([b"a", b"b"], [b"1", b"2"], [None, None], partitions=[4, 5])
+    packed = list(batches.pack(iter([b])))
+    assert [len(p) for p in packed] == [1]
+    (back,) = list(batches.unpack([(packed[0].column(0)[0].as_py(),)]))
+    assert back.equals(b)
+    assert batches.source_partitions(b) == {("in", 4), ("in", 5)}

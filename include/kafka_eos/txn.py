@@ -171,7 +171,9 @@ class TransactionalCommit:
                                        headers=headers or None)
                 return
             except BufferError:
-                self._producer.poll(0.1)  # local queue full: let deliveries drain
+                # Local queue full: let deliveries drain. Briefly: with reports for failures
+                # only, poll() returns at its timeout, not at the first delivery.
+                self._producer.poll(0.005)
 
     # -- the protocol ---------------------------------------------------------------------
     def run(self, records: Iterable[OutRecord],

@@ -322,8 +322,9 @@ def run_kafka_eos(work: Path, settings: KafkaSettings, source: Input, kind: str,
         out, dead = count_committed(settings, spec.sink.topic), count_committed(settings, spec.sink.dlq_topic)
     else:
         out, dead = summary["records_out"], summary["dead_letters"]
-    row = _row(label or commit, f"kafka-eos, {kind} sink" + (f" ({commit})" if kind == "kafka" else ""),
-               source, m, out, dead)
+    what = (f"kafka-eos, Kafka sink ({commit})" if kind == "kafka"
+            else "kafka-eos, SQL sink (revenue_per_minute: another transform; x base is indicative)")
+    row = _row(label or commit, what, source, m, out, dead)
     row["summary_in"] = summary["records_in"]
     row["spec"] = spec.path
     row["anomalies"] = _anomalies(row, source, kind, summary)

@@ -25,12 +25,19 @@ PACKED_SCHEMA = "arrow_ipc binary"
 
 
 def prepared(df: "DataFrame") -> "DataFrame":
-    """The columns the sink writes, in the types it writes: binary key and value (a string is
-    its UTF-8 bytes, as ``str.encode()`` gives), headers when present, source coordinates and
-    ``dlq_reason``."""
+    """The columns the sink writes, in the types it writes: binary key and value (a string, or
+    any other value as text, is its UTF-8 bytes, as ``str(v).encode()`` gives), headers when
+    present, source coordinates and ``dlq_reason``."""
     from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType
 
-    cols = [F.col("key").cast("binary").alias("key"), F.col("value").cast("binary").alias("value")]
+    def as_bytes(name: str):
+        # Binary stays as it is; anything else as its text's UTF-8 bytes (a number is its digits).
+        if isinstance(df.schema[name].dataType, BinaryType):
+            return F.col(name)
+        return F.col(name).cast("string").cast("binary").alias(name)
+
+    cols = [as_bytes("key"), as_bytes("value")]
     if "headers" in df.columns:
         cols.append(F.col("headers"))
     return df.select(*cols, F.col("topic"), F.col("partition").cast("int").alias("partition"),

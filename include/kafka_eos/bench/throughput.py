@@ -30,6 +30,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -215,7 +216,7 @@ def run_measured(argv: list[str], env: dict, log: Path, timeout_s: float = 3600)
         root = psutil.Process(proc.pid)
         while proc.poll() is None:
             if time.monotonic() - started > timeout_s:
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)  # the JVM and its Python workers too
                 break
             now: dict[str, float] = {}
             try:

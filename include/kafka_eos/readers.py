@@ -7,7 +7,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterator, Mapping
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
@@ -29,31 +29,42 @@ class Message:
 
 def read_committed(settings: KafkaSettings, topic: str) -> list[Message]:
     """Every committed record of ``topic``, partition by partition, up to each LSO now."""
+    return [Message(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), dict(msg.headers() or []))
+            for msg in committed_messages(settings, topic)]
+
+
+def committed_messages(settings: KafkaSettings, topic: str) -> Iterator:
+    """The committed records of ``topic`` (confluent-kafka messages), up to each partition's LSO
+    now; a topic of millions is read in batches, never held whole."""
     n = partitions_of(settings, [topic])[topic]
     ends = partition_offsets(settings, [(topic, p) for p in range(n)])
     consumer = Consumer(settings.client_config(**{
         "group.id": f"kafka-eos.reader.{uuid.uuid4()}", "enable.auto.commit": False,
         "isolation.level": "read_committed", "enable.partition.eof": True}))
-    out: list[Message] = []
     try:
         todo = {p for p in range(n) if ends[(topic, p)].lso > ends[(topic, p)].log_start}
         consumer.assign([TopicPartition(topic, p, ends[(topic, p)].log_start) for p in todo])
+        idle_since = time.monotonic()
         while todo:
-            msg = consumer.poll(ADMIN_TIMEOUT_S)
-            if msg is None:
-                raise TimeoutError(f"{topic}: no record within {ADMIN_TIMEOUT_S}s before the LSO")
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
+            # consume() waits for a full batch or its timeout: a short one, so a small topic's
+            # last records are not held back.
+            batch = consumer.consume(10_000, 0.5)
+            if not batch:
+                if time.monotonic() - idle_since > ADMIN_TIMEOUT_S:
+                    raise TimeoutError(f"{topic}: no record within {ADMIN_TIMEOUT_S}s before the LSO")
+                continue
+            idle_since = time.monotonic()
+            for msg in batch:
+                if msg.error():
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        todo.discard(msg.partition())
+                        continue
+                    raise RuntimeError(f"{topic}-{msg.partition()}: {msg.error().str()}")
+                yield msg
+                if msg.offset() + 1 >= ends[(topic, msg.partition())].lso:
                     todo.discard(msg.partition())
-                    continue
-                raise RuntimeError(f"{topic}-{msg.partition()}: {msg.error().str()}")
-            out.append(Message(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-                               dict(msg.headers() or [])))
-            if msg.offset() + 1 >= ends[(topic, msg.partition())].lso:
-                todo.discard(msg.partition())
     finally:
         consumer.close()
-    return out
 
 
 def first_records(settings: KafkaSettings, offsets: Mapping[TP, int], committed: bool) -> dict[TP, tuple[int, int]]:

@@ -166,9 +166,7 @@ class TransactionalCommit:
     def _produce(self, topic: str, key, value, headers) -> None:
         while True:
             try:
-                self._producer.produce(topic, key=key if key.__class__ is bytes else _bytes(key),
-                                       value=value if value.__class__ is bytes else _bytes(value),
-                                       headers=headers or None)
+                self._producer.produce(topic, key=_bytes(key), value=_bytes(value), headers=headers or None)
                 return
             except BufferError:
                 # Local queue full: let deliveries drain. Briefly: with reports for failures

@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer
 
-from kafka_eos.kafka_admin import create_topics, partition_offsets
+from kafka_eos.kafka_admin import create_topics
 from kafka_eos.local_kafka import LocalBroker
 from kafka_eos.paths import PROJECT_ROOT, jars_dir, local_dir
 from kafka_eos.sample_data import _poison, make_order
@@ -143,35 +143,9 @@ def _produce(producer: Producer, topic: str, key: bytes, value: bytes | None) ->
 
 def count_committed(settings: KafkaSettings, topic: str) -> int:
     """Records of ``topic`` a read_committed consumer sees, up to each partition's LSO now."""
-    from kafka_eos.kafka_admin import partitions_of
+    from kafka_eos.readers import committed_messages
 
-    n = partitions_of(settings, [topic])[topic]
-    ends = partition_offsets(settings, [(topic, p) for p in range(n)])
-    todo = {p for p in range(n) if ends[(topic, p)].lso > ends[(topic, p)].log_start}
-    if not todo:
-        return 0
-    consumer = Consumer(settings.client_config(**{
-        "group.id": f"kafka-eos.bench.count.{uuid.uuid4()}", "enable.auto.commit": False,
-        "isolation.level": "read_committed", "enable.partition.eof": True}))
-    seen = 0
-    try:
-        consumer.assign([TopicPartition(topic, p, ends[(topic, p)].log_start) for p in todo])
-        deadline = time.monotonic() + 300
-        while todo:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{topic}: partitions {sorted(todo)} not read to their LSO in 300 s")
-            for msg in consumer.consume(10_000, 1.0):
-                if msg.error():
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
-                        todo.discard(msg.partition())
-                        continue
-                    raise RuntimeError(f"{topic}-{msg.partition()}: {msg.error().str()}")
-                seen += 1
-                if msg.offset() + 1 >= ends[(topic, msg.partition())].lso:
-                    todo.discard(msg.partition())
-    finally:
-        consumer.close()
-    return seen
+    return sum(1 for _ in committed_messages(settings, topic))
 
 
 # -- processes and their memory ----------------------------------------------------------------

@@ -8,12 +8,12 @@ PY     := $(VENV)/bin/python
 JARS   := .local/jars
 MVN    := mvn -q -B -s jvm/settings.xml -f jvm/pom.xml
 
-.PHONY: demo test bench bench-stream install jars postgres chromium kafka-start kafka-stop airflow-up airflow-down clean
+.PHONY: demo test bench bench-stream install jars postgres chromium compose-tool kafka-start kafka-stop cluster-up cluster-down airflow-up airflow-down clean
 
 demo: install jars
 	$(VENV)/bin/kafka-eos demo
 
-test: install jars postgres chromium
+test: install jars postgres chromium compose-tool
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # The SQL sink is tested on PostgreSQL too: Debian's server package (the tests start a
@@ -29,6 +29,13 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || { \
 	  echo "installing Chromium from Debian's packages"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
+
+# The compose-file test runs `config` with Debian's docker-compose (or the docker compose plugin
+# where present): no Docker engine is needed for it.
+compose-tool:
+	@command -v docker-compose >/dev/null 2>&1 || docker compose version >/dev/null 2>&1 || { \
+	  echo "installing docker-compose from Debian's packages"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null; }
 
 install: $(VENV)/.installed
 
@@ -66,6 +73,15 @@ bench-stream: install jars
 kafka-start: install jars
 	$(VENV)/bin/kafka-eos kafka start
 
+# A Spark standalone cluster on 127.0.0.1: a master (spark://127.0.0.1:7077, UI on :8090) and two
+# workers, state under .local/spark. Point the DAGs at it with
+# AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "spark://127.0.0.1", "port": 7077}'.
+cluster-up: kafka-start
+	$(VENV)/bin/kafka-eos spark start
+
+cluster-down:
+	-test -x $(VENV)/bin/kafka-eos && $(VENV)/bin/kafka-eos spark stop
+
 # Airflow's UI and API on http://127.0.0.1:8080 with a real scheduler (login admin; the password
 # file is printed), over this project's DAGs and the local broker.
 airflow-up: kafka-start
@@ -77,5 +93,5 @@ airflow-down:
 kafka-stop:
 	-test -x $(VENV)/bin/kafka-eos && $(VENV)/bin/kafka-eos kafka stop
 
-clean: airflow-down kafka-stop
+clean: airflow-down cluster-down kafka-stop
 	rm -rf .local spark-warehouse metastore_db derby.log

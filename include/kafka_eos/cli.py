@@ -112,6 +112,26 @@ def cmd_airflow(args) -> int:
     return 0
 
 
+def cmd_spark(args) -> int:
+    from kafka_eos.local_spark import LocalSparkCluster
+
+    cluster = LocalSparkCluster.default()
+    if args.action == "start":
+        Console().step(f"starting a Spark master and {cluster.workers} workers on {cluster.master_url} "
+                       f"(UI {cluster.ui_url}; logs and work dirs under {cluster.home})")
+        print(cluster.start())
+    elif args.action == "stop":
+        print("stopped" if cluster.stop() else "not running")
+    else:
+        workers = cluster.alive_workers()
+        if cluster.status() is None:
+            print(f"not running ({cluster.master_url})", file=sys.stderr)
+            return 3
+        print(f"{cluster.master_url}  ({len(workers)} worker(s) alive, "
+              f"{sum(w['cores'] for w in workers)} core(s); UI {cluster.ui_url})")
+    return 0
+
+
 def cmd_plan(args) -> int:
     from kafka_eos.pipeline import compute_plan
 
@@ -379,6 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
     a = command("airflow", cmd_airflow, "a local Airflow (API and UI, scheduler, dag-processor, triggerer) over "
                                         "this project's DAGs, under .local/airflow (start, stop, status)")
     a.add_argument("action", choices=["start", "stop", "status"])
+    s = command("spark", cmd_spark, "a local Spark standalone cluster (a master and two workers on 127.0.0.1) "
+                                    "under .local/spark (start, stop, status)")
+    s.add_argument("action", choices=["start", "stop", "status"])
     p = command("plan", cmd_plan, "the next plan of a pipeline, with no side effects", json_flag=True,
                 pipeline=True)
     p.add_argument("--run-id", help="plan as this run (default: 'next')")

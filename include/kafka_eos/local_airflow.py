@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from kafka_eos.errors import KafkaEosError
 from kafka_eos.paths import PROJECT_ROOT
+from kafka_eos.process_groups import stop_group
 
 HOST = "127.0.0.1"
 #: The components, each an ``airflow`` subcommand of its own process.
@@ -36,12 +36,15 @@ ADMIN = "admin"
 API_CONN_ID = "kafka_eos_airflow_api"
 
 
-def connections_environ(settings) -> dict[str, str]:
+def connections_environ(settings, spark_master: str | None = None) -> dict[str, str]:
     """The project's connections, as Airflow reads them from the environment: ``kafka_eos_kafka``
-    to the cluster of ``settings``, ``spark_default`` in local mode."""
+    to the cluster of ``settings``, ``spark_default`` to ``spark_master`` (default: ``SPARK_MASTER``,
+    else local mode; e.g. ``spark://127.0.0.1:7077``, the cluster of ``kafka-eos spark start``)."""
+    master = spark_master or os.environ.get("SPARK_MASTER") or "local[2]"
     return {"AIRFLOW_CONN_KAFKA_EOS_KAFKA": json.dumps({"conn_type": "kafka", "extra": {
                 "bootstrap.servers": settings.bootstrap_servers, **settings.extra}}),
-            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"})}
+            # A host holding a whole master URL ("spark://h:7077", "local[2]") is used as it is.
+            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": master})}
 
 
 def write_specs_dag_file(dags_folder: Path, specs_folder: Path, name: str = "kafka_eos_specs.py") -> Path:
@@ -122,7 +125,7 @@ class LocalAirflow:
     def default(cls, settings) -> "LocalAirflow":
         """The deployment of ``kafka-eos airflow start``: under ``.local/airflow``, the project's
         dags/, the API and UI on ``KAFKA_EOS_AIRFLOW_PORT`` (default 8080), its Kafka connection
-        pointing at ``settings``' cluster and Spark in local mode."""
+        pointing at ``settings``' cluster and Spark at ``SPARK_MASTER`` (default local mode)."""
         from kafka_eos.paths import local_dir
 
         return cls(local_dir() / "airflow", int(os.environ.get("KAFKA_EOS_AIRFLOW_PORT", "8080")),
@@ -199,17 +202,7 @@ class LocalAirflow:
             pid_file = self._pid_file(component)
             if not pid_file.exists():
                 continue
-            pid = int(pid_file.read_text())
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.killpg(pid, sig)
-                except ProcessLookupError:
-                    break
-                deadline = time.monotonic() + (STOP_TIMEOUT_S if sig == signal.SIGTERM else 5)
-                while time.monotonic() < deadline and _group_alive(pid):
-                    time.sleep(0.5)
-                if not _group_alive(pid):
-                    break
+            stop_group(int(pid_file.read_text()), STOP_TIMEOUT_S)
             pid_file.unlink(missing_ok=True)
 
     def token(self) -> str:
@@ -229,18 +222,3 @@ class LocalAirflow:
         with urllib.request.urlopen(req, timeout=60) as resp:
             return json.load(resp)
 
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        # The leader is our child when this process started it: reap it, or as a zombie it keeps
-        # the group "alive" until the timeout.
-        os.waitpid(pgid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover - not ours any more
-        return False

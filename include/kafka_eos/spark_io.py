@@ -55,6 +55,13 @@ def local_master_conf(master: str) -> dict[str, str]:
     return {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
 
 
+def under_spark_submit() -> bool:
+    """Whether spark-submit started this Python process (and the driver JVM it talks to). Before
+    the context starts, ``SparkConf()`` cannot tell: it sees spark-submit's settings (``--master``
+    among them) only once the gateway is up."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
 def get_session(app_name: str = "kafka-eos", master: str | None = None,
                 driver_java_options: str | None = None) -> "SparkSession":
     """The SparkSession of this process (``local[2]`` unless a master is given or configured).
@@ -71,7 +78,7 @@ def get_session(app_name: str = "kafka-eos", master: str | None = None,
 
     builder = SparkSession.builder.appName(app_name)
     conf = session_conf()
-    if master or not SparkConf().contains("spark.master"):
+    if master or not (under_spark_submit() or SparkConf().contains("spark.master")):
         # Under spark-submit the master is already set (--master): never override it.
         master = master or os.environ.get("SPARK_MASTER") or "local[2]"
         builder = builder.master(master)

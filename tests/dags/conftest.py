@@ -176,7 +176,7 @@ def airflow_deployment(kafka_settings, free_ports, postgres_url):
     (home / "dags").mkdir()
     (home / "specs").mkdir()
     write_specs_dag_file(home / "dags", home / "specs", "kafka_eos_deployed.py")
-    deployment = LocalAirflow(home / "home", free_ports(1), home / "dags", connections_environ(kafka_settings),
+    deployment = LocalAirflow(home / "home", free_ports(1), home / "dags", connections_environ(kafka_settings, "local[2]"),
                               database_url=postgres_url.rsplit("/", 1)[0] + f"/{database}")
     deployment.start()
     yield deployment

@@ -227,7 +227,7 @@ def run_event_driven(settings: KafkaSettings, rate: int, seconds: float, commit:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    airflow = LocalAirflow(home / "airflow", port, home / "dags", connections_environ(settings))
+    airflow = LocalAirflow(home / "airflow", port, home / "dags", connections_environ(settings, "local[2]"))
     airflow.start()
     dag_id = f"kafka_eos__{name}"
     try:

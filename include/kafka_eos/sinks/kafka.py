@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 from kafka_eos.errors import SpecError
@@ -145,6 +146,21 @@ def commit_partition(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
     return commit.run(batches.records(rows, spec), manifest)
 
 
+#: Job descriptions of the per_partition passes (Spark's UI and event log show them per job).
+SCAN_JOB = "kafka-eos: which source partition each task holds"
+COMMIT_JOB = "kafka-eos: one transaction per source partition"
+
+
+@contextmanager
+def _job_description(df: "DataFrame", description: str):
+    sc = df.sparkSession.sparkContext
+    sc.setJobDescription(description)
+    try:
+        yield
+    finally:
+        sc.setJobDescription(None)
+
+
 #: What the scan of each Spark task returns (:func:`task_sources`).
 _SCAN_SCHEMA = "task int, topics array<string>, partitions array<int>, dead string"
 #: What the commit of each Spark task returns.
@@ -180,7 +196,8 @@ def task_sources(df: "DataFrame", spec: PipelineSpec, plan: Plan) -> tuple[dict[
 
     owner: dict[int, tuple[str, int]] = {}
     first_dead = None
-    scanned = df.mapInArrow(scan, _SCAN_SCHEMA).collect()  # one row per task
+    with _job_description(df, SCAN_JOB):
+        scanned = df.mapInArrow(scan, _SCAN_SCHEMA).collect()  # one row per task
     _one_task_per_partition(len(scanned), spec, plan)
     for row in scanned:
         tps = list(zip(row["topics"], row["partitions"]))
@@ -253,7 +270,9 @@ def write_per_partition(df: "DataFrame | None", spec: PipelineSpec, plan: Plan,
             if dead is not None:
                 raise batches.no_dead_letter_topic(spec, dead["topic"], dead["partition"], dead["offset"],
                                                    dead[DLQ_REASON])
-            for row in df.mapInArrow(_commit_spark_partition(spec, plan, settings, owner), _COMMIT_SCHEMA).collect():
+            with _job_description(df, COMMIT_JOB):
+                committed = df.mapInArrow(_commit_spark_partition(spec, plan, settings, owner), _COMMIT_SCHEMA).collect()
+            for row in committed:
                 results[(row["topic"], row["partition"])] = CommitResult(row["status"], row["records_out"],
                                                                          row["dead_letters"])
         finally:

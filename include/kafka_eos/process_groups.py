@@ -1,0 +1,40 @@
+"""Stopping the local services' process groups (Airflow's components, Spark's daemons): each is
+started in a session of its own, so one signal reaches the process and everything it started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+#: After SIGTERM went unheeded this long... SIGKILL, and this long for the kernel to end the group.
+KILL_WAIT_S = 5.0
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group ``pgid`` is still running."""
+    try:
+        # The leader is our child when this process started it: reap it, or as a zombie it keeps
+        # the group "alive" until the timeout.
+        os.waitpid(pgid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):  # gone, or no longer ours
+        return False
+
+
+def stop_group(pgid: int, term_timeout_s: float) -> None:
+    """SIGTERM the group, then SIGKILL what is left after ``term_timeout_s``."""
+    for sig, wait_s in ((signal.SIGTERM, term_timeout_s), (signal.SIGKILL, KILL_WAIT_S)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and group_alive(pgid):
+            time.sleep(0.3)
+        if not group_alive(pgid):
+            return

@@ -1,0 +1,139 @@
+"""A pipeline driven through Airflow's REST API, the way a user's tooling drives it, against a real
+deployment (api-server, scheduler, dag-processor, triggerer; LocalExecutor on PostgreSQL): trigger a
+run with a conf, wait for it, read its state, its tasks and their logs. And the hung-transaction
+sensor deferring into the real triggerer, whose trigger finds the culprit.
+
+Every call goes through ``LocalAirflow.api`` (a bearer token from ``/auth/token``, then
+``/api/v2/...``); each is named in a comment.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+
+import pytest
+import yaml
+from confluent_kafka import Producer
+from test_backfill import _wait
+from test_dag_runs import MALFORMED, VALID_ORDERS, produce_orders, read_committed
+from test_sensors import SENSOR_DAG
+
+from kafka_eos import kafka_admin
+
+pytestmark = pytest.mark.integration
+
+TERMINAL = ("success", "failed")
+
+
+def _parsed(airflow, dag_id: str) -> None:
+    airflow.airflow("dags", "reserialize")
+    # GET /api/v2/dags
+    _wait(f"{dag_id} parsed", lambda: dag_id in {d["dag_id"] for d in airflow.api("GET", "/api/v2/dags?limit=1000")["dags"]})
+    # PATCH /api/v2/dags/{dag_id}: new DAGs start paused.
+    airflow.api("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+
+
+def _trigger_and_wait(airflow, dag_id: str, conf: dict) -> dict:
+    """Trigger a run with ``conf``; wait until it ends."""
+    # POST /api/v2/dags/{dag_id}/dagRuns
+    run = airflow.api("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf})
+    run_id = urllib.parse.quote(run["dag_run_id"], safe="")
+
+    def ended():
+        # GET /api/v2/dags/{dag_id}/dagRuns/{run_id}
+        state = airflow.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
+        return state if state["state"] in TERMINAL else None
+
+    return _wait(f"run {run['dag_run_id']} of {dag_id}", ended, every_s=1.0)
+
+
+def _task_states(airflow, dag_id: str, run: dict) -> dict[str, str]:
+    run_id = urllib.parse.quote(run["dag_run_id"], safe="")
+    # GET /api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances
+    tis = airflow.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
+    return {ti["task_id"]: ti["state"] for ti in tis}
+
+
+def _log(airflow, dag_id: str, run: dict, task_id: str, try_number: int = 1) -> str:
+    """The task's log, as the UI shows it: one line per event."""
+    run_id = urllib.parse.quote(run["dag_run_id"], safe="")
+    # GET /api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}
+    answer = airflow.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}"
+                                "?full_content=true")
+    lines = []
+    for line in answer["content"]:
+        if not isinstance(line, dict):
+            lines.append(str(line))
+            continue
+        lines.append(line.get("event", "").strip())
+        # An exception's message is in the structured entry, not in its event text.
+        lines += [f"{e.get('exc_type')}: {e.get('exc_value')}" for e in line.get("error_detail") or []]
+    return "\n".join(lines)
+
+
+def test_a_pipeline_triggered_with_a_conf_through_the_rest_api(airflow_deployment, kafka_settings, unique):
+    airflow = airflow_deployment
+    name = f"rest_{unique.replace('-', '_')}"
+    topics = {t: f"{name}.{t}" for t in ("orders", "out", "dlq")}
+    kafka_admin.create_topics(kafka_settings, {topics["orders"]: 1, topics["out"]: 1, topics["dlq"]: 1})
+    produce_orders(kafka_settings, topics["orders"])  # 5 valid orders, then a malformed one
+    # Manual only (no schedule): every run here is one the test triggers.
+    (airflow.dags_folder.parent / "specs" / f"{name}.yaml").write_text(yaml.safe_dump({
+        "name": name, "source": {"topics": [topics["orders"]]},
+        "transform": "spark_apps.transforms.orders:enrich",
+        "sink": {"kind": "kafka", "topic": topics["out"], "dlq_topic": topics["dlq"]}}))
+    dag_id = f"kafka_eos__{name}"
+    _parsed(airflow, dag_id)
+
+    # A run capped by its conf reads the first 3 offsets only.
+    first = _trigger_and_wait(airflow, dag_id, {"max_records_per_partition": 3})
+    assert first["state"] == "success" and first["conf"]["max_records_per_partition"] == 3
+    assert _task_states(airflow, dag_id, first) == {"plan": "success", "spark": "success", "verify": "success"}
+    plan_log = _log(airflow, dag_id, first, "plan")
+    assert f"{topics['orders']}-0: [0, 3) checkpoint=None" in plan_log
+    spark_log = _log(airflow, dag_id, first, "spark")
+    assert "spark-submit --master local[2]" in spark_log and "run_pipeline.py" in spark_log
+    verify_log = _log(airflow, dag_id, first, "verify")
+    assert f"pipeline {name} run {first['dag_run_id']}: committed, 1 partition(s), in=3 out=3 dead letters=0" in verify_log
+    out = [json.loads(m.value())["order_id"] for m in read_committed(kafka_settings, topics["out"])]
+    assert out == [o["order_id"] for o in VALID_ORDERS[:3]]
+
+    # A run with the defaults reads the rest, the malformed record into the dead-letter topic.
+    second = _trigger_and_wait(airflow, dag_id, {})
+    assert second["state"] == "success"
+    assert (f"pipeline {name} run {second['dag_run_id']}: committed, 1 partition(s), in=3 out=2 dead letters=1"
+            in _log(airflow, dag_id, second, "verify"))
+    out = [json.loads(m.value())["order_id"] for m in read_committed(kafka_settings, topics["out"])]
+    assert out == [o["order_id"] for o in VALID_ORDERS]
+    assert [m.value() for m in read_committed(kafka_settings, topics["dlq"])] == [MALFORMED]
+
+
+def test_the_hung_transaction_sensor_defers_to_the_real_triggerer(airflow_deployment, kafka_settings,
+                                                                   killed_transaction, unique):
+    airflow = airflow_deployment
+    held = f"held-{unique}"
+    kafka_admin.create_topics(kafka_settings, {held: 1})
+    producer = Producer(kafka_settings.client_config())
+    producer.produce(held, value=b"committed")
+    assert producer.flush(30) == 0
+    txid = f"stranger-{unique}"
+    killed_transaction(txid, (held, 0))
+    dag_id = f"sensor_{unique.replace('-', '_')}"
+    (airflow.dags_folder / f"{dag_id}.py").write_text(SENSOR_DAG.format(dag_id=dag_id, topics=[held], older_than_s=1))
+    _parsed(airflow, dag_id)
+
+    run = _trigger_and_wait(airflow, dag_id, {})
+
+    assert run["state"] == "failed" and _task_states(airflow, dag_id, run) == {"watch": "failed"}
+    log = _log(airflow, dag_id, run, "watch").splitlines()
+    # The task handed its wait to the triggerer, whose trigger fired; the task resumed and failed
+    # naming the open transaction.
+    deferred = log.index("Pausing task as DEFERRED.")
+    fired = log.index("Trigger fired event")
+    assert any(line.startswith(f"trigger {dag_id}/{run['dag_run_id']}/watch/") and line.endswith("starting")
+               for line in log[deferred:fired]), log
+    (failure,) = [line for line in log[fired:] if line.startswith("HungTransactionsFound: ")]
+    assert f"{held}-0: LSO 1 < HW 2 (1 offsets waiting), held for " in failure
+    assert f"transactional.id {txid}" in failure
+    print(failure)

@@ -348,7 +348,7 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
         return prepare_plan(spec, settings, run_id)
 
     def execute(self, context: Context) -> None:
-        from kafka_eos.spark_io import session_conf
+        from kafka_eos.spark_io import local_master_conf, session_conf
 
         run_id = context["run_id"]
         with task_errors():
@@ -362,7 +362,9 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
                 plan, side_json = self.plan_to_run(settings, spec, run_id), None
             else:
                 spec, plan, side_json = side.find(spec, settings, run_id)
-            spark_conf = session_conf()
+            # A local master keeps the driver on loopback, as the CLI's in-process runs do; on a
+            # cluster the executors must reach the driver at the address Spark picks.
+            spark_conf = {**session_conf(), **local_master_conf(self._get_hook()._connection["master"])}
         if plan.is_empty:
             self.log.info("pipeline %s run %s: empty plan, nothing to read: Spark is not started",
                           spec.name, run_id)

@@ -113,7 +113,7 @@ def build_dag(spec: PipelineSpec, *, kafka_conn_id: str = KafkaEosHook.default_c
 
 
 def build_stream_dag(spec: PipelineSpec, *, kafka_conn_id: str = KafkaEosHook.default_conn_name,
-                     **_ignored) -> DAG:
+                     spark_conn_id: str = "spark_default") -> DAG:
     """The DAG that runs a pipeline as a stream (``kafka_eos_stream__<name>``): triggered by hand,
     one long-running task; its retries restart a stream that died, its failure alerts."""
     with DAG(
@@ -143,7 +143,7 @@ def build_stream_dag(spec: PipelineSpec, *, kafka_conn_id: str = KafkaEosHook.de
         ]),
     ) as dag:
         KafkaEosStreamOperator(task_id="stream", pipeline=spec.path, kafka_conn_id=kafka_conn_id,
-                               interval_s="{{ params.interval_s }}")
+                               spark_conn_id=spark_conn_id, interval_s="{{ params.interval_s }}")
     return dag
 
 

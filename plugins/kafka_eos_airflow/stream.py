@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk import BaseHook, BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowNotFoundException
 
 from kafka_eos_airflow.hooks import KafkaEosHook
 
@@ -39,15 +39,20 @@ class KafkaEosStreamOperator(BaseOperator):
     :param interval_s: least time between two batches' starts. (templated)
     :param until_caught_up: stop at the first batch with nothing to read (drain and stop);
         the run's ``until_caught_up`` param sets it too.
+    :param spark_conn_id: the Spark connection whose master the stream's Spark application uses
+        (the one the pipeline's batch DAG submits to); without that connection, ``SPARK_MASTER``
+        or local mode. The driver runs in this task.
     """
 
     template_fields: Sequence[str] = ("pipeline", "kafka_conn_id", "interval_s")
 
     def __init__(self, *, pipeline: str, kafka_conn_id: str = KafkaEosHook.default_conn_name,
-                 interval_s: float | str = 1.0, until_caught_up: bool = False, **kwargs: Any) -> None:
+                 interval_s: float | str = 1.0, until_caught_up: bool = False,
+                 spark_conn_id: str = "spark_default", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pipeline = pipeline
         self.kafka_conn_id = kafka_conn_id
+        self.spark_conn_id = spark_conn_id
         self.interval_s = interval_s
         self.until_caught_up = until_caught_up
         self._proc: subprocess.Popen | None = None
@@ -59,7 +64,7 @@ class KafkaEosStreamOperator(BaseOperator):
         command = [sys.executable, "-m", "kafka_eos.cli", "stream", self.pipeline, "--interval", f"{interval:g}",
                    *(["--until-caught-up"] if drain else [])]
         with tempfile.TemporaryDirectory(prefix="kafka-eos-stream-") as tmp:
-            env = {**os.environ, **settings.to_environ(Path(tmp) / "client.json")}
+            env = {**os.environ, **settings.to_environ(Path(tmp) / "client.json"), **self._spark_master()}
             self.log.info("starting: %s", " ".join(command))
             self._proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           text=True, start_new_session=True)
@@ -71,6 +76,18 @@ class KafkaEosStreamOperator(BaseOperator):
         if code != 0:
             raise AirflowException(f"kafka-eos stream {self.pipeline} exited with {code}: {last}")
         return {"pipeline": self.pipeline, "stopped": last}
+
+    def _spark_master(self) -> dict[str, str]:
+        """``SPARK_MASTER`` from the Spark connection, resolved as Airflow's spark-submit hook does."""
+        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+        try:
+            BaseHook.get_connection(self.spark_conn_id)
+        except AirflowNotFoundException:
+            return {}  # the hook would fall back to YARN: keep SPARK_MASTER, or local mode
+        master = SparkSubmitHook(conn_id=self.spark_conn_id)._connection["master"]
+        self.log.info("Spark master %s (connection %s)", master, self.spark_conn_id)
+        return {"SPARK_MASTER": master}
 
     def on_kill(self) -> None:
         """SIGTERM: the stream finishes its batch in flight and exits; killed after a grace period."""

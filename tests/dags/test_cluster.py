@@ -15,7 +15,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from test_dag_runs import read_committed, returned, run_dag, write_spec
+import yaml
+from test_dag_runs import _specs_dir, read_committed, returned, run_dag, write_spec
 
 from kafka_eos import kafka_admin
 from kafka_eos.local_spark import LocalSparkCluster
@@ -178,3 +179,26 @@ def test_an_executor_killed_mid_commit_is_retried_exactly_once(on_cluster, kafka
               f"{lost[0]['index']}'s transaction; retried as attempt {retry['attempt']} on executor "
               f"{retry['executor']} ({retry['worker']}); {summary['records_in']} records in, "
               f"{summary['records_out']} out, exactly once")
+
+
+def test_the_stream_dag_runs_its_spark_application_on_the_cluster(on_cluster, kafka_settings, pipelines_module,
+                                                                  unique):
+    name = f"st-{unique}"
+    topic, out = f"{name}.in", f"{name}.out"
+    kafka_admin.create_topics(kafka_settings, {topic: 2, out: 2})
+    truth = produce_orders(kafka_settings, topic, 300, malformed_every=0)
+    (_specs_dir() / f"{name}.yaml").write_text(yaml.safe_dump({
+        "name": name, "source": {"topics": [topic], "max_records_per_partition": 60}, "transform": "identity",
+        "sink": {"kind": "kafka", "topic": out, "commit": "per_partition"}}))
+    dag = pipelines_module.dags_from_folder(_specs_dir())[f"kafka_eos_stream__{name}"]
+    dag.tasks[0].retries = 0
+    dag_run = dag.test(run_conf={"until_caught_up": True, "interval_s": 0.2})
+    assert {ti.task_id: ti.state for ti in dag_run.get_task_instances()} == {"stream": "success"}
+
+    values = [m.value() for m in read_committed(kafka_settings, out)]
+    assert sorted(values) == sorted(json.dumps(o).encode() for o in truth.committed)  # exactly once
+    events = application_events(on_cluster.events)
+    (start,) = [e for e in events if e["Event"] == "SparkListenerApplicationStart"]
+    assert start["App ID"].startswith("app-")  # a standalone master's application, not local mode
+    transactions = commit_tasks(events, on_cluster.cluster)
+    assert transactions and {t["worker"] for t in transactions} <= {"worker-1", "worker-2"}

@@ -257,6 +257,17 @@ class ManifestStore:
                     return rec
         return None
 
+    def last_runs(self, n: int) -> list[dict]:
+        """The newest record of each of the pipeline's last ``n`` runs, newest first."""
+        found: dict[str, dict] = {}
+        with closing(self._tail(committed=True)) as records:
+            for _offset, _ts, key, rec in records:
+                if _is_run(rec):
+                    found.setdefault(key, rec)
+                    if len(found) == n:
+                        break
+        return sorted(found.values(), key=_record_time, reverse=True)
+
     def runs_since(self, since: str) -> list[dict]:
         """The newest record of each run whose records are newer than ``since`` (ISO time),
         oldest first."""

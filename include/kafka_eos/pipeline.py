@@ -124,13 +124,19 @@ def checkpoint_rows(spec: PipelineSpec, settings: KafkaSettings) -> tuple[list[d
     """Per source partition: checkpoint, LSO, high watermark, log start and lag, the lag counted
     to the LSO (what a read_committed pipeline can read now), not to the high watermark."""
     cks, drift, offsets, _times = _cluster_state(spec, settings)
+    return rows_of(cks, offsets), drift
+
+
+def rows_of(cks: dict[TP, int | None], offsets: dict) -> list[dict]:
+    """:func:`checkpoint_rows` from checkpoints and offsets already read (``offsets`` may hold
+    other partitions too: one batched query for many pipelines)."""
     rows = []
     for tp, ck in cks.items():
         o = offsets[tp]
         rows.append({"topic": tp[0], "partition": tp[1], "checkpoint": ck, "lso": o.lso,
                      "high_watermark": o.high_watermark, "log_start": o.log_start,
                      "lag": max(0, o.lso - (ck if ck is not None else o.log_start))})
-    return rows, drift
+    return rows
 
 
 def compute_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> tuple[Plan, list[Drift]]:

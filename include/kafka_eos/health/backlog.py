@@ -26,16 +26,32 @@ def backlog(spec: PipelineSpec, settings: KafkaSettings, now_ms: int | None = No
 
     A partition without a checkpoint counts from its log start, as its lag does.
     """
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     rows, drift = checkpoint_rows(spec, settings)
-    starts = {(r["topic"], r["partition"]): r["log_start"] if r["checkpoint"] is None else r["checkpoint"]
-              for r in rows if r["lag"] > 0}
-    firsts = first_records(settings, starts, committed=True)
+    return with_oldest_unprocessed(settings, rows, now_ms), drift
+
+
+def with_oldest_unprocessed(settings: KafkaSettings, rows: list[dict], now_ms: int | None = None) -> list[dict]:
+    """Add ``oldest_unprocessed`` (see :func:`backlog`) to checkpoint rows, of one pipeline or of
+    many: one read for all, and one more for each further checkpoint of a partition that several
+    pipelines read from different offsets."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     for r in rows:
-        first = firsts.get((r["topic"], r["partition"]))
-        r["oldest_unprocessed"] = None if first is None else {
-            "offset": first[0], "timestamp_ms": first[1], "age_s": round(max(0.0, (now_ms - first[1]) / 1000), 1)}
-    return rows, drift
+        r["oldest_unprocessed"] = None
+    pending = [r for r in rows if r["lag"] > 0]
+    while pending:
+        starts: dict = {}
+        this_read, later = [], []
+        for r in pending:
+            tp, start = (r["topic"], r["partition"]), r["log_start"] if r["checkpoint"] is None else r["checkpoint"]
+            (this_read if starts.setdefault(tp, start) == start else later).append(r)
+        firsts = first_records(settings, starts, committed=True)
+        for r in this_read:
+            first = firsts.get((r["topic"], r["partition"]))
+            if first is not None:
+                r["oldest_unprocessed"] = {"offset": first[0], "timestamp_ms": first[1],
+                                           "age_s": round(max(0.0, (now_ms - first[1]) / 1000), 1)}
+        pending = later
+    return rows
 
 
 def waiting(rows: list[dict]) -> list[dict]:

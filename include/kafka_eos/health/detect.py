@@ -16,7 +16,7 @@ from typing import Iterable, Mapping
 
 from kafka_eos.errors import BrokerError
 from kafka_eos.health import DEFAULT_OLDER_THAN_S, abort_command
-from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, TP, admin_client, partition_offsets
+from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, TP, PartitionOffsets, admin_client, partition_offsets
 from kafka_eos.readers import first_records
 from kafka_eos.settings import KafkaSettings
 
@@ -84,18 +84,19 @@ def topic_partitions(settings: KafkaSettings, topics: Iterable[str] | None = Non
 
 
 def find_stalls(settings: KafkaSettings, tps: Iterable[TP], older_than_s: float = DEFAULT_OLDER_THAN_S,
-                now_ms: int | None = None) -> list[Stall]:
+                now_ms: int | None = None, offsets: Mapping[TP, PartitionOffsets] | None = None) -> list[Stall]:
     """The partitions of ``tps`` whose LSO has been held below the high watermark for longer
     than ``older_than_s`` (one look, no history).
 
     :param now_ms: the clock (epoch ms), for tests.
+    :param offsets: the partitions' offsets when the caller has read them already.
     """
-    return observe(settings, tps, older_than_s, None, now_ms)[0]
+    return observe(settings, tps, older_than_s, None, now_ms, offsets)[0]
 
 
 def observe(settings: KafkaSettings, tps: Iterable[TP], older_than_s: float = DEFAULT_OLDER_THAN_S,
-            previous: Mapping[str, dict] | None = None,
-            now_ms: int | None = None) -> tuple[list[Stall], dict[str, dict]]:
+            previous: Mapping[str, dict] | None = None, now_ms: int | None = None,
+            offsets: Mapping[TP, PartitionOffsets] | None = None) -> tuple[list[Stall], dict[str, dict]]:
     """:func:`find_stalls` for a caller that looks again later (a trigger).
 
     :param previous: the observation an earlier call returned: a partition whose LSO has not
@@ -105,7 +106,9 @@ def observe(settings: KafkaSettings, tps: Iterable[TP], older_than_s: float = DE
         pinned partition, its LSO and since when it has been held there).
     """
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    pinned = {tp: o for tp, o in partition_offsets(settings, list(tps)).items() if o.lso < o.high_watermark}
+    tps = list(tps)
+    offsets = {tp: offsets[tp] for tp in tps} if offsets is not None else partition_offsets(settings, tps)
+    pinned = {tp: o for tp, o in offsets.items() if o.lso < o.high_watermark}
     first_writes = {tp: ts for tp, (_offset, ts) in
                     first_records(settings, {tp: o.lso for tp, o in pinned.items()}, committed=False).items()}
     stalls, seen_now = [], {}

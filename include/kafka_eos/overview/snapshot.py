@@ -1,0 +1,137 @@
+"""One read of the cluster for every pipeline: per source partition the numbers of
+``kafka-eos checkpoint --json`` (checkpoint, LSO, HW, lag to the LSO, the oldest unprocessed
+committed record), the SQL/Kafka checkpoint drift, the partitions an open transaction pins and
+who holds them, and the last runs from each run manifest.
+
+Built to stay quick with many pipelines: the partitions' offsets of all pipelines are one batched
+query (LSO, high watermark and log start of every partition), the oldest records one read, the
+pinned partitions' holders one admin client; what remains per pipeline is its group offsets (one
+request per consumer group) and the tail of its run manifest. :class:`CachedOverview` keeps a
+snapshot for a few seconds, so a page that many people reload asks the cluster once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Callable, Iterable
+
+from kafka_eos.errors import KafkaEosError
+from kafka_eos.health.attribute import attribute
+from kafka_eos.health.backlog import with_oldest_unprocessed
+from kafka_eos.health.detect import find_stalls
+from kafka_eos.kafka_admin import TP, partition_offsets
+from kafka_eos.manifest import PLANNED, ManifestStore
+from kafka_eos.pipeline import checkpoints, rows_of, source_partitions
+from kafka_eos.settings import KafkaSettings
+from kafka_eos.spec import PipelineSpec
+
+#: Runs shown per pipeline (the page's chart covers them).
+LAST_RUNS = 10
+#: How long a snapshot is served before the cluster is asked again: reloads by several operators
+#: within a few seconds cost one set of queries.
+CACHE_TTL_S = 5.0
+
+
+def _sink(spec: PipelineSpec) -> dict:
+    sink = spec.sink
+    return {"kind": sink.kind, "commit": sink.commit,
+            "target": sink.topic if sink.kind == "kafka" else sink.table,
+            "dead_letters": sink.dlq_topic if sink.kind == "kafka" else "kafka_eos_dead_letters"}
+
+
+def _run(rec: dict) -> dict:
+    """A run manifest record, as the page shows it: the plan's ranges and the result."""
+    plan = rec.get("plan") or {}
+    ranges = [r for r in plan.get("ranges", []) if r["from_offset"] < r["until"]]
+    status = "empty" if rec.get("status") == PLANNED and not ranges else rec.get("status")
+    return {"run_id": plan.get("run_id"), "status": status,
+            "at": rec.get("committed_at") or rec.get("updated_at") or plan.get("created_at"),
+            "records_in": rec.get("records_in"), "records_out": rec.get("records_out"),
+            "dead_letters": rec.get("dead_letters"),
+            "ranges": [{"topic": r["topic"], "partition": r["partition"], "from": r["from_offset"], "until": r["until"]}
+                       for r in ranges]}
+
+
+def snapshot(settings: KafkaSettings, specs: Iterable[PipelineSpec], runs: int = LAST_RUNS,
+             now_ms: int | None = None) -> list[dict]:
+    """Every pipeline's state, in the order of ``specs``.
+
+    Each entry: ``pipeline``, ``group_id``, ``sink``, ``partitions`` (the rows of
+    ``kafka-eos checkpoint --json``), ``drift``, ``pinned`` (stalls with their holder), ``lag``
+    (total), ``runs`` (newest first), and ``error`` (a one-line reason this pipeline could not be
+    read, e.g. a missing topic; the other pipelines are still shown).
+    """
+    specs = list(specs)
+    out: list[dict] = []
+    tps_of: dict[str, list[TP]] = {}
+    for spec in specs:
+        entry = {"pipeline": spec.name, "group_id": spec.source.group_id, "sink": _sink(spec),
+                 "partitions": [], "drift": [], "pinned": [], "lag": 0, "runs": [], "error": None}
+        out.append(entry)
+        try:
+            tps_of[spec.name] = source_partitions(spec, settings)
+        except KafkaEosError as exc:
+            entry["error"] = str(exc)
+    # 1. One batched offsets query for every source partition of every pipeline.
+    everything = sorted({tp for tps in tps_of.values() for tp in tps})
+    offsets = partition_offsets(settings, everything) if everything else {}
+    rows_of_pipeline: dict[str, list[dict]] = {}
+    for spec, entry in zip(specs, out):
+        if spec.name not in tps_of:
+            continue
+        # 2. Per pipeline: its group offsets (and a SQL sink's own checkpoints).
+        try:
+            cks, drift = checkpoints(spec, settings, tps_of[spec.name])
+        except KafkaEosError as exc:
+            entry["error"] = str(exc)
+            continue
+        rows_of_pipeline[spec.name] = rows_of({tp: cks.get(tp) for tp in tps_of[spec.name]}, offsets)
+        entry["drift"] = [dataclasses.asdict(d) for d in drift]
+    # 3. One read of the oldest unprocessed committed record of every lagging partition.
+    with_oldest_unprocessed(settings, [r for rows in rows_of_pipeline.values() for r in rows], now_ms)
+    # 4. Pinned partitions (any age) and who holds them: one admin client for all.
+    measured = [tp for name in rows_of_pipeline for tp in tps_of[name]]
+    stalls = attribute(settings, find_stalls(settings, measured, older_than_s=0, now_ms=now_ms, offsets=offsets),
+                       specs)
+    for spec, entry in zip(specs, out):
+        rows = rows_of_pipeline.get(spec.name)
+        if rows is None:
+            continue
+        mine = {(r["topic"], r["partition"]) for r in rows}
+        entry.update(partitions=rows, lag=sum(r["lag"] for r in rows),
+                     pinned=[s.as_dict() for s in stalls if (s.topic, s.partition) in mine])
+        # 5. The last runs, from the pipeline's run manifest.
+        try:
+            entry["runs"] = [_run(rec) for rec in ManifestStore.of(spec, settings).last_runs(runs)]
+        except KafkaEosError as exc:
+            entry["error"] = str(exc)
+    return out
+
+
+class CachedOverview:
+    """:func:`snapshot`, served from memory for ``ttl_s`` after it was taken; one refresh at a
+    time (concurrent requests wait for it rather than each asking the cluster).
+
+    :param load: returns the settings and the specs to show (read again on every refresh, so new
+        spec files appear without a restart).
+    """
+
+    def __init__(self, load: Callable[[], tuple[KafkaSettings, list[PipelineSpec]]], ttl_s: float = CACHE_TTL_S):
+        self._load = load
+        self._ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._taken: tuple[float, dict] | None = None
+
+    def get(self) -> dict:
+        """``{"taken_at": epoch s, "seconds": how long the reads took, "pipelines": [...]}``."""
+        with self._lock:
+            if self._taken is None or time.monotonic() - self._taken[0] > self._ttl_s:
+                started = time.monotonic()
+                settings, specs = self._load()
+                pipelines = snapshot(settings, specs)
+                self._taken = (time.monotonic(), {"taken_at": time.time(), "bootstrap": settings.bootstrap_servers,
+                                                  "seconds": round(time.monotonic() - started, 3),
+                                                  "pipelines": pipelines})
+            return self._taken[1]

@@ -20,5 +20,6 @@ def jars_dir(kind: str) -> Path:
 
 
 def pipelines_dir() -> Path:
-    """The folder of the bundled pipeline specs."""
-    return PROJECT_ROOT / "include" / "pipelines"
+    """The folder of the pipeline specs: ``$KAFKA_EOS_PIPELINES_DIR``, else the bundled ones
+    (include/pipelines/)."""
+    return Path(os.environ.get("KAFKA_EOS_PIPELINES_DIR") or PROJECT_ROOT / "include" / "pipelines")

@@ -1,0 +1,16 @@
+"""Registers kafka-eos's operator page with Airflow: the FastAPI app mounted at ``/kafka-eos`` and a
+"Kafka pipelines" entry in the UI's navigation that shows it (kafka_eos_airflow.operator_page)."""
+
+from __future__ import annotations
+
+from airflow.plugins_manager import AirflowPlugin
+
+from kafka_eos_airflow.operator_page import URL_PREFIX, app
+
+
+class KafkaEosPlugin(AirflowPlugin):
+    name = "kafka_eos"
+    fastapi_apps = [{"app": app, "url_prefix": URL_PREFIX, "name": "Kafka pipelines"}]
+    # Shown in the UI at /plugin/kafka-pipelines, the page embedded under Airflow's navigation.
+    external_views = [{"name": "Kafka pipelines", "href": f"{URL_PREFIX}/", "url_route": "kafka-pipelines",
+                       "destination": "nav", "category": "browse"}]

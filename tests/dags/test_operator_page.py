@@ -1,0 +1,110 @@
+"""The operator page in a real browser (headless Chromium) on a real Airflow API server with the
+plugin: what it shows for a pipeline with lag and for one whose source a killed producer's open
+transaction pins, checked against the broker's own offsets; its JSON API against
+``kafka-eos checkpoint --json``; and an anonymous request refused."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import yaml
+from confluent_kafka import Producer
+
+from kafka_eos import kafka_admin
+from kafka_eos.cli import main
+
+pytestmark = pytest.mark.integration
+
+
+def _timeless(value):
+    """``value`` without the fields that change from one look to the next (ages)."""
+    if isinstance(value, dict):
+        return {k: _timeless(v) for k, v in value.items() if k not in ("age_s", "stuck_s")}
+    if isinstance(value, list):
+        return [_timeless(v) for v in value]
+    return value
+
+
+def test_the_page_shows_lag_and_a_hung_transaction_and_its_api_matches_checkpoint_json(
+        airflow_deployment, browser, kafka_settings, killed_transaction, unique, tmp_path, capsys):
+    from selenium.webdriver.common.by import By
+
+    airflow = airflow_deployment
+    specs = airflow.dags_folder.parent / "specs"
+    lagging, held = f"lag_{unique.replace('-', '_')}", f"held_{unique.replace('-', '_')}"
+    topics = {"lag": f"{lagging}.in", "held": f"{held}.in", "out": f"{lagging}.out"}
+    kafka_admin.create_topics(kafka_settings, {topics["lag"]: 2, topics["held"]: 1, topics["out"]: 1})
+    producer = Producer(kafka_settings.client_config())
+    for i in range(4):
+        producer.produce(topics["lag"], value=f"waiting {i}".encode(), partition=1)
+    producer.produce(topics["held"], value=b"committed")
+    assert producer.flush(30) == 0
+    txid = f"stranger-{unique}"
+    killed_transaction(txid, (topics["held"], 0))
+    producer.produce(topics["held"], value=b"behind the open transaction")
+    assert producer.flush(30) == 0
+    for name, source in ((lagging, topics["lag"]), (held, topics["held"])):
+        (specs / f"{name}.yaml").write_text(yaml.safe_dump({
+            "name": name, "source": {"topics": [source]}, "transform": "identity",
+            "sink": {"kind": "kafka", "topic": topics["out"]}}))
+
+    # Anonymous: refused, page and API alike.
+    for path in ("/kafka-eos/", "/kafka-eos/api/pipelines"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{airflow.url}{path}", timeout=30)
+        assert refused.value.code in (401, 403), path
+
+    # The JSON API has the numbers of `kafka-eos checkpoint --json`.
+    for name in (lagging, held):
+        entry = airflow.api("GET", f"/kafka-eos/api/pipelines/{name}")
+        assert main(["--bootstrap", kafka_settings.bootstrap_servers, "checkpoint", str(specs / f"{name}.yaml"),
+                     "--json"]) == 0
+        expected = json.loads(capsys.readouterr().out)
+        assert entry["error"] is None, entry["error"]
+        assert _timeless(entry["partitions"]) == _timeless(expected["partitions"])
+        assert _timeless(entry["pinned"]) == _timeless(expected["pinned"]) and entry["drift"] == expected["drift"]
+    assert [e["pipeline"] for e in airflow.api("GET", "/kafka-eos/api/pipelines")["pipelines"]].count(held) == 1
+
+    # The page, in the browser of a logged-in user.
+    started = time.monotonic()
+    browser.get(f"{airflow.url}/kafka-eos/")
+    section = browser.find_element(By.ID, lagging)
+    rendered_s = time.monotonic() - started
+    offsets = kafka_admin.partition_offsets(kafka_settings, [(topics["lag"], 0), (topics["lag"], 1), (topics["held"], 0)])
+
+    def cells(section, tp) -> list[str]:
+        row = section.find_element(By.CSS_SELECTOR, f'tr[data-partition="{tp[0]}-{tp[1]}"]')
+        return [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+
+    for p in (0, 1):
+        o = offsets[(topics["lag"], p)]
+        partition, checkpoint, lso, hw, lag, oldest = cells(section, (topics["lag"], p))
+        assert (partition, checkpoint, lso, hw, lag) == (f"{topics['lag']}-{p}", "-", str(o.lso),
+                                                         str(o.high_watermark), str(o.lso - o.log_start))
+        assert (oldest == "-") == (p == 0)
+    assert section.find_element(By.CLASS_NAME, "lag").text == "4"
+
+    section = browser.find_element(By.ID, held)
+    o = offsets[(topics["held"], 0)]
+    assert (o.lso, o.high_watermark) == (1, 3)
+    partition, checkpoint, lso, hw, lag, _oldest = cells(section, (topics["held"], 0))
+    assert (lso, hw, lag) == ("1", "3", "1")
+    row = section.find_element(By.CSS_SELECTOR, "table.pinned tr.bad")
+    text = [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+    assert text[:3] == [f"{topics['held']}-0", "1", "3"]
+    assert text[4] == txid and text[5] == "1" and int(text[3]) >= 0
+    assert f"kafka-eos txn abort --topic {topics['held']} --partition 0 --start-offset 1" in text[8]
+    link = row.find_element(By.LINK_TEXT, "runbook")
+    assert link.get_attribute("href") == f"{airflow.url}/dags/kafka_eos_runbook_abort_transaction"
+    browser.save_screenshot(str(tmp_path / "operator-page.png"))
+    with capsys.disabled():
+        print(f"\noperator page: {rendered_s:.2f}s to load and render; screenshot {tmp_path / 'operator-page.png'}")
+
+    # Airflow's UI lists the page in its navigation.
+    plugins = airflow.api("GET", "/api/v2/plugins")["plugins"]
+    (ours,) = [p for p in plugins if p["name"] == "kafka_eos"]
+    assert [v["href"] for v in ours["external_views"]] == ["/kafka-eos/"]

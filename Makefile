@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 JARS   := .local/jars
 MVN    := mvn -q -B -s jvm/settings.xml -f jvm/pom.xml
 
-.PHONY: demo test bench bench-stream install jars postgres chromium compose-tool kafka-start kafka-stop cluster-up cluster-down airflow-up airflow-down clean
+.PHONY: demo test bench bench-stream bench-page install jars postgres chromium compose-tool kafka-start kafka-stop cluster-up cluster-down airflow-up airflow-down clean
 
 demo: install jars
 	$(VENV)/bin/kafka-eos demo
@@ -69,6 +69,11 @@ bench: install jars postgres
 # and in .local/bench/stream_latency.json; about 15 minutes). BENCH_ARGS: e.g. --forms continuous --rates 1000.
 bench-stream: install jars
 	$(PY) -m kafka_eos.bench.stream_latency $(BENCH_ARGS)
+
+# How long the operator page's read of the cluster takes for 50 pipelines over 1,000 partitions
+# (about 6 minutes, most of it setting them up). BENCH_ARGS: e.g. --pipelines 10 --partitions 5.
+bench-page: install jars
+	$(PY) -m kafka_eos.bench.overview $(BENCH_ARGS)
 
 kafka-start: install jars
 	$(VENV)/bin/kafka-eos kafka start

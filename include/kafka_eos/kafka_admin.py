@@ -122,12 +122,18 @@ def check_reachable(settings: KafkaSettings) -> None:
         raise BrokerUnreachable(f"Kafka at {settings.bootstrap_servers} answered with no brokers")
 
 
-def partitions_of(settings: KafkaSettings, topics: Iterable[str], role: str = "topic") -> dict[str, int]:
+def cluster_metadata(settings: KafkaSettings):
+    """The cluster's topics and brokers, for callers that check many topics at once."""
+    return admin_client(settings).list_topics(timeout=ADMIN_TIMEOUT_S)
+
+
+def partitions_of(settings: KafkaSettings, topics: Iterable[str], role: str = "topic", md=None) -> dict[str, int]:
     """Number of partitions per topic.
 
+    :param md: :func:`cluster_metadata` already read (else it is read now).
     :raises TopicMissing: naming the first topic that does not exist and its role.
     """
-    md = admin_client(settings).list_topics(timeout=ADMIN_TIMEOUT_S)
+    md = md or cluster_metadata(settings)
     out = {}
     for topic in topics:
         tmd = md.topics.get(topic)

@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass
 
 from kafka_eos.errors import CheckpointConflict, CheckpointLost, KafkaEosError
-from kafka_eos.kafka_admin import (TP, alter_group_offsets, committed_offsets_and_times, offsets_retention_s,
-                                   partition_offsets, partitions_of)
+from kafka_eos.kafka_admin import (TP, alter_group_offsets, cluster_metadata, committed_offsets_and_times,
+                                   offsets_retention_s, partition_offsets, partitions_of)
 from kafka_eos.manifest import ManifestState, ManifestStore
 from kafka_eos.plan import Plan, plan_ranges
 from kafka_eos.settings import KafkaSettings
@@ -28,16 +28,18 @@ class Drift:
     kafka: int | None
 
 
-def source_partitions(spec: PipelineSpec, settings: KafkaSettings) -> list[TP]:
+def source_partitions(spec: PipelineSpec, settings: KafkaSettings, md=None) -> list[TP]:
     """Every partition of the source topics, after checking every topic the run needs exists.
 
+    :param md: the cluster's metadata already read (:func:`kafka_admin.cluster_metadata`).
     :raises TopicMissing: naming the missing topic and its role.
     """
-    counts = partitions_of(settings, spec.source.topics, "source")
+    md = md or cluster_metadata(settings)
+    counts = partitions_of(settings, spec.source.topics, "source", md)
     if spec.sink.kind == "kafka":
-        partitions_of(settings, [spec.sink.topic], "sink")
+        partitions_of(settings, [spec.sink.topic], "sink", md)
     if spec.sink.dlq_topic:
-        partitions_of(settings, [spec.sink.dlq_topic], "dead-letter")
+        partitions_of(settings, [spec.sink.dlq_topic], "dead-letter", md)
     return [(t, p) for t, n in counts.items() for p in range(n)]
 
 

@@ -130,7 +130,7 @@ def _chart(runs: list[dict]) -> str:
             h = round(height * (r[key] or 0) / top)
             parts.append(f'<rect x="{x + j * bar}" y="{height - h}" width="{bar - 1}" height="{h}" fill="{colour}">'
                          f'<title>{_e(r["run_id"])}: {key.replace("_", " ")} {r[key]}</title></rect>')
-    width = len(runs) * (2 * bar + gap)
+    width = max(len(runs) * (2 * bar + gap), 260)  # room for the legend
     return (f'<svg class="chart" width="{width}" height="{height + 14}" role="img" '
             f'aria-label="records in and out per run">{"".join(parts)}'
             f'<text x="0" y="{height + 12}" font-size="10" fill="#718096">in (grey) / out (blue) per run, '
@@ -165,7 +165,7 @@ def _pinned(entry: dict) -> str:
             f'<td class="l">{_e(c.get("transactional_id") or s.get("attribution_error"))}</td>'
             f'<td>{_e(c.get("start_offset", s["lso"]))}</td><td>{_age(s.get("stuck_s"))}</td>'
             f'<td class="l">{_e(c.get("verdict"))}</td>'
-            f'<td class="l"><a href="/dags/{RUNBOOK_DAG_ID}">runbook</a> '
+            f'<td class="l"><a href="/dags/{RUNBOOK_DAG_ID}" target="_top">runbook</a> '
             f'<code>{_e(json.dumps(conf))}</code><br><code>kafka-eos txn abort --topic {_e(s["topic"])} '
             f'--partition {s["partition"]} --start-offset {s["lso"]}</code></td></tr>')
     return ('<h3>Pinned by an open transaction</h3><table class="pinned"><tr><th class="l">partition</th>'
@@ -189,7 +189,7 @@ def _runs(entry: dict) -> str:
 def _pipeline(entry: dict) -> str:
     name, sink = entry["pipeline"], entry["sink"]
     head = (f'<section id="{_e(name)}"><h2>{_e(name)} '
-            f'<a class="muted" href="/dags/kafka_eos__{quote(name)}">DAG</a></h2>'
+            f'<a class="muted" href="/dags/kafka_eos__{quote(name)}" target="_top">DAG</a></h2>'
             f'<p class="muted">group <code>{_e(entry["group_id"])}</code> · sink {_e(sink["kind"])} '
             f'<code>{_e(sink["target"])}</code> ({_e(sink["commit"])}), dead letters <code>{_e(sink["dead_letters"])}'
             f'</code> · lag <b class="lag">{entry["lag"]}</b> · pinned <b class="pinned-count">{len(entry["pinned"])}</b>'
@@ -208,6 +208,7 @@ def render(snapshot: dict) -> str:
 
     taken = datetime.fromtimestamp(snapshot["taken_at"], timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     pipelines = snapshot["pipelines"]
+    # Links open in the whole window: the UI shows this page in a frame under its navigation.
     return (
         '<!doctype html><html><head><meta charset="utf-8"><title>Kafka pipelines</title>'
         f'<meta http-equiv="refresh" content="30"><style>{_STYLE}</style></head><body>'

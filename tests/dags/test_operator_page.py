@@ -104,7 +104,10 @@ def test_the_page_shows_lag_and_a_hung_transaction_and_its_api_matches_checkpoin
     with capsys.disabled():
         print(f"\noperator page: {rendered_s:.2f}s to load and render; screenshot {tmp_path / 'operator-page.png'}")
 
-    # Airflow's UI lists the page in its navigation.
+    # Airflow's UI lists the page in its navigation and shows it under its own.
     plugins = airflow.api("GET", "/api/v2/plugins")["plugins"]
     (ours,) = [p for p in plugins if p["name"] == "kafka_eos"]
     assert [v["href"] for v in ours["external_views"]] == ["/kafka-eos/"]
+    browser.get(f"{airflow.url}/plugin/kafka-pipelines")
+    assert browser.find_element(By.TAG_NAME, "iframe").get_attribute("src") == f"{airflow.url}/kafka-eos/"
+    browser.save_screenshot(str(tmp_path / "operator-page-in-airflow.png"))

@@ -15,13 +15,14 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable
 
 from kafka_eos.errors import KafkaEosError
 from kafka_eos.health.attribute import attribute
 from kafka_eos.health.backlog import with_oldest_unprocessed
 from kafka_eos.health.detect import find_stalls
-from kafka_eos.kafka_admin import TP, partition_offsets
+from kafka_eos.kafka_admin import TP, cluster_metadata, partition_offsets
 from kafka_eos.manifest import PLANNED, ManifestStore
 from kafka_eos.pipeline import checkpoints, rows_of, source_partitions
 from kafka_eos.settings import KafkaSettings
@@ -29,6 +30,8 @@ from kafka_eos.spec import PipelineSpec
 
 #: Runs shown per pipeline (the page's chart covers them).
 LAST_RUNS = 10
+#: Pipelines whose group offsets and manifest are read at once.
+PER_PIPELINE_READERS = 8
 #: How long a snapshot is served before the cluster is asked again: reloads by several operators
 #: within a few seconds cost one set of queries.
 CACHE_TTL_S = 5.0
@@ -66,29 +69,40 @@ def snapshot(settings: KafkaSettings, specs: Iterable[PipelineSpec], runs: int =
     specs = list(specs)
     out: list[dict] = []
     tps_of: dict[str, list[TP]] = {}
+    md = cluster_metadata(settings)  # one metadata request: every topic of every pipeline
     for spec in specs:
         entry = {"pipeline": spec.name, "group_id": spec.source.group_id, "sink": _sink(spec),
                  "partitions": [], "drift": [], "pinned": [], "lag": 0, "runs": [], "error": None}
         out.append(entry)
         try:
-            tps_of[spec.name] = source_partitions(spec, settings)
+            tps_of[spec.name] = source_partitions(spec, settings, md)
         except KafkaEosError as exc:
             entry["error"] = str(exc)
     # 1. One batched offsets query for every source partition of every pipeline.
     everything = sorted({tp for tps in tps_of.values() for tp in tps})
     offsets = partition_offsets(settings, everything) if everything else {}
-    rows_of_pipeline: dict[str, list[dict]] = {}
-    for spec, entry in zip(specs, out):
-        if spec.name not in tps_of:
-            continue
-        # 2. Per pipeline: its group offsets (and a SQL sink's own checkpoints).
+
+    # 2. Per pipeline, a few at a time (the clients wait on the network, not the CPU): its group
+    # offsets (and a SQL sink's own checkpoints), and its last runs from its run manifest.
+    def per_pipeline(spec: PipelineSpec) -> tuple[dict, list[dict], list[dict]] | str:
+        """(checkpoints, drift, last runs), or the one-line reason they could not be read."""
         try:
             cks, drift = checkpoints(spec, settings, tps_of[spec.name])
+            last = [_run(rec) for rec in ManifestStore.of(spec, settings).last_runs(runs)]
         except KafkaEosError as exc:
-            entry["error"] = str(exc)
+            return str(exc)
+        return {tp: cks.get(tp) for tp in tps_of[spec.name]}, [dataclasses.asdict(d) for d in drift], last
+
+    readable = [(spec, entry) for spec, entry in zip(specs, out) if spec.name in tps_of]
+    with ThreadPoolExecutor(max_workers=PER_PIPELINE_READERS) as pool:
+        results = list(pool.map(per_pipeline, [spec for spec, _entry in readable]))
+    rows_of_pipeline: dict[str, list[dict]] = {}
+    for (spec, entry), result in zip(readable, results):
+        if isinstance(result, str):
+            entry["error"] = result
             continue
-        rows_of_pipeline[spec.name] = rows_of({tp: cks.get(tp) for tp in tps_of[spec.name]}, offsets)
-        entry["drift"] = [dataclasses.asdict(d) for d in drift]
+        cks, entry["drift"], entry["runs"] = result
+        rows_of_pipeline[spec.name] = rows_of(cks, offsets)
     # 3. One read of the oldest unprocessed committed record of every lagging partition.
     with_oldest_unprocessed(settings, [r for rows in rows_of_pipeline.values() for r in rows], now_ms)
     # 4. Pinned partitions (any age) and who holds them: one admin client for all.
@@ -97,16 +111,10 @@ def snapshot(settings: KafkaSettings, specs: Iterable[PipelineSpec], runs: int =
                        specs)
     for spec, entry in zip(specs, out):
         rows = rows_of_pipeline.get(spec.name)
-        if rows is None:
-            continue
-        mine = {(r["topic"], r["partition"]) for r in rows}
-        entry.update(partitions=rows, lag=sum(r["lag"] for r in rows),
-                     pinned=[s.as_dict() for s in stalls if (s.topic, s.partition) in mine])
-        # 5. The last runs, from the pipeline's run manifest.
-        try:
-            entry["runs"] = [_run(rec) for rec in ManifestStore.of(spec, settings).last_runs(runs)]
-        except KafkaEosError as exc:
-            entry["error"] = str(exc)
+        if rows is not None:
+            mine = {(r["topic"], r["partition"]) for r in rows}
+            entry.update(partitions=rows, lag=sum(r["lag"] for r in rows),
+                         pinned=[s.as_dict() for s in stalls if (s.topic, s.partition) in mine])
     return out
 
 

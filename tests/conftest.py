@@ -202,3 +202,18 @@ def postgres_url():
     server = LocalPostgres()
     yield server.start()
     server.stop()
+
+
+def _timeless(value):
+    """``value`` without the fields that change from one look to the next (ages)."""
+    if isinstance(value, dict):
+        return {k: _timeless(v) for k, v in value.items() if k not in ("age_s", "stuck_s")}
+    if isinstance(value, list):
+        return [_timeless(v) for v in value]
+    return value
+
+
+@pytest.fixture
+def timeless():
+    """``timeless(value)``: a JSON-like value without its age fields, to compare two looks."""
+    return _timeless

@@ -20,17 +20,8 @@ from kafka_eos.cli import main
 pytestmark = pytest.mark.integration
 
 
-def _timeless(value):
-    """``value`` without the fields that change from one look to the next (ages)."""
-    if isinstance(value, dict):
-        return {k: _timeless(v) for k, v in value.items() if k not in ("age_s", "stuck_s")}
-    if isinstance(value, list):
-        return [_timeless(v) for v in value]
-    return value
-
-
 def test_the_page_shows_lag_and_a_hung_transaction_and_its_api_matches_checkpoint_json(
-        airflow_deployment, browser, kafka_settings, killed_transaction, unique, tmp_path, capsys):
+        airflow_deployment, browser, kafka_settings, killed_transaction, unique, tmp_path, capsys, timeless):
     from selenium.webdriver.common.by import By
 
     airflow = airflow_deployment
@@ -65,8 +56,8 @@ def test_the_page_shows_lag_and_a_hung_transaction_and_its_api_matches_checkpoin
                      "--json"]) == 0
         expected = json.loads(capsys.readouterr().out)
         assert entry["error"] is None, entry["error"]
-        assert _timeless(entry["partitions"]) == _timeless(expected["partitions"])
-        assert _timeless(entry["pinned"]) == _timeless(expected["pinned"]) and entry["drift"] == expected["drift"]
+        assert timeless(entry["partitions"]) == timeless(expected["partitions"])
+        assert timeless(entry["pinned"]) == timeless(expected["pinned"]) and entry["drift"] == expected["drift"]
     assert [e["pipeline"] for e in airflow.api("GET", "/kafka-eos/api/pipelines")["pipelines"]].count(held) == 1
 
     # The page, in the browser of a logged-in user.

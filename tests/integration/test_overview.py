@@ -17,22 +17,13 @@ from kafka_eos.spec import parse_spec
 pytestmark = pytest.mark.integration
 
 
-def _timeless(value):
-    """``value`` without the fields that change from one look to the next (ages)."""
-    if isinstance(value, dict):
-        return {k: _timeless(v) for k, v in value.items() if k not in ("age_s", "stuck_s")}
-    if isinstance(value, list):
-        return [_timeless(v) for v in value]
-    return value
-
-
 def _checkpoint_json(settings, path, capsys) -> dict:
     assert main(["--bootstrap", settings.bootstrap_servers, "checkpoint", str(path), "--json"]) == 0
     return json.loads(capsys.readouterr().out)
 
 
 def test_the_overview_shows_what_checkpoint_json_shows(spark, kafka_settings, killed_transaction, make_spec,
-                                                       unique, tmp_path, capsys):
+                                                       unique, tmp_path, capsys, timeless):
     lagging = make_spec(partitions=2)
     producer = Producer(kafka_settings.client_config())
     src = lagging.source.topics[0]
@@ -72,9 +63,9 @@ def test_the_overview_shows_what_checkpoint_json_shows(spark, kafka_settings, ki
         expected = _checkpoint_json(kafka_settings, path, capsys)
         entry = got[spec.name]
         assert entry["error"] is None
-        assert _timeless(entry["partitions"]) == _timeless(expected["partitions"])
+        assert timeless(entry["partitions"]) == timeless(expected["partitions"])
         assert entry["drift"] == expected["drift"]
-        assert _timeless(entry["pinned"]) == _timeless(expected["pinned"])
+        assert timeless(entry["pinned"]) == timeless(expected["pinned"])
         assert entry["lag"] == sum(r["lag"] for r in expected["partitions"])
     lag = got[lagging.name]
     assert [(r["partition"], r["checkpoint"], r["lso"], r["lag"]) for r in lag["partitions"]] == [(0, 3, 3, 0),

@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 JARS   := .local/jars
 MVN    := mvn -q -B -s jvm/settings.xml -f jvm/pom.xml
 
-.PHONY: demo test bench bench-stream bench-page install jars postgres chromium compose-tool kafka-start kafka-stop cluster-up cluster-down airflow-up airflow-down clean
+.PHONY: demo test chaos bench bench-stream bench-page install jars postgres chromium compose-tool kafka-start kafka-stop cluster-up cluster-down airflow-up airflow-down clean
 
 demo: install jars
 	$(VENV)/bin/kafka-eos demo
@@ -57,6 +57,13 @@ $(JARS)/spark/.resolved: jvm/pom.xml
 	rm -rf $(JARS)/spark
 	$(MVN) -P spark dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=../$(JARS)/spark
 	touch $@
+
+# The fault matrix: every scenario (brokers killed, terminated, stopped; the driver and executors
+# killed at each commit step; a zombie; a stalled producer) on each sink, on a local three-node
+# cluster; a table on stdout, exit 1 on any anomaly. CHAOS_ARGS: e.g. --quick, --sink sql,
+# --scenario SIGSTOP.
+chaos: install jars
+	$(PY) -m kafka_eos.chaos $(CHAOS_ARGS)
 
 # Throughput beside plain at-least-once Spark and Kafka's own perf tools, fixed costs, the planner
 # and memory (a table on stdout; .local/bench/throughput.json and throughput.png; about 20 minutes).

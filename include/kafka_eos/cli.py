@@ -21,7 +21,7 @@ from importlib import metadata
 
 from kafka_eos.console import Console, elapsed_since, seconds, table
 from kafka_eos.errors import KafkaEosError
-from kafka_eos.local_kafka import LocalBroker
+from kafka_eos.local_kafka import LocalBroker, LocalCluster
 from kafka_eos.settings import BOOTSTRAP_ENV, CONNECT_TIMEOUT_ENV, KafkaSettings
 from kafka_eos.spec import PipelineSpec, load_spec, spec_paths
 
@@ -78,17 +78,23 @@ def _print_json(value) -> None:
 
 
 def cmd_kafka(args) -> int:
-    broker = LocalBroker.default()
+    broker, cluster = LocalBroker.default(), LocalCluster.default()
     if args.action == "start":
-        Console().step(f"starting the local broker (data and logs under {broker.home})")
-        print(broker.start())
+        if args.brokers == 1:
+            Console().step(f"starting the local broker (data and logs under {broker.home})")
+            print(broker.start())
+        else:
+            Console().step(f"starting a local cluster of {cluster.size} brokers (data and logs under {cluster.home})")
+            print(cluster.start())
     elif args.action == "stop":
-        print("stopped" if broker.stop() else "not running")
+        stopped = [what for what, thing in (("the broker", broker), ("the cluster", cluster)) if thing.stop()]
+        print(f"stopped {' and '.join(stopped)}" if stopped else "not running")
     else:
-        if not broker.is_running():
-            print(f"not running ({broker.bootstrap})", file=sys.stderr)
+        running = [thing.bootstrap for thing in (broker, cluster) if thing.is_running()]
+        if not running:
+            print(f"not running ({broker.bootstrap}; cluster {cluster.bootstrap})", file=sys.stderr)
             return 3
-        print(broker.bootstrap)
+        print("\n".join(running))
     return 0
 
 
@@ -394,8 +400,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
-    k = command("kafka", cmd_kafka, "the local single-node broker under .local/ (start, stop, status)")
+    k = command("kafka", cmd_kafka, "the local broker under .local/kafka (start, stop, status); with --brokers 3, a "
+                                    "cluster of three under .local/kafka-cluster")
     k.add_argument("action", choices=["start", "stop", "status"])
+    k.add_argument("--brokers", type=int, choices=[1, 3], default=1,
+                   help="start: one broker (the default), or three with replication factor 3 and min.insync.replicas 2")
     a = command("airflow", cmd_airflow, "a local Airflow (API and UI, scheduler, dag-processor, triggerer) over "
                                         "this project's DAGs, under .local/airflow (start, stop, status)")
     a.add_argument("action", choices=["start", "stop", "status"])

@@ -1,36 +1,53 @@
-"""Fail points for the crash tests: ``KAFKA_EOS_CRASH_AT=<point>[:<n>]`` SIGKILLs this process
-the n-th time (default 1st) it passes ``<point>``. Unset, a fail point costs one dict lookup.
+"""Fail points for the crash tests and the fault matrix. Unset, a fail point costs one comparison.
 
-Points: ``after_produce`` (a Kafka commit has produced records, before its offsets and commit),
-``after_sql_commit`` (the SQL transaction committed, before the Kafka mirror).
+``KAFKA_EOS_CRASH_AT=<point>[:<n>]`` SIGKILLs this process the n-th time (default 1st) it passes
+``<point>``. Points, in the order a commit passes them:
+
+- Kafka sink: ``after_produce`` (100 records produced and on the broker, before the rest),
+  ``before_offsets`` (every record acknowledged, before ``send_offsets_to_transaction``),
+  ``before_commit`` (offsets and manifest in the transaction, before ``commit_transaction``),
+  ``after_commit`` (committed, before the run reports it: a task killed before its success is recorded);
+- SQL sink: ``before_sql_commit`` (rows and offsets written, before the database commit),
+  ``after_sql_commit`` (committed, before the Kafka mirror).
 
 Two more settings, for the cluster tests (a Spark worker hands them to its executors):
 ``KAFKA_EOS_CRASH_KILL=executor`` kills the Spark executor JVM this process (a Python worker)
 runs under, not just this process: an executor lost mid-commit, as when its host dies.
 ``KAFKA_EOS_CRASH_ONCE=<file>``: only the first process to create ``<file>`` crashes, and writes
 what it killed there (Spark reruns the task in a new process, which must get through).
+
+``KAFKA_EOS_PAUSE_AT=<point>`` with ``KAFKA_EOS_PAUSE_DIR=<dir>`` holds the first process to pass
+``<point>`` there: it writes ``<dir>/<point>.reached`` (its pid) and waits until ``<dir>/<point>.go``
+exists. The fault matrix injects its fault meanwhile: a broker killed or stopped, a newer attempt
+run to its end, a stall past the transaction timeout.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 _SPEC = os.environ.get("KAFKA_EOS_CRASH_AT", "")
 _POINT, _, _N = _SPEC.partition(":")
 _seen: dict[str, int] = {}
+_PAUSE_AT = os.environ.get("KAFKA_EOS_PAUSE_AT", "")
+#: The longest a paused process waits for its go: a fault matrix that died must not leave it hanging.
+PAUSE_LIMIT_S = 600.0
 #: The main class of the JVM that runs a Spark executor (standalone, YARN and Kubernetes alike).
 EXECUTOR_MAIN_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 
 
 def armed(point: str) -> bool:
-    """True when this process is asked to crash at ``point``."""
-    return point == _POINT
+    """True when this process is asked to crash or pause at ``point``."""
+    return point in (_POINT, _PAUSE_AT)
 
 
-def crash_point(point: str) -> None:
-    """SIGKILL this process (or its executor) here when the environment asks for it (tests only)."""
+def fault_point(point: str) -> None:
+    """Pause here, or SIGKILL this process (or its executor), when the environment asks for it (tests only)."""
+    if point == _PAUSE_AT:
+        _pause(point)
     if point != _POINT:
         return
     _seen[point] = _seen.get(point, 0) + 1
@@ -46,6 +63,19 @@ def crash_point(point: str) -> None:
         with os.fdopen(fd, "w") as f:
             f.write(f"{point} pid={victim} python_worker={os.getpid()}\n")
     os.kill(victim, signal.SIGKILL)
+
+
+def _pause(point: str) -> None:
+    folder = Path(os.environ["KAFKA_EOS_PAUSE_DIR"])
+    try:
+        fd = os.open(folder / f"{point}.reached", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return  # another process (a partition's task, an earlier attempt) paused here
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{os.getpid()}\n")
+    deadline = time.monotonic() + PAUSE_LIMIT_S
+    while not (folder / f"{point}.go").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _executor_pid() -> int:

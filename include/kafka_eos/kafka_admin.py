@@ -182,9 +182,11 @@ def set_topic_config(settings: KafkaSettings, topic: str, config: Mapping[str, s
 
 
 def create_topics(settings: KafkaSettings, topics: Mapping[str, int], config: Mapping[str, str] | None = None) -> None:
-    """Create topics (name -> partitions) with replication 1 when missing; existing ones are kept.
-    Returns once every partition of the new topics has a leader that answers ``list_offsets``."""
-    _create(settings, topics, 1, dict(config or {}))
+    """Create topics (name -> partitions) with the brokers' default replication factor when
+    missing; existing ones are kept. Returns once every partition of the new topics has a leader
+    that answers ``list_offsets``."""
+    # -1: the cluster's default.replication.factor (1 on the local broker, 3 on the local cluster).
+    _create(settings, topics, -1, dict(config or {}))
 
 
 def _create(settings: KafkaSettings, topics: Mapping[str, int], replication: int, config: dict,

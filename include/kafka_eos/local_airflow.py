@@ -152,6 +152,26 @@ class LocalAirflow:
                                f"{(res.stderr or res.stdout).strip()[-2000:]}")
         return res
 
+    def wait_for_dag(self, dag_id: str, timeout_s: float = 180.0, unpause: bool = True) -> None:
+        """Wait until the API lists ``dag_id``; then unpause it (new DAGs start paused).
+
+        Asks for a parse at once (``airflow dags reserialize``) rather than waiting for the
+        dag-processor's next pass. The two may write the same new DAG's row at the same moment and
+        the loser fails on the unique key; either write serves, so the command's exit is not checked.
+
+        :raises AirflowError: not listed in time, with the deployment's import errors.
+        """
+        self.airflow("dags", "reserialize", check=False)
+        deadline = time.monotonic() + timeout_s
+        while dag_id not in {d["dag_id"] for d in self.api("GET", "/api/v2/dags?limit=1000")["dags"]}:
+            if time.monotonic() > deadline:
+                errors = self.api("GET", "/api/v2/importErrors")["import_errors"]
+                raise AirflowError(f"DAG {dag_id} not parsed within {timeout_s:g}s; import errors: "
+                                   f"{[(e['filename'], e['stack_trace'][-300:]) for e in errors] or 'none'}")
+            time.sleep(2)
+        if unpause:
+            self.api("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+
     def _pid_file(self, component: str) -> Path:
         return self.home / f"{component}.pid"
 

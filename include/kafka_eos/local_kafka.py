@@ -1,4 +1,5 @@
-"""The embedded default broker: Apache Kafka 4.x, single-node KRaft, on 127.0.0.1, under .local/.
+"""The embedded default broker: Apache Kafka 4.x, single-node KRaft, on 127.0.0.1, under .local/;
+and a three-node cluster beside it (``kafka-eos kafka start --brokers 3``) for the fault matrix.
 
 Started from the official jars resolved from Maven Central (``make jars``), with the main classes
 a Kafka distribution's scripts call: ``kafka.tools.StorageTool`` to format, ``kafka.Kafka`` to run.
@@ -24,6 +25,8 @@ from kafka_eos.settings import KafkaSettings
 HOST = "127.0.0.1"
 #: Default client port; an unusual one so a developer's own Kafka on 9092 is left alone.
 DEFAULT_PORT = int(os.environ.get("KAFKA_EOS_LOCAL_PORT", "19092"))
+#: The cluster's first client port; node i listens on +2(i-1), its controller one above.
+DEFAULT_CLUSTER_PORT = int(os.environ.get("KAFKA_EOS_CLUSTER_PORT", "19192"))
 #: How long a cold start may take: JVM start, storage load and controller election on 2 cores.
 START_TIMEOUT_S = 90.0
 #: How long a clean shutdown may take before the broker is killed.
@@ -31,8 +34,8 @@ STOP_TIMEOUT_S = 30.0
 
 _SERVER_PROPERTIES = """\
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@{host}:{controller_port}
+node.id={node_id}
+controller.quorum.voters={voters}
 listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}
 advertised.listeners=PLAINTEXT://{host}:{port}
 controller.listener.names=CONTROLLER
@@ -40,12 +43,15 @@ inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 log.dirs={data_dir}
 num.partitions=1
-# One node: every internal topic has one replica.
-offsets.topic.replication.factor=1
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+# Every internal topic, and new topics by default, on every node (one node: one replica); a write
+# needs all but one of them in sync, so a cluster of three takes the loss of one node.
+default.replication.factor={replicas}
+min.insync.replicas={min_isr}
+offsets.topic.replication.factor={replicas}
+transaction.state.log.replication.factor={replicas}
+transaction.state.log.min.isr={min_isr}
+share.coordinator.state.topic.replication.factor={replicas}
+share.coordinator.state.topic.min.isr={min_isr}
 # Few internal partitions keep a single broker quick to start and to load coordinators.
 offsets.topic.num.partitions=4
 transaction.state.log.num.partitions=4
@@ -70,11 +76,22 @@ class LocalBroker:
     :param port: client port on 127.0.0.1; the controller listens on ``port + 1``.
     :param overrides: further broker settings (``name``, ``value``), e.g. a short offsets
         retention for a test.
+    :param node_id: this node's id; with ``voters``, its place in a cluster.
+    :param voters: the controller quorum (``id@host:port,...``); empty: this node alone.
+    :param replicas: replicas of internal topics and of new topics (the cluster's size).
+    :param cluster_id: the id every node of a cluster formats its storage with; empty: a new one.
+    :param heap: the JVM's maximum heap.
     """
 
     home: Path
     port: int = DEFAULT_PORT
     overrides: tuple[tuple[str, str], ...] = ()
+    node_id: int = 1
+    voters: str = ""
+    replicas: int = 1
+    cluster_id: str = ""
+    # 1 GiB is plenty for a test broker and leaves room for Spark and Airflow.
+    heap: str = "1g"
 
     @classmethod
     def default(cls) -> "LocalBroker":
@@ -92,7 +109,8 @@ class LocalBroker:
     def log_file(self) -> Path:
         return self.home / "logs" / "server.log"
 
-    def _pid(self) -> int | None:
+    def pid(self) -> int | None:
+        """The broker's process id while it lives (the fault matrix signals it)."""
         try:
             pid = int(self.pid_file.read_text().strip())
         except (FileNotFoundError, ValueError):
@@ -105,35 +123,51 @@ class LocalBroker:
 
     def is_running(self) -> bool:
         """True when our broker process is alive and its port answers."""
-        return self._pid() is not None and _port_open(self.port)
+        return self.pid() is not None and _port_open(self.port)
 
-    def start(self) -> str:
+    def start(self, bootstrap: str | None = None) -> str:
         """Start the broker (or reuse a running one) and wait until it answers.
 
+        :param bootstrap: the cluster this node belongs to: ready means every partition of it answers.
         :returns: the bootstrap address.
         :raises BrokerError: jars missing, port taken by another process, or no answer in time.
         """
         if self.is_running():
-            _wait_ready(self.bootstrap, START_TIMEOUT_S)
+            _wait_ready(self.bootstrap, START_TIMEOUT_S, cluster=bootstrap)
             return self.bootstrap
+        proc = self.launch()
+        try:
+            _wait_ready(self.bootstrap, START_TIMEOUT_S, proc, self.log_file, cluster=bootstrap)
+        except BrokerError:
+            self.stop()
+            raise
+        return self.bootstrap
+
+    def launch(self) -> subprocess.Popen:
+        """Format the storage on first use and start the broker's JVM; do not wait for it.
+
+        :raises BrokerError: jars missing, port taken by another process, or formatting failed.
+        """
         for port in (self.port, self.port + 1):
             if _port_open(port):
                 raise BrokerError(
                     f"port {HOST}:{port} is taken by another process; stop it or set "
-                    "KAFKA_EOS_LOCAL_PORT to a free port"
+                    f"{'KAFKA_EOS_CLUSTER_PORT' if self.voters else 'KAFKA_EOS_LOCAL_PORT'} to a free port"
                 )
         classpath = _classpath()
         data_dir = self.home / "data"
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         props = self.home / "server.properties"
         props.write_text(_SERVER_PROPERTIES.format(
-            host=HOST, port=self.port, controller_port=self.port + 1, data_dir=data_dir)
+            host=HOST, port=self.port, controller_port=self.port + 1, data_dir=data_dir, node_id=self.node_id,
+            voters=self.voters or f"{self.node_id}@{HOST}:{self.port + 1}", replicas=self.replicas,
+            min_isr=max(1, self.replicas - 1))
             + "".join(f"{key}={value}\n" for key, value in self.overrides))
         log4j = self.home / "log4j2.properties"
         log4j.write_text(log4j2_properties(self.log_file, "INFO", _LOG_LEVELS))
         java = ["java", f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
         if not (data_dir / "meta.properties").exists():
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            cluster_id = self.cluster_id or new_cluster_id()
             fmt = subprocess.run(
                 [*java, "kafka.tools.StorageTool", "format", "--cluster-id", cluster_id,
                  "--config", str(props), "--ignore-formatted"],
@@ -142,24 +176,18 @@ class LocalBroker:
                 raise BrokerError(f"formatting {data_dir} failed: {fmt.stderr.strip() or fmt.stdout.strip()}")
         with open(self.home / "logs" / "stdout.log", "ab") as out:
             proc = subprocess.Popen(
-                # 1 GiB heap is plenty for a test broker and leaves room for Spark and Airflow.
-                ["java", "-Xms256m", "-Xmx1g", *java[1:], "kafka.Kafka", str(props)],
+                ["java", "-Xms256m", f"-Xmx{self.heap}", *java[1:], "kafka.Kafka", str(props)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True)
         self.pid_file.write_text(str(proc.pid))
-        try:
-            _wait_ready(self.bootstrap, START_TIMEOUT_S, proc, self.log_file)
-        except BrokerError:
-            self.stop()
-            raise
-        return self.bootstrap
+        return proc
 
     def stop(self) -> bool:
         """Stop the broker (SIGTERM, then SIGKILL after a grace period).
 
         :returns: True when a broker was running.
         """
-        pid = self._pid()
+        pid = self.pid()
         if pid is None:
             self.pid_file.unlink(missing_ok=True)
             return False
@@ -177,6 +205,77 @@ class LocalBroker:
         return True
 
 
+@dataclass(frozen=True)
+class LocalCluster:
+    """Three KRaft nodes (broker and controller each, a controller quorum of three) on 127.0.0.1:
+    replication factor 3 and ``min.insync.replicas=2`` for every topic, the transaction state log and
+    the offsets topic included. Node i keeps its config, data and logs under ``home/node-i``.
+
+    :param home: the cluster's folder.
+    :param port: node 1's client port; node i listens on ``port + 2(i-1)`` and its controller one above.
+    :param size: the number of nodes.
+    """
+
+    home: Path
+    port: int = DEFAULT_CLUSTER_PORT
+    size: int = 3
+    overrides: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def default(cls) -> "LocalCluster":
+        return cls(home=local_dir() / "kafka-cluster")
+
+    @property
+    def nodes(self) -> list[LocalBroker]:
+        id_file = self.home / "cluster-id"
+        cluster_id = id_file.read_text().strip() if id_file.exists() else ""
+        voters = ",".join(f"{i}@{HOST}:{self.port + 2 * (i - 1) + 1}" for i in range(1, self.size + 1))
+        # Half a gigabyte each: three brokers beside Spark on a small machine.
+        return [LocalBroker(home=self.home / f"node-{i}", port=self.port + 2 * (i - 1), overrides=self.overrides,
+                            node_id=i, voters=voters, replicas=self.size, cluster_id=cluster_id, heap="512m")
+                for i in range(1, self.size + 1)]
+
+    def node(self, node_id: int) -> LocalBroker:
+        return self.nodes[node_id - 1]
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(n.bootstrap for n in self.nodes)
+
+    def is_running(self) -> bool:
+        return all(n.is_running() for n in self.nodes)
+
+    def start(self) -> str:
+        """Start every node that is not running (all at once: a quorum needs two to elect), and wait
+        until every partition of the cluster answers.
+
+        :returns: the bootstrap addresses.
+        :raises BrokerError: as :meth:`LocalBroker.start`.
+        """
+        self.home.mkdir(parents=True, exist_ok=True)
+        id_file = self.home / "cluster-id"
+        if not id_file.exists():
+            id_file.write_text(new_cluster_id() + "\n")
+        nodes = self.nodes
+        procs = {n.node_id: n.launch() for n in nodes if not n.is_running()}
+        try:
+            for n in nodes:
+                _wait_ready(n.bootstrap, START_TIMEOUT_S, procs.get(n.node_id), n.log_file, cluster=self.bootstrap)
+        except BrokerError:
+            self.stop()
+            raise
+        return self.bootstrap
+
+    def stop(self) -> bool:
+        """Stop every node; True when any was running."""
+        return any([n.stop() for n in self.nodes])
+
+
+def new_cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (as ``kafka-storage random-uuid``)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
 def _classpath() -> str:
     folder = jars_dir("kafka")
     if not any(folder.glob("kafka_*.jar")):
@@ -191,9 +290,9 @@ def _port_open(port: int) -> bool:
 
 
 def _wait_ready(bootstrap: str, timeout_s: float, proc: subprocess.Popen | None = None,
-                log_file: Path | None = None) -> None:
+                log_file: Path | None = None, cluster: str | None = None) -> None:
     """Wait until the port accepts connections, then until the broker serves metadata, then
-    until every partition's leader answers."""
+    until every partition's leader (of the ``cluster`` the node is part of) answers."""
     # Imported here: the DAG files import this module at parse time, where no Kafka client loads.
     from confluent_kafka.admin import AdminClient
 
@@ -207,7 +306,7 @@ def _wait_ready(bootstrap: str, timeout_s: float, proc: subprocess.Popen | None 
         if time.monotonic() > deadline:
             raise BrokerError(f"broker at {bootstrap} did not listen within {timeout_s:.0f}s; see {log_file}")
         time.sleep(0.2)
-    settings = KafkaSettings(bootstrap)
+    settings = KafkaSettings(cluster or bootstrap)
     last_error = "no brokers in metadata"
     while time.monotonic() < deadline:
         try:

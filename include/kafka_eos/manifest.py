@@ -224,10 +224,13 @@ class ManifestStore:
                 return plan
         return None
 
-    def run_records(self, run_id: str) -> tuple[dict | None, dict[str, dict]]:
+    def run_records(self, run_id: str, side: bool = False) -> tuple[dict | None, dict[str, dict]]:
         """Run ``run_id``'s newest committed run record (its summary, else its plan) and, in
         per_partition scope, the newest record of each source partition (``<topic>-<p>``).
-        The walk stops at the run's plan, or at another run's plan (an older run)."""
+        The walk stops at the run's plan, or at another run's plan (an older run: the pipeline's
+        own runs follow one another). A ``side`` run (a backfill interval, a replay) runs beside
+        the live runs and beside other side runs, so a live run's plan newer than its summary is
+        common: its walk stops only at its own records or the log start."""
         key = run_key(self.pipeline, run_id)
         record, parts = None, {}
         with closing(self._tail(committed=True)) as records:
@@ -236,7 +239,7 @@ class ManifestStore:
                     continue
                 if _is_run(rec):
                     if found != key:
-                        if rec.get("status") == PLANNED:
+                        if rec.get("status") == PLANNED and not side:
                             break
                         continue
                     record = record or rec

@@ -26,7 +26,7 @@ from typing import Callable, Iterable, Sequence
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from kafka_eos.errors import CheckpointConflict, ProducerFenced, TransactionFailed, TransactionTimedOut
-from kafka_eos.faults import armed, crash_point
+from kafka_eos.faults import armed, fault_point
 from kafka_eos.kafka_admin import committed_offsets, group_client, offset_metadata
 from kafka_eos.plan import PartitionRange
 from kafka_eos.settings import KafkaSettings
@@ -223,7 +223,7 @@ class TransactionalCommit:
                     out += 1
                 if out + dead == 100 and armed("after_produce"):
                     self._producer.flush(CALL_TIMEOUT_S)  # part of the output is on the broker
-                    crash_point("after_produce")
+                    fault_point("after_produce")
         except (KafkaException, SystemError) as exc:
             kafka_exc = self._explain(exc)
             if kafka_exc is None:
@@ -238,6 +238,7 @@ class TransactionalCommit:
         if self._delivery_error is not None:
             err, where = self._delivery_error
             raise self._failure(f"delivery to {where}", err)
+        fault_point("before_offsets")
         # 3b. The consumed offsets: the next offset to read is each range's end.
         # With the commit time in the metadata: the planner refreshes idle checkpoints by it.
         offsets = [TopicPartition(r.topic, r.partition, r.until, offset_metadata()) for r in self.ranges]
@@ -250,7 +251,9 @@ class TransactionalCommit:
         for topic, key, record in manifest(out, dead):
             self._produce(topic, key, json.dumps(record, sort_keys=True), None)
         # 3d. Commit. A retriable failure here is retried by _call; commit is idempotent.
+        fault_point("before_commit")
         self._call("commit_transaction", lambda: self._producer.commit_transaction(CALL_TIMEOUT_S))
+        fault_point("after_commit")
         return CommitResult("committed", out, dead)
 
     def open(self) -> None:

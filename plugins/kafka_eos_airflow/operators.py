@@ -416,7 +416,7 @@ class KafkaEosVerifyOperator(_PipelineOperator):
             else:
                 spec, plan, _side_json = side.find(spec, settings, run_id, remaining=False)
             checkpoints = verify(spec, settings, plan)
-            found, partitions = ManifestStore.of(spec, settings).run_records(run_id)
+            found, partitions = ManifestStore.of(spec, settings).run_records(run_id, side=side is not None)
             record = found or {}
         summary = {
             "pipeline": spec.name,

@@ -27,11 +27,8 @@ TERMINAL = ("success", "failed")
 
 
 def _parsed(airflow, dag_id: str) -> None:
-    airflow.airflow("dags", "reserialize")
-    # GET /api/v2/dags
-    _wait(f"{dag_id} parsed", lambda: dag_id in {d["dag_id"] for d in airflow.api("GET", "/api/v2/dags?limit=1000")["dags"]})
-    # PATCH /api/v2/dags/{dag_id}: new DAGs start paused.
-    airflow.api("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+    # GET /api/v2/dags until it is listed, then PATCH /api/v2/dags/{dag_id}: new DAGs start paused.
+    airflow.wait_for_dag(dag_id)
 
 
 def _trigger_and_wait(airflow, dag_id: str, conf: dict) -> dict:

@@ -86,11 +86,9 @@ def test_backfill_through_airflows_backfill_command_is_exact_idempotent_and_leav
         "schedule": "*/5 * * * *"}))
     spec = load_spec(str(spec_path), import_transform=False)
     dag_id = f"kafka_eos__{name}"
-    airflow.airflow("dags", "reserialize")
-    _wait("the DAG parsed", lambda: dag_id in {d["dag_id"] for d in airflow.api("GET", "/api/v2/dags?limit=1000")["dags"]})
 
     # The live pipeline first: unpaused, its scheduled run reads everything from its checkpoint.
-    airflow.api("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+    airflow.wait_for_dag(dag_id)
     (live,) = _wait("the first scheduled run", lambda: _finished(airflow, dag_id, "scheduled", 1))[:1]
     assert live["state"] == "success"
     assert _rows(db, t0) == EXACT
@@ -173,9 +171,7 @@ def test_a_backfill_interval_beyond_retention_fails_naming_the_log_start(airflow
                  "url": f"sqlite:///{tmp_path / 'revenue.db'}"},
         "schedule": "*/5 * * * *"}))
     dag_id = f"kafka_eos__{name}"
-    airflow.airflow("dags", "reserialize")
-    _wait("the DAG parsed", lambda: dag_id in {d["dag_id"] for d in airflow.api("GET", "/api/v2/dags?limit=1000")["dags"]})
-    airflow.api("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+    airflow.wait_for_dag(dag_id)
 
     airflow.airflow("backfill", "create", "--dag-id", dag_id, "--from-date", t0.isoformat(), "--to-date",
                     t0.isoformat())

@@ -52,9 +52,7 @@ def test_a_stream_scheduled_dag_runs_on_committed_data_and_steps_aside_for_a_str
         "sink": {"kind": "kafka", "topic": out, "commit": "atomic"}, "schedule": "stream"}))
     spec = load_spec(str(spec_path), import_transform=False)
     dag_id = f"kafka_eos__{name}"
-    airflow.airflow("dags", "reserialize")
-    _wait("the DAG parsed", lambda: dag_id in {d["dag_id"] for d in airflow.api("GET", "/api/v2/dags?limit=1000")["dags"]})
-    airflow.api("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+    airflow.wait_for_dag(dag_id)
 
     _produce(kafka_settings, topic, f"{name}-aborted", ["x1", "x2"], abort=True)  # no data: no run
     time.sleep(15)

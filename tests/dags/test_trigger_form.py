@@ -44,11 +44,7 @@ def test_the_trigger_form_shows_every_param_and_triggers_a_dry_run(airflow_deplo
         "name": name, "source": {"topics": [topics["orders"]]},
         "sink": {"kind": "kafka", "topic": topics["out"], "backfill_topic": topics["backfill"]}}))
     dag_id = f"kafka_eos__{name}"
-    airflow.airflow("dags", "reserialize")
-    deadline = time.monotonic() + 120
-    while dag_id not in {d["dag_id"] for d in airflow.api("GET", "/api/v2/dags?limit=1000")["dags"]}:
-        assert time.monotonic() < deadline, f"{dag_id} not parsed"
-        time.sleep(2)
+    airflow.wait_for_dag(dag_id, unpause=False)
 
     browser.get(f"{airflow.url}/dags/{dag_id}")
     browser.find_element(By.XPATH, "//button[normalize-space()='Trigger']").click()

@@ -231,13 +231,7 @@ def run_event_driven(settings: KafkaSettings, rate: int, seconds: float, commit:
     airflow.start()
     dag_id = f"kafka_eos__{name}"
     try:
-        airflow.airflow("dags", "reserialize")
-        deadline = time.monotonic() + 120
-        while dag_id not in {d["dag_id"] for d in airflow.api("GET", "/api/v2/dags?limit=1000")["dags"]}:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"DAG {dag_id} not parsed: see {home / 'airflow'}")
-            time.sleep(2)
-        airflow.api("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+        airflow.wait_for_dag(dag_id)
         result = _measure(settings, source, sink, f"kafka-eos.{name}", rate, seconds, 0.0, 600)
         runs = airflow.api("GET", f"/api/v2/dags/{dag_id}/dagRuns?limit=1000")["dag_runs"]
     finally:

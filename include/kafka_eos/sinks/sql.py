@@ -25,7 +25,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
 from kafka_eos.errors import CheckpointConflict, SpecError
-from kafka_eos.faults import crash_point
+from kafka_eos.faults import fault_point
 from kafka_eos.kafka_admin import TP, alter_group_offsets
 from kafka_eos.manifest import COMMITTED, NOOP, ManifestStore, now_iso, run_key
 from kafka_eos.paths import local_dir
@@ -236,6 +236,7 @@ class SqlSink:
                 for batch in _batches(results):
                     out += len(batch)
                     self._upsert(conn, table, batch, self.spec.sink.merge)
+            fault_point("before_sql_commit")
         return COMMITTED, out, dead
 
 
@@ -322,7 +323,7 @@ def write(results: "DataFrame | None", dead_letters: "DataFrame | None", spec: P
         dead_spool.close()
         if result_spool is not None:
             result_spool.close()
-    crash_point("after_sql_commit")
+    fault_point("after_sql_commit")
     # The mirror: standard lag tools see progress; the planner repairs it if this is lost.
     alter_group_offsets(settings, spec.source.group_id, {r.tp: r.until for r in plan.active})
     if status == COMMITTED:

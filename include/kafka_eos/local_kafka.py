@@ -20,6 +20,7 @@ from pathlib import Path
 from kafka_eos.errors import BrokerError
 from kafka_eos.logs import log4j2_properties
 from kafka_eos.paths import jars_dir, local_dir
+from kafka_eos.process_groups import stop_group
 from kafka_eos.settings import KafkaSettings
 
 HOST = "127.0.0.1"
@@ -188,21 +189,11 @@ class LocalBroker:
         :returns: True when a broker was running.
         """
         pid = self.pid()
-        if pid is None:
-            self.pid_file.unlink(missing_ok=True)
-            return False
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.2)
-        else:
-            os.kill(pid, signal.SIGKILL)
+        if pid is not None:
+            # The broker leads a session of its own (start_new_session): the group is the broker.
+            stop_group(pid, STOP_TIMEOUT_S)
         self.pid_file.unlink(missing_ok=True)
-        return True
+        return pid is not None
 
 
 @dataclass(frozen=True)
@@ -267,8 +258,18 @@ class LocalCluster:
         return self.bootstrap
 
     def stop(self) -> bool:
-        """Stop every node; True when any was running."""
-        return any([n.stop() for n in self.nodes])
+        """Stop every node; True when any was running. All are told at once: one by one, the last
+        ones would wait for a quorum that is already gone."""
+        running = [(n, n.pid()) for n in self.nodes]
+        running = [(n, pid) for n, pid in running if pid is not None]
+        for _n, pid in running:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for n, _pid in running:
+            n.stop()
+        return bool(running)
 
 
 def new_cluster_id() -> str:

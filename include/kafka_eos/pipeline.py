@@ -6,16 +6,21 @@ gets the stored plan back while it still applies. ``verify`` is the final check 
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
-from kafka_eos.errors import CheckpointConflict, CheckpointLost, KafkaEosError
+from confluent_kafka import KafkaError, KafkaException
+
+from kafka_eos.errors import BrokerError, CheckpointConflict, CheckpointLost, KafkaEosError
 from kafka_eos.kafka_admin import (TP, alter_group_offsets, cluster_metadata, committed_offsets_and_times,
                                    offsets_retention_s, partition_offsets, partitions_of)
 from kafka_eos.manifest import ManifestState, ManifestStore
 from kafka_eos.plan import Plan, plan_ranges
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -174,15 +179,47 @@ def prepare_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> Pl
     return plan
 
 
-def _repaired_state(spec: PipelineSpec, settings: KafkaSettings, manifest: ManifestStore):
+def _repaired_state(spec: PipelineSpec, settings: KafkaSettings, manifest: ManifestStore, may_fence: bool = True):
     """The cluster's state for a plan that will run: a SQL sink's drift repaired, the manifest's
     memory read (a bounded walk from its end, snapshotted when the walk was long: a later lookup,
-    however many runs later, stops at that snapshot)."""
+    however many runs later, stops at that snapshot).
+
+    :param may_fence: the caller has no open transaction of the pipeline's (see :func:`_unpinned_state`).
+    """
     manifest.ensure_topic()
-    cks, drift, offsets, times = _cluster_state(spec, settings)
+    cks, drift, offsets, times = _unpinned_state(spec, settings, may_fence)
     if drift:
         repair_drift(spec, settings, drift)
     return cks, offsets, times, manifest.refresh_state()
+
+
+def _unpinned_state(spec: PipelineSpec, settings: KafkaSettings, may_fence: bool):
+    """:func:`_cluster_state`, past an attempt killed inside its transaction after it had sent the
+    offsets (between ``send_offsets_to_transaction`` and the commit): the group's offsets stay
+    pending, and every stable read of them waits, until that transaction ends — at its timeout, or
+    when an attempt of the same work fences it. This run fences it at its commit anyway; with
+    ``may_fence`` it fences it now (every transactional.id of the pipeline), and reads again.
+    """
+    try:
+        return _cluster_state(spec, settings)
+    except BrokerError as exc:
+        cause = exc.__cause__
+        timed_out = isinstance(cause, KafkaException) and cause.args[0].code() in (
+            KafkaError._TIMED_OUT, KafkaError.UNSTABLE_OFFSET_COMMIT)
+        if not (may_fence and timed_out and spec.sink.kind == "kafka"):
+            raise
+    from kafka_eos.txn import fence
+
+    tps = source_partitions(spec, settings)
+    log.warning("the offsets of group %s are held by an open transaction (an attempt killed before its "
+                "commit?): fencing the pipeline's transactional ids to abort it", spec.source.group_id)
+    for transactional_id in [spec.transactional_id(), *(spec.transactional_id(t, p) for t, p in tps)]:
+        try:
+            fence(settings, transactional_id, spec.sink.transaction_timeout_s * 1000)
+        except KafkaException as exc:
+            raise BrokerError(f"fencing {transactional_id} to release the offsets of group "
+                              f"{spec.source.group_id!r}: {exc.args[0].str()}") from exc
+    return _cluster_state(spec, settings)
 
 
 def _first_plan_remembered(spec, settings, manifest, run_id, cks, offsets, times, state) -> Plan:
@@ -193,12 +230,16 @@ def _first_plan_remembered(spec, settings, manifest, run_id, cks, offsets, times
     return plan
 
 
-def fresh_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> Plan:
+def fresh_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str, may_fence: bool = True) -> Plan:
     """A plan that will run at once and is not stored (a stream's batch: it is never retried as
     such; a restarted stream plans again from the checkpoints). Repairs drift like
-    :func:`prepare_plan`."""
+    :func:`prepare_plan`.
+
+    :param may_fence: False while the caller keeps a producer of the pipeline's open (a stream
+        after its first batch): fencing it would fence the stream itself.
+    """
     manifest = ManifestStore.of(spec, settings)
-    cks, offsets, times, state = _repaired_state(spec, settings, manifest)
+    cks, offsets, times, state = _repaired_state(spec, settings, manifest, may_fence)
     return _first_plan_remembered(spec, settings, manifest, run_id, cks, offsets, times, state)
 
 

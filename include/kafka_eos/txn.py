@@ -305,11 +305,8 @@ class TransactionalCommit:
         return committed_offsets(self.settings, self.group_id, tps, consumer=self._reader)
 
     def _fence(self, transactional_id: str) -> None:
-        """Bump the epoch of ``transactional_id`` (aborting its open transaction) and let go."""
-        fencer = Producer(self.settings.client_config(**{
-            "transactional.id": transactional_id, "transaction.timeout.ms": self.timeout_ms}))
         try:
-            fencer.init_transactions(CALL_TIMEOUT_S)
+            fence(self.settings, transactional_id, self.timeout_ms)
         except KafkaException as exc:
             err = exc.args[0]
             raise TransactionFailed(f"fencing {transactional_id} before committing {self._ranges_text()}: "
@@ -319,6 +316,16 @@ class TransactionalCommit:
         remaining = self._producer.flush(CALL_TIMEOUT_S)
         if remaining:
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"{remaining} records not delivered"))
+
+
+def fence(settings: KafkaSettings, transactional_id: str, timeout_ms: int) -> None:
+    """Bump the epoch of ``transactional_id`` (aborting its open transaction) and let go.
+
+    :raises KafkaException: the coordinator refused or did not answer.
+    """
+    fencer = Producer(settings.client_config(**{
+        "transactional.id": transactional_id, "transaction.timeout.ms": timeout_ms}))
+    fencer.init_transactions(CALL_TIMEOUT_S)
 
 
 def _kafka_exception(exc: BaseException) -> KafkaException | None:

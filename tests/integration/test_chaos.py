@@ -45,3 +45,6 @@ def test_quick_scenarios_lose_nothing_and_duplicate_nothing(cluster, tmp_path):
     by_cell = {(o.scenario, o.sink): o for o in outcomes}
     # The killed Spark task failed its run; the retry got through.
     assert by_cell[("process SIGKILL at produce", "per_partition")].exits[0] != 0
+    # The driver killed with the offsets in its open transaction: the first retry plans (fencing
+    # that transaction, which held the group's offsets) and commits.
+    assert by_cell[("process SIGKILL at commit", "atomic")].exits == [-9, 0]

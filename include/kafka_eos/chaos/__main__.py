@@ -24,7 +24,7 @@ def row(o: Outcome) -> tuple:
     c = o.counts
     numbers = (c.lost, c.duplicated, c.aborted_visible, c.uncommitted_visible, c.checkpoint_gap,
                c.open_transactions, c.sql_drift) if c else (None,) * 7
-    result = "ok" if o.anomalies == 0 else (f"ERROR {o.error}" if o.error else "ANOMALY")
+    result = "ok" if o.anomalies == 0 else ("ERROR (below)" if o.error else "ANOMALY")
     return (o.scenario, o.sink, o.fault, " ".join(map(str, o.exits)), o.seconds, *numbers, result)
 
 
@@ -50,11 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     try:
         outcomes = run_matrix(cluster, cells, folder, on_outcome=lambda o: print(
-            f"  {'  '.join('-' if c is None else str(c) for c in row(o))}", file=sys.stderr, flush=True))
+            f"  {'  '.join('-' if c is None else str(c) for c in row(o))}{f': {o.error}' if o.error else ''}",
+            file=sys.stderr, flush=True))
     finally:
         if started_here:
             cluster.stop()
     print(render(outcomes))
+    for o in outcomes:
+        if o.error:
+            print(f"ERROR {o.scenario} / {o.sink}: {o.error}")
     bad = sum(o.anomalies > 0 for o in outcomes)
     print(f"{len(outcomes)} scenario(s) in {(time.monotonic() - began) / 60:.1f} min: "
           f"{'no anomaly' if not bad else f'{bad} with anomalies'}; runs' logs under {Path(folder)}")

@@ -130,7 +130,7 @@ class StreamRunner:
         full = (self._checkpoints is None or time.monotonic() - self._last_full > FULL_PLAN_EVERY_S
                 or any(ck is None for ck in self._checkpoints.values()))
         if full:
-            plan = fresh_plan(self.spec, self.settings, STREAM_RUN_ID)
+            plan = fresh_plan(self.spec, self.settings, STREAM_RUN_ID, may_fence=self._checkpoints is None)
             self._checkpoints = {r.tp: r.expected for r in plan.ranges}
             self._last_full = time.monotonic()
             self._cover([r.tp for r in plan.ranges])

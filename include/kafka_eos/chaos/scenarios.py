@@ -151,6 +151,7 @@ class Cell:
         timeout = STALL_TIMEOUT_S if scenario.kind == "stall" else 300
         self.spec = spec_for(name, sink, folder, timeout)
         self.outcome = Outcome(scenario.name, sink)
+        self._started = 0  # run processes started (each logs to run-<n>.log)
 
     def run(self) -> Outcome:
         started = time.monotonic()
@@ -187,11 +188,13 @@ class Cell:
     def _kafka_eos_run(self, **fault_env: str) -> subprocess.Popen:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_EOS_CRASH", "KAFKA_EOS_PAUSE"))}
         env.update(fault_env, SPARK_LOCAL_IP="127.0.0.1")
-        log = open(self.folder / f"run-{len(self.outcome.exits) + 1}.log", "w")  # noqa: SIM115 - the child's
-        return subprocess.Popen(
-            [sys.executable, "-m", "kafka_eos.cli", "run", str(Path(self.spec.path)), "--run-id", "chaos-run",
-             "--bootstrap", self.settings.bootstrap_servers, "--json"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        # The child writes to its own copy of the file; this one closes at once.
+        self._started += 1
+        with open(self.folder / f"run-{self._started}.log", "w") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "kafka_eos.cli", "run", str(Path(self.spec.path)), "--run-id", "chaos-run",
+                 "--bootstrap", self.settings.bootstrap_servers, "--json"],
+                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def _attempt_with_fault(self) -> threading.Thread | None:
         """The first attempt, meeting the scenario's fault; returns the thread that heals a broker."""

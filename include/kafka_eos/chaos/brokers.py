@@ -38,12 +38,13 @@ def coordinator_partition(key: str, partitions: int) -> int:
     return (java_hash(key) & 0x7FFFFFFF) % partitions
 
 
-def leader_of(settings: KafkaSettings, topic: str, partition: int) -> int:
+def leader_of(settings: KafkaSettings, topic: str, partition: int, md=None) -> int:
     """The node that leads ``topic-partition`` now.
 
+    :param md: the cluster's metadata already read.
     :raises BrokerError: the partition has no leader.
     """
-    md = cluster_metadata(settings)
+    md = md or cluster_metadata(settings)
     leader = md.topics[topic].partitions[partition].leader
     if leader < 0:
         raise BrokerError(f"{topic}-{partition} has no leader")
@@ -54,7 +55,7 @@ def coordinator_of(settings: KafkaSettings, internal_topic: str, key: str) -> in
     """The coordinator of a transactional id (:data:`TRANSACTION_STATE`) or group (:data:`CONSUMER_OFFSETS`)."""
     md = cluster_metadata(settings)
     partitions = len(md.topics[internal_topic].partitions)
-    return leader_of(settings, internal_topic, coordinator_partition(key, partitions))
+    return leader_of(settings, internal_topic, coordinator_partition(key, partitions), md)
 
 
 def hit(cluster: LocalCluster, node_id: int, action: str) -> None:

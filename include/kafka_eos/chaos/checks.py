@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from sqlalchemy import text
 
-from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, committed_offsets, partition_offsets
+from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, committed_offsets, partition_offsets, partitions_of
 from kafka_eos.pipeline import checkpoints
 from kafka_eos.readers import read_committed
 from kafka_eos.sample_data import Produced
@@ -113,8 +113,8 @@ def count(settings: KafkaSettings, spec: PipelineSpec, truth: Produced, written:
         gap += below != (order_id in written)
     uncommitted = open_txns = drift = None
     if spec.sink.kind == "kafka":
-        out_tps = [(t, p) for t in (spec.sink.topic, spec.sink.dlq_topic) if t
-                   for p in range(_partitions(settings, t))]
+        topics = [t for t in (spec.sink.topic, spec.sink.dlq_topic) if t]
+        out_tps = [(t, p) for t, n in partitions_of(settings, topics).items() for p in range(n)]
         offsets = partition_offsets(settings, out_tps)
         uncommitted = sum(o.high_watermark - o.lso for o in offsets.values())
         open_txns = sum(o.lso < o.high_watermark for o in offsets.values())
@@ -128,19 +128,13 @@ def count(settings: KafkaSettings, spec: PipelineSpec, truth: Produced, written:
         uncommitted_visible=uncommitted, checkpoint_gap=gap, open_transactions=open_txns, sql_drift=drift)
 
 
-def _partitions(settings: KafkaSettings, topic: str) -> int:
-    from kafka_eos.kafka_admin import partitions_of
-
-    return partitions_of(settings, [topic])[topic]
-
-
 def wait_settled(settings: KafkaSettings, spec: PipelineSpec, timeout_s: float) -> None:
     """Give the output's transactions time to settle (a killed attempt's is aborted by the retry's
     init; a broker coming back writes pending markers) before the open-transaction count."""
     if spec.sink.kind != "kafka":
         return
     deadline = time.monotonic() + timeout_s
-    tps = [(spec.sink.topic, p) for p in range(_partitions(settings, spec.sink.topic))]
+    tps = [(spec.sink.topic, p) for p in range(partitions_of(settings, [spec.sink.topic])[spec.sink.topic])]
     while time.monotonic() < deadline:
         if all(o.lso == o.high_watermark for o in partition_offsets(settings, tps).values()):
             return

@@ -47,7 +47,7 @@ def _doc_md(spec: PipelineSpec) -> str:
     if sink.kind == "kafka":
         target = f"Kafka topic `{sink.topic}` (dead letters: topic `{sink.dlq_topic}`)"
     else:
-        target = f"SQL table `{sink.table}` (merge `{sink.merge}`; dead letters: table `kafka_eos_dead_letters`)"
+        target = f"SQL table `{sink.table}` (merge `{sink.merge}`; dead letters: table `{sink.dead_letters_table}`)"
     return "\n".join([
         f"### kafka-eos pipeline `{spec.name}`",
         "",

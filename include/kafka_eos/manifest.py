@@ -106,6 +106,13 @@ def _is_run(record: dict | None) -> bool:
     return record is not None and isinstance(record.get("plan"), dict)
 
 
+def _is_run_of(pipeline: str, key: str, record: dict | None) -> bool:
+    """A run record of ``pipeline`` itself. The manifest also holds the records of the pipeline's
+    side runs (replays, backfills: ``<pipeline>.<kind>.<key>.g<n>:<run id>``), which are never the
+    live pipeline's runs: told apart by key and by the plan's pipeline."""
+    return _is_run(record) and key.startswith(pipeline + ":") and record["plan"].get("pipeline") == pipeline
+
+
 def produce_json(settings: KafkaSettings, topic: str, records: list[tuple[str, dict | None]]) -> None:
     """Write ``(key, record)`` pairs as JSON (None: a tombstone), in order, outside any transaction.
 
@@ -214,7 +221,8 @@ class ManifestStore:
         key = run_key(self.pipeline, run_id)
         with closing(self._tail(committed=False)) as records:
             for _offset, _ts, found, rec in records:
-                if not _is_run(rec) or rec.get("status") != PLANNED:
+                # A side run's plan (replays, backfills run beside the live runs) is not newer work.
+                if not _is_run_of(self.pipeline, found, rec) or rec.get("status") != PLANNED:
                     continue
                 if found != key:
                     return None
@@ -239,7 +247,7 @@ class ManifestStore:
                     continue
                 if _is_run(rec):
                     if found != key:
-                        if rec.get("status") == PLANNED and not side:
+                        if rec.get("status") == PLANNED and not side and _is_run_of(self.pipeline, found, rec):
                             break
                         continue
                     record = record or rec
@@ -251,10 +259,10 @@ class ManifestStore:
 
     def last_run(self) -> dict | None:
         """The pipeline's newest run record (planned, committed or noop; an empty plan that was
-        stored and then skipped reads ``empty``), or None."""
+        stored and then skipped reads ``empty``), or None. Side runs are not the pipeline's runs."""
         with closing(self._tail(committed=True)) as records:
-            for _offset, _ts, _key, rec in records:
-                if _is_run(rec):
+            for _offset, _ts, key, rec in records:
+                if _is_run_of(self.pipeline, key, rec):
                     if rec.get("status") == PLANNED and Plan.from_json(json.dumps(rec["plan"])).is_empty:
                         return {**rec, "status": "empty"}
                     return rec
@@ -265,7 +273,7 @@ class ManifestStore:
         found: dict[str, dict] = {}
         with closing(self._tail(committed=True)) as records:
             for _offset, _ts, key, rec in records:
-                if _is_run(rec):
+                if _is_run_of(self.pipeline, key, rec):
                     found.setdefault(key, rec)
                     if len(found) == n:
                         break
@@ -277,7 +285,7 @@ class ManifestStore:
         found: dict[str, dict] = {}
         with closing(self._tail(committed=True)) as records:
             for _offset, _ts, key, rec in records:
-                if not _is_run(rec):
+                if not _is_run_of(self.pipeline, key, rec):
                     continue
                 if _record_time(rec) < since:
                     break
@@ -318,7 +326,10 @@ class ManifestStore:
                         state.starts = {(t, p): o for t, p, o in rec["starts"]}
                     if rec["reset"]:
                         break
-                elif rec.get("checkpoint") is True:
+                elif rec.get("checkpoint") is True and \
+                        key == checkpoint_key(self.pipeline, rec["topic"], rec["partition"]):
+                    # Only the pipeline's own: a side run's checkpoints (its own group, its own
+                    # keys) are never the live pipeline's memory.
                     state.remember(rec)
                 elif key == starts_key(self.pipeline) and state.starts is None:
                     state.starts = {(t, p): o for t, p, o in rec["starts"]}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -21,6 +22,7 @@ from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -194,14 +196,22 @@ def _repaired_state(spec: PipelineSpec, settings: KafkaSettings, manifest: Manif
 
 
 def _unpinned_state(spec: PipelineSpec, settings: KafkaSettings, may_fence: bool):
-    """:func:`_cluster_state`, past an attempt killed inside its transaction after it had sent the
-    offsets (between ``send_offsets_to_transaction`` and the commit): the group's offsets stay
-    pending, and every stable read of them waits, until that transaction ends — at its timeout, or
-    when an attempt of the same work fences it. This run fences it at its commit anyway; with
-    ``may_fence`` it fences it now (every transactional.id of the pipeline), and reads again.
+    """:func:`_cluster_state`, past an attempt killed inside its transaction (see
+    :func:`past_killed_attempt`)."""
+    return past_killed_attempt(spec, settings, lambda: _cluster_state(spec, settings), may_fence)
+
+
+def past_killed_attempt(spec: PipelineSpec, settings: KafkaSettings, read: Callable[[], T],
+                        may_fence: bool = True) -> T:
+    """``read()`` (a stable read of ``spec``'s group offsets), past an attempt killed inside its
+    transaction after it had sent the offsets (between ``send_offsets_to_transaction`` and the
+    commit): the group's offsets stay pending, and every stable read of them waits, until that
+    transaction ends — at its timeout, or when an attempt of the same work fences it. The run
+    fences it at its commit anyway; with ``may_fence`` it fences it now (every transactional.id
+    of ``spec``: a side run's are its own), and reads again.
     """
     try:
-        return _cluster_state(spec, settings)
+        return read()
     except BrokerError as exc:
         cause = exc.__cause__
         timed_out = isinstance(cause, KafkaException) and cause.args[0].code() in (
@@ -219,7 +229,7 @@ def _unpinned_state(spec: PipelineSpec, settings: KafkaSettings, may_fence: bool
         except KafkaException as exc:
             raise BrokerError(f"fencing {transactional_id} to release the offsets of group "
                               f"{spec.source.group_id!r}: {exc.args[0].str()}") from exc
-    return _cluster_state(spec, settings)
+    return read()
 
 
 def _first_plan_remembered(spec, settings, manifest, run_id, cks, offsets, times, state) -> Plan:

@@ -55,8 +55,19 @@ class SinkSpec:
     #: kafka: where replays and backfills write (never the live output topic: a consumer of it
     #: would see a range twice); None: they are refused for this pipeline.
     backfill_topic: str | None = None
+    #: kafka: where replays' and backfills' dead letters go (never the live dead-letter topic);
+    #: None: to ``backfill_topic``, told apart by their ``kafka-eos.reason`` header.
+    backfill_dlq_topic: str | None = None
+    #: sql: the table replays and backfills write, in the sink's database (never the live table):
+    #: the live table's columns plus the range key and the generation; None: side runs are refused.
+    backfill_table: str | None = None
     #: Headers added to every record written (set for replays and backfills, not in YAML).
     headers: tuple[tuple[str, bytes], ...] = ()
+    #: sql: columns of constant value added to every result row (set for replays and backfills,
+    #: not in YAML): ``((name, value), ...)``.
+    columns: tuple[tuple[str, Any], ...] = ()
+    #: sql: the table of dead letters (a side run's go to a table of its own; not in YAML).
+    dead_letters_table: str = "kafka_eos_dead_letters"
 
 
 #: ``schedule: stream``: the pipeline's DAG runs whenever committed records wait beyond its
@@ -97,7 +108,7 @@ def spec_document(spec: PipelineSpec) -> dict:
     """The YAML document of ``spec`` (what :func:`parse_spec` reads back to the same spec)."""
     s = spec.sink
     sink = {"kind": s.kind, "commit": s.commit}
-    for key in ("topic", "dlq_topic", "backfill_topic", "table", "url"):
+    for key in ("topic", "dlq_topic", "backfill_topic", "backfill_dlq_topic", "table", "backfill_table", "url"):
         if getattr(s, key) is not None:
             sink[key] = getattr(s, key)
     if s.kind == "kafka":
@@ -272,7 +283,8 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
 
     snk = _mapping(top.get("sink"), where, "sink")
     _known(snk, where, "sink.", {"kind", "topic", "dlq_topic", "commit", "table",
-                                 "key_columns", "merge", "url", "transaction_timeout_s", "backfill_topic"})
+                                 "key_columns", "merge", "url", "transaction_timeout_s", "backfill_topic",
+                                 "backfill_dlq_topic", "backfill_table"})
     kind = _choice(snk, where, "kind", ("kafka", "sql"), "sink.", required=True)
     commit = _choice(snk, where, "commit", ("atomic", "per_partition"), "sink.")
     key_columns = snk.get("key_columns", [])
@@ -287,6 +299,8 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
         url=_expand_url(snk.get("url"), where, environ),
         transaction_timeout_s=_positive_int(snk, where, "transaction_timeout_s", 300, "sink."),
         backfill_topic=_opt_topic(snk, where, "backfill_topic"),
+        backfill_dlq_topic=_opt_topic(snk, where, "backfill_dlq_topic"),
+        backfill_table=_opt_table(snk, where, "backfill_table"),
     )
     if kind == "kafka":
         if not sink.topic:
@@ -294,6 +308,14 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
         if sink.backfill_topic is not None and sink.backfill_topic in (sink.topic, sink.dlq_topic):
             raise SpecError(f"{where}: sink.backfill_topic: {sink.backfill_topic!r} must differ from the live "
                             "output and dead-letter topics")
+        if sink.backfill_dlq_topic is not None:
+            if sink.backfill_topic is None:
+                raise SpecError(f"{where}: sink.backfill_dlq_topic: needs sink.backfill_topic (side runs write there)")
+            if sink.backfill_dlq_topic in (sink.topic, sink.dlq_topic, *topics):
+                raise SpecError(f"{where}: sink.backfill_dlq_topic: {sink.backfill_dlq_topic!r} must differ from the "
+                                "live output, dead-letter and source topics")
+        if sink.backfill_table is not None:
+            raise SpecError(f"{where}: sink.backfill_table: not for a kafka sink (use sink.backfill_topic)")
         # dlq_topic is optional: without it, a dead letter fails the batch (nothing is committed).
     else:
         if not sink.table or not isinstance(sink.table, str):
@@ -306,9 +328,14 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
         if sink.dlq_topic or sink.topic:
             raise SpecError(f"{where}: sink.{'dlq_topic' if sink.dlq_topic else 'topic'}: not for a sql sink "
                             "(dead letters go to the kafka_eos_dead_letters table)")
-        if sink.backfill_topic:
-            raise SpecError(f"{where}: sink.backfill_topic: not for a sql sink (a backfill replaces its rows "
-                            "in the table)")
+        if sink.backfill_topic or sink.backfill_dlq_topic:
+            field_ = "backfill_topic" if sink.backfill_topic else "backfill_dlq_topic"
+            raise SpecError(f"{where}: sink.{field_}: not for a sql sink (use sink.backfill_table: side runs "
+                            "write a table of their own)")
+        if sink.backfill_table is not None and sink.backfill_table in (
+                sink.table, "kafka_eos_offsets", "kafka_eos_dead_letters"):
+            raise SpecError(f"{where}: sink.backfill_table: {sink.backfill_table!r} must differ from the live table "
+                            "and kafka-eos's own tables")
     manifest = top.get("manifest_topic", MANIFEST_TOPIC_PREFIX + name)
     _topic_name(manifest, where, "manifest_topic")
     schedule = top.get("schedule")
@@ -357,6 +384,18 @@ def _positive_int(mapping: dict, where: str, field: str, default: int, prefix: s
 def _topic_name(value: Any, where: str, field: str) -> str:
     if not isinstance(value, str) or not _TOPIC_RE.match(value):
         raise SpecError(f"{where}: {field}: {value!r} is not a valid topic name")
+    return value
+
+
+_TABLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+def _opt_table(mapping: dict, where: str, field: str) -> str | None:
+    """An optional SQL table name: letters, digits and '_' (it is also quoted into a promote
+    statement), at most 63 characters (PostgreSQL's limit)."""
+    value = mapping.get(field)
+    if value is not None and (not isinstance(value, str) or not _TABLE_RE.match(value)):
+        raise SpecError(f"{where}: sink.{field}: {value!r} is not a valid table name (letters, digits, '_')")
     return value
 
 

@@ -217,7 +217,7 @@ class TransactionalCommit:
         try:
             for topic, key, value, headers in records:
                 self._produce(topic, key, value, headers)
-                if topic == self.dlq_topic:
+                if topic == self.dlq_topic and is_dead_letter(headers):
                     dead += 1
                 else:
                     out += 1
@@ -347,11 +347,19 @@ def _group_metadata(settings: KafkaSettings, group_id: str):
         consumer.close()
 
 
+#: The names of :func:`dead_letter_headers`, in order: the last headers of every dead letter.
+DEAD_LETTER_HEADER_NAMES = ("kafka-eos.reason", "kafka-eos.source.topic", "kafka-eos.source.partition",
+                            "kafka-eos.source.offset")
+
+
+def is_dead_letter(headers) -> bool:
+    """A record produced as a dead letter (its last headers are :func:`dead_letter_headers`): a
+    side run without a dead-letter topic of its own writes them to its results topic."""
+    return bool(headers) and len(headers) >= 4 and \
+        tuple(name for name, _value in headers[-4:]) == DEAD_LETTER_HEADER_NAMES
+
+
 def dead_letter_headers(reason: str, topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:
     """Headers a dead letter carries: the reason and its source coordinates."""
-    return [
-        ("kafka-eos.reason", reason.encode()),
-        ("kafka-eos.source.topic", topic.encode()),
-        ("kafka-eos.source.partition", str(partition).encode()),
-        ("kafka-eos.source.offset", str(offset).encode()),
-    ]
+    return list(zip(DEAD_LETTER_HEADER_NAMES, (reason.encode(), topic.encode(), str(partition).encode(),
+                                               str(offset).encode())))

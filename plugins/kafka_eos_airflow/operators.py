@@ -256,7 +256,7 @@ class KafkaEosPlanOperator(_PipelineOperator):
                           r.partition, r.from_offset, r.until, "" if r in plan.active else " (written already)")
         self._alert_skipped(spec, plan, context)
         return {**plan_summary(plan), side.kind: side.key, "generation": found.generation,
-                "writes_to": sides.side_spec(spec, found).sink.topic or spec.sink.table,
+                "writes_to": sides.writes_to(spec),
                 "recorded_at": mapping["created_at"]}
 
     def _dry_run(self, spec: PipelineSpec, planned: tuple[Plan, list], context: Context) -> dict[str, Any]:
@@ -411,10 +411,11 @@ class KafkaEosVerifyOperator(_PipelineOperator):
             skip_unless_spark_runs(options)
             settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
             side = SideRequest.of(options, context)
+            live_spec = spec
             if side is None:
                 plan = stored_plan(settings, spec, run_id)
             else:
-                spec, plan, _side_json = side.find(spec, settings, run_id, remaining=False)
+                spec, plan, side_json = side.find(spec, settings, run_id, remaining=False)
             checkpoints = verify(spec, settings, plan)
             found, partitions = ManifestStore.of(spec, settings).run_records(run_id, side=side is not None)
             record = found or {}
@@ -437,6 +438,12 @@ class KafkaEosVerifyOperator(_PipelineOperator):
         self.log.info("pipeline %s run %s: %s, %d partition(s), in=%s out=%s dead letters=%s", spec.name,
                       run_id, summary["status"], summary["partitions"], summary["records_in"],
                       summary["records_out"], summary["dead_letters"])
+        if side is not None:
+            summary["writes_to"] = side_writes_to(live_spec)
+            if live_spec.sink.kind == "sql":
+                summary["promote_sql"] = promote_statement(live_spec, side_json)
+                self.log.info("%s %s: rows in %s; to promote them into the live table, after checking: %s",
+                              side.kind, side.key, live_spec.sink.backfill_table, summary["promote_sql"])
         set_run_note(context, self._note(summary, plan, side, context))
         if not plan.is_empty and summary["status"] not in ("committed", "noop", "written before"):
             # The checkpoints moved (verified above) but the summary record did not land: the
@@ -452,8 +459,29 @@ class KafkaEosVerifyOperator(_PipelineOperator):
         started = getattr(context.get("dag_run"), "start_date", None)
         took = f" in {(datetime.now(timezone.utc) - started).total_seconds():.0f} s" if started else ""
         what = f"{side.kind} {side.key}: " if side else ""
+        where = f" Written to {summary['writes_to']}." if side else ""
+        promote = f" Promote into the live table, after checking: {summary['promote_sql']}" \
+            if summary.get("promote_sql") else ""
         if plan.is_empty:
-            return f"{what}empty: nothing new to read{took}."
+            return f"{what}empty: nothing new to read{took}.{where}{promote}"
+        ranges = ranges_text([[r.topic, r.partition, r.from_offset, r.until] for r in plan.active])
+        if side:  # where it went and how to promote it first: a note keeps 1,000 characters
+            return (f"{what}{summary['status']}: {summary['records_in']} in, {summary['records_out']} out, "
+                    f"{summary['dead_letters']} dead-lettered{took}.{where}{promote} Ranges: {ranges}.")
         return (f"{what}{summary['status']}: {summary['records_in']} in, {summary['records_out']} out, "
-                f"{summary['dead_letters']} dead-lettered{took}; "
-                + ranges_text([[r.topic, r.partition, r.from_offset, r.until] for r in plan.active]) + ".")
+                f"{summary['dead_letters']} dead-lettered{took}; {ranges}.")
+
+
+def side_writes_to(spec: PipelineSpec) -> str:
+    """Where ``spec``'s side runs write (see :func:`kafka_eos.backfill.side.writes_to`)."""
+    from kafka_eos.backfill.places import writes_to
+
+    return writes_to(spec)
+
+
+def promote_statement(spec: PipelineSpec, side_json: str) -> str:
+    """The SQL that copies a SQL side run's rows into the live table (see
+    :func:`kafka_eos.backfill.side.promote_statement`)."""
+    from kafka_eos.backfill.side import Side, promote_statement as statement
+
+    return statement(spec, Side.from_json(side_json))

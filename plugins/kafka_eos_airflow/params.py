@@ -39,9 +39,7 @@ def pipeline_params(spec: PipelineSpec) -> dict[str, Param]:
             description_md="Instead of a run: re-derive the results of a past range, beside the live pipeline "
                            "(its checkpoint does not move). Where the range starts: an ISO-8601 timestamp or "
                            "JSON offsets (`{\"orders-0\": 120}`)."
-                           + (f" Results go to `{spec.sink.backfill_topic}`." if spec.sink.backfill_topic else
-                              " Results go to the sink table (the rows the range produces are replaced)."
-                              if spec.sink.kind == "sql" else " Needs `sink.backfill_topic` in the spec.")),
+                           + _side_results(spec)),
         "replay_until": Param(
             None, type=["null", "string"], section=REPLAY, title="Replay until",
             description_md="Where the range ends (exclusive): an ISO-8601 timestamp or JSON offsets, at most the "
@@ -122,3 +120,15 @@ def _flag(params: Mapping[str, Any], name: str) -> bool:
     if not isinstance(value, bool):
         raise SpecError(f"params.{name}: must be true or false, got {value!r}")
     return value
+
+
+def _side_results(spec: PipelineSpec) -> str:
+    """Where a replay's results go, for the form (never the live output, table or dead letters)."""
+    from kafka_eos.backfill.places import writes_to
+
+    if (spec.sink.backfill_topic if spec.sink.kind == "kafka" else spec.sink.backfill_table) is None:
+        field = "sink.backfill_topic" if spec.sink.kind == "kafka" else "sink.backfill_table"
+        return f" Needs `{field}` in the spec: a replay never writes the live output."
+    promote = (" The run's note gives the SQL statement that copies a checked replay into the live table."
+               if spec.sink.kind == "sql" else "")
+    return f" Results go to {writes_to(spec)}, never to the live output.{promote}"

@@ -1,12 +1,14 @@
 """Backfills created with Airflow's own ``airflow backfill create``, run by a real scheduler (a
 local deployment: api-server, scheduler, dag-processor, triggerer), on a real broker, real Spark
-and a real SQL sink: each interval's aggregates exactly, a repeated backfill a no-op, reprocessing
-over the recorded ranges, the live pipeline going on from its own checkpoint, and an interval
-beyond retention refused. ``pytest -k backfill`` selects these tests."""
+and a real SQL sink: each interval's aggregates exactly, in the backfill table (the live table is
+never written; the run's note gives the statement that promotes it), a repeated backfill a no-op,
+reprocessing over the recorded ranges, the live pipeline going on from its own checkpoint, and an
+interval beyond retention refused. ``pytest -k backfill`` selects these tests."""
 
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import time
 from datetime import datetime, timedelta, timezone
@@ -57,11 +59,17 @@ def _backfill_done(airflow, dag_id: str) -> bool:
     return bool(backfills) and all(b["completed_at"] for b in backfills)
 
 
-def _rows(db: Path, t0: datetime) -> dict[int, int]:
+def _rows(db: Path, t0: datetime, where: str = "revenue_per_minute") -> dict[int, int]:
+    """Orders per minute after ``t0`` in a table (or a query's rows of minute and count)."""
+    query = where if where.startswith("select") else f"select minute, order_count from {where}"
     with sqlite3.connect(db) as conn:
-        rows = conn.execute("select minute, order_count from revenue_per_minute").fetchall()
+        rows = conn.execute(query).fetchall()
     return {int((datetime.fromisoformat(str(m)).replace(tzinfo=timezone.utc) - t0).total_seconds() // 60): n
             for m, n in rows}
+
+
+def _generation(n: int) -> str:
+    return f"select minute, order_count from revenue_per_minute_backfill where kafka_eos_generation = {n}"
 
 
 def test_backfill_through_airflows_backfill_command_is_exact_idempotent_and_leaves_the_live_run_alone(
@@ -82,7 +90,7 @@ def test_backfill_through_airflows_backfill_command_is_exact_idempotent_and_leav
     spec_path.write_text(yaml.safe_dump({
         "name": name, "source": {"topics": [topic]}, "transform": "spark_apps.transforms.revenue:revenue_per_minute",
         "sink": {"kind": "sql", "table": "revenue_per_minute", "key_columns": ["minute", "category"], "merge": "add",
-                 "url": f"sqlite:///{db}"},
+                 "url": f"sqlite:///{db}", "backfill_table": "revenue_per_minute_backfill"},
         "schedule": "*/5 * * * *"}))
     spec = load_spec(str(spec_path), import_transform=False)
     dag_id = f"kafka_eos__{name}"
@@ -98,13 +106,15 @@ def test_backfill_through_airflows_backfill_command_is_exact_idempotent_and_leav
     with sqlite3.connect(db) as conn:  # history goes wrong (a bad deploy, a manual edit) ...
         conn.execute("update revenue_per_minute set order_count = 99")
 
-    # ... and Airflow's backfill repairs it: three intervals, each replaced by its exact aggregates.
+    # ... and Airflow's backfill recomputes it: three intervals, each with its exact aggregates, in
+    # the backfill table; the live table is not written.
     frm, to = t0.isoformat(), (t0 + timedelta(minutes=10)).isoformat()
     airflow.airflow("backfill", "create", "--dag-id", dag_id, "--from-date", frm, "--to-date", to)
     runs = _wait("three backfill runs", lambda: _finished(airflow, dag_id, "backfill", 3))
     assert [r["state"] for r in runs] == ["success"] * 3, runs
     _wait("the backfill completed", lambda: _backfill_done(airflow, dag_id))
-    assert _rows(db, t0) == EXACT
+    assert set(_rows(db, t0).values()) == {99}
+    assert _rows(db, t0, _generation(1)) == EXACT
     manifest = ManifestStore.of(spec, kafka_settings)
     keys = [interval_key(t0 + timedelta(minutes=m), t0 + timedelta(minutes=m + 5)) for m in (0, 5, 10)]
     recorded = {k: manifest.find(mapping_key(spec, BACKFILL, k)) for k in keys}
@@ -116,20 +126,29 @@ def test_backfill_through_airflows_backfill_command_is_exact_idempotent_and_leav
     assert [n.split(" dead-lettered")[0] for n in notes] == [
         f"backfill {k}: committed: {n} in, {rows} out, 0" for k, n, rows in zip(keys, (3, 4, 2), (2, 2, 2))]
     assert notes[0].endswith(f"{topic}-0 [0, 2), {topic}-1 [0, 1).")
+    assert all("Written to table `revenue_per_minute_backfill` in the sink's database" in n for n in notes)
+    # The operator checks the backfill and runs the statement each note gives: the live table is repaired.
+    statements = [re.search(r"after checking: (INSERT INTO .*?;)", n).group(1) for n in notes]
+    with sqlite3.connect(db) as conn:
+        for statement in statements:
+            conn.execute(statement)
+    assert _rows(db, t0) == EXACT
 
     # The same backfill again (Airflow reruns the completed runs): already written, nothing changes.
     with sqlite3.connect(db) as conn:
-        conn.execute("update revenue_per_minute set order_count = 77 where order_count = 3")
+        conn.execute("update revenue_per_minute_backfill set order_count = 77 where order_count = 3")
     middle = (t0 + timedelta(minutes=5)).isoformat()
     airflow.airflow("backfill", "create", "--dag-id", dag_id, "--from-date", middle, "--to-date", middle,
                     "--reprocess-behavior", "completed")
     _wait("the repeated backfill completed", lambda: _backfill_done(airflow, dag_id))
-    assert _rows(db, t0) == {**EXACT, 6: 77}  # a no-op: the edit is still there
-    # Reprocessing, asked for: a new generation over the recorded ranges.
+    assert _rows(db, t0, _generation(1)) == {**EXACT, 6: 77}  # a no-op: the edit is still there
+    assert _rows(db, t0, _generation(2)) == {}
+    # Reprocessing, asked for: a new generation over the recorded ranges, beside the first.
     airflow.airflow("backfill", "create", "--dag-id", dag_id, "--from-date", middle, "--to-date", middle,
                     "--reprocess-behavior", "completed", "--dag-run-conf", json.dumps({"reprocess": True}))
     _wait("the reprocessing backfill completed", lambda: _backfill_done(airflow, dag_id))
-    assert _rows(db, t0) == EXACT
+    assert _rows(db, t0, _generation(2)) == {5: 1, 6: 3}
+    assert _rows(db, t0) == EXACT  # still the live table's own
     again = manifest.find(mapping_key(spec, BACKFILL, keys[1]))
     assert again["ranges"] == recorded[keys[1]]["ranges"] and max(again["generations"].values()) == 2
 
@@ -168,7 +187,7 @@ def test_a_backfill_interval_beyond_retention_fails_naming_the_log_start(airflow
         "name": name, "source": {"topics": [topic], "starting_offsets": "latest"},
         "transform": "spark_apps.transforms.revenue:revenue_per_minute",
         "sink": {"kind": "sql", "table": "revenue", "key_columns": ["minute", "category"],
-                 "url": f"sqlite:///{tmp_path / 'revenue.db'}"},
+                 "url": f"sqlite:///{tmp_path / 'revenue.db'}", "backfill_table": "revenue_backfill"},
         "schedule": "*/5 * * * *"}))
     dag_id = f"kafka_eos__{name}"
     airflow.wait_for_dag(dag_id)

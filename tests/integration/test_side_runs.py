@@ -3,6 +3,7 @@ exactly once per generation, the recorded ranges reused, the live checkpoint nev
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import datetime, timedelta, timezone
 
@@ -13,7 +14,7 @@ from kafka_eos import kafka_admin
 from kafka_eos.backfill.side import (BACKFILL, REPLAY, interval_key, interval_ranges, prepare, replay_key,
                                      replay_ranges, side_spec)
 from kafka_eos.batch import run_batch
-from kafka_eos.errors import DataLossError, PlanError
+from kafka_eos.errors import DataLossError
 from kafka_eos.readers import read_committed
 
 pytestmark = pytest.mark.integration
@@ -80,25 +81,195 @@ def _orders_at(kafka_settings, topic: str, minutes: list[float]) -> None:
     assert producer.flush(30) == 0
 
 
-def test_backfill_intervals_replace_their_sql_rows_once(spark, kafka_settings, make_spec, unique, tmp_path):
+def _sql_rows(db: str, query: str) -> list[tuple]:
     import sqlite3
 
+    with sqlite3.connect(db) as conn:
+        return sorted(conn.execute(query).fetchall())
+
+
+def test_sql_side_runs_write_a_table_of_their_own_never_the_live_one(spark, kafka_settings, make_spec, unique,
+                                                                     tmp_path):
+    from kafka_eos.errors import SpecError
+    from kafka_eos.pipeline import prepare_plan
+
     spec = make_spec("spark_apps.transforms.revenue:revenue_per_minute", "sql", "atomic", partitions=2,
-                     table="revenue", key_columns=["minute", "category"], merge="add")
+                     table="revenue", key_columns=["minute", "category"], merge="add", backfill_table="revenue_bf")
+    topic = spec.source.topics[0]
+    _orders_at(kafka_settings, topic, [0.5, 1.5, 1.7, 5.2, 6.1, 6.2, 6.3, 10.4, 14.9])
+    poison = Producer(kafka_settings.client_config())
+    poison.produce(topic, value=b"not json", partition=0)
+    assert poison.flush(30) == 0
+    db = spec.sink.url.removeprefix("sqlite:///")
+    live = run_batch(spark, spec, prepare_plan(spec, kafka_settings, "live-1"), kafka_settings)
+    assert (live.status, live.records_in, live.dead_letters) == ("committed", 10, 1)
+    live_rows = _sql_rows(db, "select minute, order_count from revenue")
+    assert [n for _m, n in live_rows] == [1, 2, 1, 3, 1, 1]
+    live_checkpoint = kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [(topic, 0), (topic, 1)])
+
+    # A replay of part of the data: partition 0 only (the minutes 12:01 and 12:06 have orders in both).
+    asked = (json.dumps({f"{topic}-0": 0}), json.dumps({f"{topic}-0": 6}))
+
+    def replay(attempt: str, reprocess: bool = False):
+        side, plan, _mapping = prepare(spec, kafka_settings, "replay-1", REPLAY, replay_key(*asked), attempt,
+                                       lambda: replay_ranges(spec, kafka_settings, *asked), reprocess)
+        return side, run_batch(spark, side_spec(spec, side), plan, kafka_settings)
+
+    side, summary = replay("r#0")
+    assert (summary.status, summary.records_in, summary.records_out, summary.dead_letters) == ("committed", 6, 4, 1)
+    assert _sql_rows(db, "select minute, order_count from revenue") == live_rows  # the live table: untouched
+    key = replay_key(*asked)
+    assert [(n, k, g) for _m, n, k, g in _sql_rows(
+        db, "select minute, order_count, kafka_eos_range, kafka_eos_generation from revenue_bf")] == [
+        (1, key, 1), (1, key, 1), (2, key, 1), (1, key, 1)]  # 12:00, 12:01, 12:06, 12:14 of partition 0
+    # Its dead letter went to its own table, not to the live pipeline's.
+    assert _sql_rows(db, 'select pipeline, "offset" from kafka_eos_dead_letters') == [(spec.name, 5)]
+    assert _sql_rows(db, 'select "offset", reason is not null from revenue_bf_dead_letters') == [(5, 1)]
+    assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, list(live_checkpoint)) == live_checkpoint
+    assert replay("r#0")[1].status == "empty"  # a retry: done
+    side2, again = replay("r#1", reprocess=True)  # a new generation beside the first
+    assert (side2.generation, again.records_out) == (2, 4)
+    assert len(_sql_rows(db, "select * from revenue_bf")) == 8
+
+    # The statement the run's note gives: the operator promotes the checked replay into the live table.
+    from sqlalchemy import text
+
+    from kafka_eos.backfill.side import promote_statement
+    from kafka_eos.sinks.sql import make_engine
+
+    statement = promote_statement(spec, side)
+    assert statement.startswith('INSERT INTO "revenue" (') and f"\"kafka_eos_range\" = '{key}'" in statement
+    with make_engine(spec.sink.url).begin() as conn:
+        conn.execute(text(statement))
+    assert [n for _m, n in _sql_rows(db, "select minute, order_count from revenue")] == [1, 1, 1, 2, 1, 1]
+
+    # A SQL spec without a table for side runs refuses them, naming the field.
+    bare = make_spec("spark_apps.transforms.revenue:revenue_per_minute", "sql", "atomic", partitions=2,
+                     table="revenue2", key_columns=["minute", "category"], merge="add")
+    with pytest.raises(SpecError, match=r"sink.backfill_table: required for a replay of a sql sink"):
+        prepare(bare, kafka_settings, "replay-2", REPLAY, "k", "k#0", lambda: ({}, []))
+
+
+def test_a_kafka_side_runs_dead_letters_never_reach_the_live_dead_letter_topic(spark, kafka_settings, make_spec,
+                                                                               unique):
+    from kafka_eos.backfill.side import RANGE_HEADER
+
+    backfill, backfill_dlq = f"backfill-{unique}", f"backfill-dlq-{unique}"
+    kafka_admin.create_topics(kafka_settings, {backfill: 1, backfill_dlq: 1})
+    spec = make_spec("spark_apps.transforms.orders:enrich", partitions=2, backfill_topic=backfill)
+    topic = spec.source.topics[0]
+    _orders_at(kafka_settings, topic, [0.5, 1.5, 2.5])  # partition 0: two orders
+    producer = Producer(kafka_settings.client_config())
+    producer.produce(topic, value=b"not json", partition=0)
+    assert producer.flush(30) == 0
+    asked = (json.dumps({f"{topic}-0": 0}), json.dumps({f"{topic}-0": 3}))
+
+    def replay(s, attempt: str):
+        side, plan, _mapping = prepare(s, kafka_settings, "replay-1", REPLAY, replay_key(*asked), attempt,
+                                       lambda: replay_ranges(s, kafka_settings, *asked), True)
+        return run_batch(spark, side_spec(s, side), plan, kafka_settings)
+
+    summary = replay(spec, "a#0")  # no dead-letter topic of its own: into the backfill topic, marked
+    assert (summary.records_out, summary.dead_letters) == (2, 1)
+    assert read_committed(kafka_settings, spec.sink.dlq_topic) == []
+    out = read_committed(kafka_settings, backfill)
+    assert sorted(m.headers.get("kafka-eos.reason", b"-") != b"-" for m in out) == [False, False, True]
+    assert all(m.headers[RANGE_HEADER] == replay_key(*asked).encode() for m in out)
+
+    own = dataclasses.replace(spec, sink=dataclasses.replace(spec.sink, backfill_dlq_topic=backfill_dlq))
+    summary = replay(own, "b#0")  # with one: there, a new generation
+    assert (summary.records_out, summary.dead_letters) == (2, 1)
+    assert read_committed(kafka_settings, spec.sink.dlq_topic) == []
+    (dead,) = read_committed(kafka_settings, backfill_dlq)
+    assert dead.value == b"not json" and dead.headers["kafka-eos.source.offset"] == b"2"
+    assert len(read_committed(kafka_settings, backfill)) == 3 + 2
+
+
+def test_side_runs_are_never_the_live_pipelines_memory_or_last_run(spark, kafka_settings, make_spec, unique):
+    from kafka_eos.manifest import ManifestStore
+    from kafka_eos.pipeline import prepare_plan
+
+    backfill = f"backfill-{unique}"
+    kafka_admin.create_topics(kafka_settings, {backfill: 1})
+    spec = make_spec(partitions=2, backfill_topic=backfill)
+    topic = spec.source.topics[0]
+    producer = Producer(kafka_settings.client_config())
+    for p in (0, 1):
+        for i in range(6):
+            producer.produce(topic, value=f"v{p}-{i}".encode(), partition=p)
+    assert producer.flush(30) == 0
+    asked = (json.dumps({f"{topic}-0": 0}), json.dumps({f"{topic}-0": 4}))
+    side, plan, _mapping = prepare(spec, kafka_settings, "replay-1", REPLAY, replay_key(*asked), "r#0",
+                                   lambda: replay_ranges(spec, kafka_settings, *asked))
+    assert run_batch(spark, side_spec(spec, side), plan, kafka_settings).status == "committed"
+
+    # A replay before the pipeline's first live run: the live pipeline still starts at the beginning.
+    manifest = ManifestStore.of(spec, kafka_settings)
+    assert manifest.state().checkpoints == {}
+    assert manifest.last_run() is None
+    live_plan = prepare_plan(spec, kafka_settings, "live-1")
+    assert sorted((r.tp, r.from_offset, r.until) for r in live_plan.active) == [
+        ((topic, 0), 0, 6), ((topic, 1), 0, 6)]
+    # A side run planned after the live plan task: the live run still finds its stored plan.
+    side, plan, _mapping = prepare(spec, kafka_settings, "replay-2", REPLAY, replay_key(*asked), "r#1",
+                                   lambda: replay_ranges(spec, kafka_settings, *asked), reprocess=True)
+    assert manifest.stored_plan("live-1").ranges == live_plan.ranges
+    assert run_batch(spark, spec, live_plan, kafka_settings).status == "committed"
+    assert run_batch(spark, side_spec(spec, side), plan, kafka_settings).status == "committed"
+    # The side run committed last; the live pipeline's last run is still its own.
+    assert manifest.last_run()["plan"]["run_id"] == "live-1"
+    assert [r["plan"]["run_id"] for r in manifest.last_runs(10)] == ["live-1"]
+    assert {tp: rec["offset"] for tp, rec in manifest.state().checkpoints.items()} == {(topic, 0): 6, (topic, 1): 6}
+    assert sorted(m.value for m in read_committed(kafka_settings, spec.sink.topic)) == sorted(
+        f"v{p}-{i}".encode() for p in (0, 1) for i in range(6))
+
+
+def test_a_killed_side_run_does_not_hold_its_retry_until_the_transaction_timeout(spark, kafka_settings, make_spec,
+                                                                                 unique):
+    import time
+
+    from confluent_kafka import Consumer
+
+    backfill = f"backfill-{unique}"
+    kafka_admin.create_topics(kafka_settings, {backfill: 1})
+    spec = make_spec(partitions=1, backfill_topic=backfill)
+    topic = spec.source.topics[0]
+    producer = Producer(kafka_settings.client_config())
+    for i in range(5):
+        producer.produce(topic, value=f"v{i}".encode(), partition=0)
+    assert producer.flush(30) == 0
+    asked = (json.dumps({f"{topic}-0": 0}), json.dumps({f"{topic}-0": 5}))
+    compute = lambda: replay_ranges(spec, kafka_settings, *asked)  # noqa: E731
+    side, _plan, _mapping = prepare(spec, kafka_settings, "replay-1", REPLAY, replay_key(*asked), "r#0", compute)
+    sspec = side_spec(spec, side)
+
+    # The side run's attempt, killed after it sent its offsets into its transaction (10 minutes).
+    zombie = Producer(kafka_settings.client_config(**{"transactional.id": sspec.transactional_id(),
+                                                      "transaction.timeout.ms": 600_000}))
+    zombie.init_transactions(30)
+    zombie.begin_transaction()
+    zombie.produce(backfill, value=b"from the killed attempt")
+    group = Consumer(kafka_settings.client_config(**{"group.id": sspec.source.group_id}))
+    zombie.send_offsets_to_transaction([TopicPartition(topic, 0, 5)], group.consumer_group_metadata(), 30)
+    group.close()
+    zombie.flush(30)
+
+    started = time.monotonic()  # the retry: its plan fences the side run's own id, not the live one's
+    side, plan, _mapping = prepare(spec, kafka_settings, "replay-1", REPLAY, replay_key(*asked), "r#0", compute)
+    assert [(r.from_offset, r.until, r.expected) for r in plan.active] == [(0, 5, None)]
+    assert run_batch(spark, sspec, plan, kafka_settings).status == "committed"
+    assert time.monotonic() - started < 300, "the retry waited for the killed attempt's transaction timeout"
+    assert sorted(m.value for m in read_committed(kafka_settings, backfill)) == [f"v{i}".encode() for i in range(5)]
+    assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [(topic, 0)]) == {(topic, 0): None}
+
+
+def test_backfill_intervals_of_a_sql_sink_are_written_once_per_generation(spark, kafka_settings, make_spec, unique,
+                                                                          tmp_path):
+    spec = make_spec("spark_apps.transforms.revenue:revenue_per_minute", "sql", "atomic", partitions=2,
+                     table="revenue", key_columns=["minute", "category"], merge="add", backfill_table="revenue_bf")
     topic = spec.source.topics[0]
     _orders_at(kafka_settings, topic, [0.5, 1.5, 1.7, 5.2, 6.1, 6.2, 6.3, 10.4, 14.9])
     db = spec.sink.url.removeprefix("sqlite:///")
-    with pytest.raises(PlanError, match=rf"{topic}-0: the backfill .* reads \[0, 2\), beyond the live checkpoint None"):
-        prepare(spec, kafka_settings, "early", BACKFILL, "k", "early#0",
-                lambda: interval_ranges(spec, kafka_settings, T0, T0 + timedelta(minutes=5)))
-    # The live pipeline has read everything: a backfill recomputes rows, it adds nothing twice.
-    kafka_admin.alter_group_offsets(kafka_settings, spec.source.group_id, {(topic, 0): 5, (topic, 1): 4})
-    from kafka_eos.sinks.sql import SqlSink
-    from kafka_eos.plan import PartitionRange, Plan
-
-    SqlSink(spec).create_tables()
-    SqlSink(spec).commit(Plan(spec.name, "live", (PartitionRange(topic, 0, 0, 5, None), PartitionRange(topic, 1, 0, 4, None))),
-                         None, None, iter(()))
 
     def backfill(start_min: int, attempt: str, reprocess: bool = False):
         start, end = T0 + timedelta(minutes=start_min), T0 + timedelta(minutes=start_min + 5)
@@ -107,21 +278,26 @@ def test_backfill_intervals_replace_their_sql_rows_once(spark, kafka_settings, m
                                       lambda: interval_ranges(spec, kafka_settings, start, end), reprocess)
         return mapping, run_batch(spark, side_spec(spec, side), plan, kafka_settings)
 
-    def rows():
-        with sqlite3.connect(db) as conn:
-            return sorted(conn.execute("select minute, order_count from revenue").fetchall())
+    def rows(generation: int = 1):
+        return [r[1] for r in _sql_rows(db, f"select minute, order_count from revenue_bf "
+                                            f"where kafka_eos_generation = {generation}")]
 
     mappings = {}
-    for start_min in (0, 5, 10):  # three intervals
+    for start_min in (0, 5, 10):  # three intervals, before any live run: nothing live is touched
         mappings[start_min], summary = backfill(start_min, f"b{start_min}#0")
         assert summary.status == "committed"
-    assert [r[1] for r in rows()] == [1, 2, 1, 3, 1, 1]  # 12:00 1, 12:01 2, 12:05 1, 12:06 3, 12:10 1, 12:14 1
+    assert rows() == [1, 2, 1, 3, 1, 1]  # 12:00 1, 12:01 2, 12:05 1, 12:06 3, 12:10 1, 12:14 1
     assert sum(b - a for m in mappings.values() for _t, _p, a, b in m["ranges"]) == 9  # every order, once
     assert backfill(5, "b5#1")[1].status == "empty"  # the same backfill again: nothing changes
-    assert [r[1] for r in rows()] == [1, 2, 1, 3, 1, 1]
+    assert rows() == [1, 2, 1, 3, 1, 1]
     again, summary = backfill(5, "b5#2", reprocess=True)  # reprocessing reads the identical ranges
     assert again["ranges"] == mappings[5]["ranges"] and summary.status == "committed"
-    assert [r[1] for r in rows()] == [1, 2, 1, 3, 1, 1]  # replaced, not added
+    assert rows(1) == [1, 2, 1, 3, 1, 1] and rows(2) == [1, 3]  # generation 2: the interval 12:05-12:10
+    from sqlalchemy import inspect
+
+    from kafka_eos.sinks.sql import make_engine
+
+    assert not inspect(make_engine(spec.sink.url)).has_table("revenue")  # no live table was written
 
     # An interval whose records retention deleted fails, naming the partition and the log start.
     admin = kafka_admin.admin_client(kafka_settings)

@@ -175,3 +175,51 @@ def test_transaction_timeout_is_a_kafka_sink_setting():
         parse_spec({**GOOD, "sink": {**GOOD["sink"], "transaction_timeout_s": 0}}, "p.yaml")
     with pytest.raises(SpecError, match=r"sink.transaction_timeout_s: not for a sql sink"):
         parse_spec({**GOOD, "sink": {"kind": "sql", "table": "t", "transaction_timeout_s": 60}}, "p.yaml")
+
+
+SQL = {"name": "p2", "source": {"topics": ["orders"]}, "transform": "identity",
+       "sink": {"kind": "sql", "table": "t", "key_columns": ["a"], "merge": "add"}}
+
+
+@pytest.mark.parametrize("sink, message", [
+    ({"backfill_dlq_topic": "bfd"}, "sink.backfill_dlq_topic: needs sink.backfill_topic"),
+    ({"backfill_topic": "bf", "backfill_dlq_topic": "dlq"},
+     "sink.backfill_dlq_topic: 'dlq' must differ from the live output, dead-letter and source topics"),
+    ({"backfill_topic": "bf", "backfill_dlq_topic": "orders"}, "sink.backfill_dlq_topic: 'orders' must differ"),
+    ({"backfill_table": "t_bf"}, "sink.backfill_table: not for a kafka sink (use sink.backfill_topic)"),
+])
+def test_side_run_places_of_a_kafka_sink_are_checked(sink, message):
+    with pytest.raises(SpecError, match="^spec.yaml: " + message.replace("(", r"\(").replace(")", r"\)")):
+        parse_spec({**GOOD, "sink": {**GOOD["sink"], **sink}}, "spec.yaml")
+
+
+@pytest.mark.parametrize("sink, message", [
+    ({"backfill_table": "t"}, "sink.backfill_table: 't' must differ from the live table"),
+    ({"backfill_table": "kafka_eos_offsets"}, "sink.backfill_table: 'kafka_eos_offsets' must differ"),
+    ({"backfill_table": "bad name;"}, "sink.backfill_table: 'bad name;' is not a valid table name"),
+    ({"backfill_topic": "bf"}, "sink.backfill_topic: not for a sql sink (use sink.backfill_table"),
+])
+def test_the_backfill_table_of_a_sql_sink_is_checked(sink, message):
+    with pytest.raises(SpecError, match="^spec.yaml: " + message.replace("(", r"\(").replace(")", r"\)")):
+        parse_spec({**SQL, "sink": {**SQL["sink"], **sink}}, "spec.yaml")
+
+
+def test_side_run_places_parse():
+    kafka = parse_spec({**GOOD, "sink": {**GOOD["sink"], "backfill_topic": "bf", "backfill_dlq_topic": "bfd"}})
+    assert (kafka.sink.backfill_topic, kafka.sink.backfill_dlq_topic) == ("bf", "bfd")
+    sql = parse_spec({**SQL, "sink": {**SQL["sink"], "backfill_table": "t_backfill"}})
+    assert sql.sink.backfill_table == "t_backfill" and sql.sink.dead_letters_table == "kafka_eos_dead_letters"
+
+
+def test_a_side_run_of_a_sql_sink_keeps_the_live_database_and_keys_its_rows_by_range():
+    from kafka_eos.backfill.side import Side, promote_sql, side_spec
+    from kafka_eos.sinks.sql import default_url
+
+    spec = parse_spec({**SQL, "sink": {**SQL["sink"], "backfill_table": "t_bf"}})
+    side = side_spec(spec, Side("replay", "abc", 2))
+    assert (side.sink.table, side.sink.url, side.sink.dead_letters_table) == ("t_bf", default_url(spec), "t_bf_dead_letters")
+    assert side.sink.key_columns == ("a", "kafka_eos_range", "kafka_eos_generation")
+    assert side.sink.columns == (("kafka_eos_range", "abc"), ("kafka_eos_generation", 2))
+    assert promote_sql(spec, Side("replay", "abc", 2), ["a", "b"]) == (
+        'INSERT INTO "t" ("a", "b") SELECT "a", "b" FROM "t_bf" WHERE "kafka_eos_range" = \'abc\' AND '
+        '"kafka_eos_generation" = 2 ON CONFLICT ("a") DO UPDATE SET "b" = excluded."b";')

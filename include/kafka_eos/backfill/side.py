@@ -7,9 +7,16 @@ A side run is the pipeline's own batch step under another identity (:func:`side_
   of a committed side run finds its checkpoint at the range's end and does nothing;
 - its transactional ids derive from that group: side runs of different intervals never fence each
   other or the live run, and two attempts of one interval fence each other;
-- it writes to the pipeline's ``sink.backfill_topic`` (Kafka sinks; never the live output, whose
-  consumers would see a range twice), each record carrying the range and the generation in
-  headers; a SQL sink's side run replaces the rows it produces (``merge: replace``).
+- it never writes a live place. Kafka sinks: the pipeline's ``sink.backfill_topic`` (never the
+  live output, whose consumers would see a range twice), each record carrying the range and the
+  generation in headers; its dead letters go to ``sink.backfill_dlq_topic``, else to the backfill
+  topic (told apart by their ``kafka-eos.reason`` header), never to the live dead-letter topic.
+  SQL sinks: ``sink.backfill_table`` in the sink's own database — the live table's columns plus
+  :data:`RANGE_COLUMN` and :data:`GENERATION_COLUMN` (part of its key) — and its dead letters to
+  ``<backfill_table>_dead_letters``; :func:`promote_sql` is the statement an operator runs to
+  move a checked backfill into the live table;
+- its plans, summaries and checkpoint records in the run manifest are under its own name, which
+  the live pipeline's lookups never take for its own.
 
 The ranges of a side run are computed once and recorded in the run manifest under
 ``<pipeline>:side:<kind>.<key>`` (:func:`prepare`): a retry, a repeated backfill and a reprocess
@@ -26,17 +33,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable
 
-from kafka_eos.errors import CheckpointConflict, DataLossError, SpecError
+from kafka_eos.backfill.places import (GENERATION_COLUMN, GENERATION_HEADER, RANGE_COLUMN, RANGE_HEADER,  # noqa: F401
+                                       check_side_runs, promote_sql, writes_to)
+from kafka_eos.errors import CheckpointConflict, DataLossError
 from kafka_eos.kafka_admin import TP, partition_offsets
 from kafka_eos.manifest import ManifestStore, now_iso
-from kafka_eos.pipeline import checkpoints, source_partitions
+from kafka_eos.pipeline import checkpoints, past_killed_attempt, source_partitions
 from kafka_eos.plan import PartitionRange, Plan, SkippedRange
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
 
 REPLAY, BACKFILL = "replay", "backfill"
-#: Header names of side-run records: which range (or interval) and which generation wrote them.
-RANGE_HEADER, GENERATION_HEADER = "kafka-eos.range", "kafka-eos.generation"
 
 
 @dataclass(frozen=True)
@@ -75,20 +82,44 @@ def replay_key(from_text: str, until_text: str) -> str:
 def side_spec(spec: PipelineSpec, side: Side) -> PipelineSpec:
     """``spec`` as the side run ``side`` runs it (see the module's docstring).
 
-    :raises SpecError: a Kafka sink without ``sink.backfill_topic``.
+    :raises SpecError: a Kafka sink without ``sink.backfill_topic``, a SQL sink without
+        ``sink.backfill_table``.
     """
     sink = spec.sink
+    check_side_runs(spec, side.kind)
     if sink.kind == "kafka":
-        if not sink.backfill_topic:
-            raise SpecError(f"{spec.path}: sink.backfill_topic: required for a {side.kind} of a kafka sink (its "
-                            "results never go to the live output topic)")
-        sink = dataclasses.replace(sink, topic=sink.backfill_topic, headers=(
+        dlq = (sink.backfill_dlq_topic or sink.backfill_topic) if sink.dlq_topic else None
+        sink = dataclasses.replace(sink, topic=sink.backfill_topic, dlq_topic=dlq, headers=(
             (RANGE_HEADER, side.key.encode()), (GENERATION_HEADER, str(side.generation).encode())))
     else:
-        sink = dataclasses.replace(sink, merge="replace")
+        from kafka_eos.sinks.sql import default_url
+
+        # The sink's own database (its default SQLite file is named after the live pipeline).
+        sink = dataclasses.replace(
+            sink, url=sink.url or default_url(spec), table=sink.backfill_table,
+            dead_letters_table=f"{sink.backfill_table}_dead_letters",
+            columns=((RANGE_COLUMN, side.key), (GENERATION_COLUMN, side.generation)),
+            # Keyed by range and generation too: each generation of each range has rows of its own.
+            key_columns=(*sink.key_columns, RANGE_COLUMN, GENERATION_COLUMN) if sink.key_columns else ())
     return dataclasses.replace(
         spec, name=f"{spec.name}.{side.suffix}", sink=sink,
         source=dataclasses.replace(spec.source, group_id=f"{spec.source.group_id}.{side.suffix}"))
+
+
+def promote_statement(spec: PipelineSpec, side: Side) -> str:
+    """:func:`promote_sql` for the backfill table as it is in the sink's database (its columns
+    read from there)."""
+    from sqlalchemy import inspect
+
+    from kafka_eos.sinks.sql import make_engine
+
+    engine = make_engine(side_spec(spec, side).sink.url)
+    try:
+        columns = [c["name"] for c in inspect(engine).get_columns(spec.sink.backfill_table)
+                   if c["name"] not in (RANGE_COLUMN, GENERATION_COLUMN)]
+    finally:
+        engine.dispose()
+    return promote_sql(spec, side, columns)
 
 
 def mapping_key(spec: PipelineSpec, kind: str, key: str) -> str:
@@ -117,7 +148,7 @@ def prepare(spec: PipelineSpec, settings: KafkaSettings, run_id: str, kind: str,
         mapping = {"side": True, "kind": kind, "key": key, "created_at": now_iso(), "run_id": run_id,
                    "ranges": [[t, p, a, b] for (t, p), (a, b) in sorted(ranges.items())],
                    "skipped": [dataclasses.asdict(s) for s in skipped], "generations": {}}
-    _check_behind_live(spec, settings, kind, key, mapping)
+    check_side_runs(spec, kind)
     generations = mapping["generations"]
     if attempt not in generations:
         newest = max(generations.values(), default=0)
@@ -125,25 +156,6 @@ def prepare(spec: PipelineSpec, settings: KafkaSettings, run_id: str, kind: str,
         manifest.put(mkey, mapping)
     side = Side(kind, key, generations[attempt])
     return side, plan_of(spec, settings, side, run_id, mapping), mapping
-
-
-def _check_behind_live(spec: PipelineSpec, settings: KafkaSettings, kind: str, key: str, mapping: dict) -> None:
-    """A SQL sink that adds (``merge: add``) must not get a side run over records its live
-    pipeline has still to read: the live run would add them a second time.
-
-    :raises PlanError: naming the partition, the range and the live checkpoint (a retry after the
-        live pipeline has caught up goes on).
-    """
-    from kafka_eos.errors import PlanError
-
-    if spec.sink.kind != "sql" or spec.sink.merge != "add":
-        return
-    live, _drift = checkpoints(spec, settings, [(t, p) for t, p, _a, _b in mapping["ranges"]])
-    for t, p, start, until in mapping["ranges"]:
-        if until > start and (live[(t, p)] is None or until > live[(t, p)]):
-            raise PlanError(f"{t}-{p}: the {kind} {key} reads [{start}, {until}), beyond the live checkpoint "
-                            f"{live[(t, p)]}: with merge: add the live pipeline would add those records again; "
-                            "let the live pipeline pass them first")
 
 
 def preview(spec: PipelineSpec, settings: KafkaSettings, kind: str, key: str,
@@ -169,7 +181,10 @@ def plan_of(spec: PipelineSpec, settings: KafkaSettings, side: Side, run_id: str
     """
     sspec = side_spec(spec, side)
     tps = [(t, p) for t, p, _a, _b in mapping["ranges"]]
-    done = checkpoints(sspec, settings, tps)[0] if remaining else {tp: None for tp in tps}
+    # A retry after a killed attempt of this side run would wait for its transaction's timeout:
+    # its offsets are pending until then. Its own transactional ids are fenced (never the live ones).
+    done = past_killed_attempt(sspec, settings, lambda: checkpoints(sspec, settings, tps)[0]) \
+        if remaining else {tp: None for tp in tps}
     ranges = []
     for t, p, start, until in mapping["ranges"]:
         ck = done[(t, p)]

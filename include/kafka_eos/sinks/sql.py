@@ -116,7 +116,7 @@ class SqlSink:
             Column("updated_at", String(64)),
         )
         self.dead_letters = Table(
-            DEAD_LETTERS_TABLE, self.metadata,
+            spec.sink.dead_letters_table, self.metadata,
             Column("pipeline", String(255), primary_key=True),
             Column("topic", String(255), primary_key=True),
             Column("partition", Integer, primary_key=True),
@@ -298,6 +298,9 @@ def write(results: "DataFrame | None", dead_letters: "DataFrame | None", spec: P
     if results is not None and dead_letters is None and DLQ_REASON in results.columns:
         dead_letters = results.where(F.col(DLQ_REASON).isNotNull())
         results = results.where(F.col(DLQ_REASON).isNull()).drop(DLQ_REASON)
+    if results is not None:
+        for name, value in spec.sink.columns:  # a side run's range and generation
+            results = results.withColumn(name, F.lit(value))
     table = sink.results_table(results) if results is not None else None
 
     def result_rows():

@@ -28,6 +28,21 @@ def _ms(t: datetime) -> int:
     return int(t.timestamp() * 1000)
 
 
+def _prepare_replay(spec, settings, asked: tuple[str, str], attempt: str, reprocess: bool = False,
+                    run_id: str = "replay-1"):
+    """The side run of replaying ``asked`` (from, until) for ``attempt``: (side, plan)."""
+    side, plan, _mapping = prepare(spec, settings, run_id, REPLAY, replay_key(*asked), attempt,
+                                   lambda: replay_ranges(spec, settings, *asked), reprocess)
+    return side, plan
+
+
+def _replay(spark, spec, settings, asked: tuple[str, str], attempt: str, reprocess: bool = False,
+            run_id: str = "replay-1"):
+    """Prepare and run a replay: (side, run summary)."""
+    side, plan = _prepare_replay(spec, settings, asked, attempt, reprocess, run_id)
+    return side, run_batch(spark, side_spec(spec, side), plan, settings)
+
+
 def test_a_replay_writes_its_range_once_per_generation_beside_the_live_pipeline(spark, kafka_settings, make_spec,
                                                                                 unique):
     backfill = f"backfill-{unique}"
@@ -46,9 +61,7 @@ def test_a_replay_writes_its_range_once_per_generation_beside_the_live_pipeline(
     asked = (json.dumps({f"{topic}-0": 2, f"{topic}-1": 0}), json.dumps({f"{topic}-0": 6, f"{topic}-1": 4}))
 
     def replay(attempt: str, reprocess: bool = False):
-        side, plan, _mapping = prepare(spec, kafka_settings, run_id, REPLAY, replay_key(*asked), attempt,
-                                       lambda: replay_ranges(spec, kafka_settings, *asked), reprocess)
-        return side, run_batch(spark, side_spec(spec, side), plan, kafka_settings)
+        return _replay(spark, spec, kafka_settings, asked, attempt, reprocess, run_id)
 
     side, summary = replay(f"{run_id}#0")
     assert (side.generation, summary.status, summary.records_out) == (1, "committed", 8)
@@ -111,9 +124,7 @@ def test_sql_side_runs_write_a_table_of_their_own_never_the_live_one(spark, kafk
     asked = (json.dumps({f"{topic}-0": 0}), json.dumps({f"{topic}-0": 6}))
 
     def replay(attempt: str, reprocess: bool = False):
-        side, plan, _mapping = prepare(spec, kafka_settings, "replay-1", REPLAY, replay_key(*asked), attempt,
-                                       lambda: replay_ranges(spec, kafka_settings, *asked), reprocess)
-        return side, run_batch(spark, side_spec(spec, side), plan, kafka_settings)
+        return _replay(spark, spec, kafka_settings, asked, attempt, reprocess)
 
     side, summary = replay("r#0")
     assert (summary.status, summary.records_in, summary.records_out, summary.dead_letters) == ("committed", 6, 4, 1)
@@ -165,9 +176,7 @@ def test_a_kafka_side_runs_dead_letters_never_reach_the_live_dead_letter_topic(s
     asked = (json.dumps({f"{topic}-0": 0}), json.dumps({f"{topic}-0": 3}))
 
     def replay(s, attempt: str):
-        side, plan, _mapping = prepare(s, kafka_settings, "replay-1", REPLAY, replay_key(*asked), attempt,
-                                       lambda: replay_ranges(s, kafka_settings, *asked), True)
-        return run_batch(spark, side_spec(s, side), plan, kafka_settings)
+        return _replay(spark, s, kafka_settings, asked, attempt, reprocess=True)[1]
 
     summary = replay(spec, "a#0")  # no dead-letter topic of its own: into the backfill topic, marked
     assert (summary.records_out, summary.dead_letters) == (2, 1)
@@ -199,9 +208,7 @@ def test_side_runs_are_never_the_live_pipelines_memory_or_last_run(spark, kafka_
             producer.produce(topic, value=f"v{p}-{i}".encode(), partition=p)
     assert producer.flush(30) == 0
     asked = (json.dumps({f"{topic}-0": 0}), json.dumps({f"{topic}-0": 4}))
-    side, plan, _mapping = prepare(spec, kafka_settings, "replay-1", REPLAY, replay_key(*asked), "r#0",
-                                   lambda: replay_ranges(spec, kafka_settings, *asked))
-    assert run_batch(spark, side_spec(spec, side), plan, kafka_settings).status == "committed"
+    assert _replay(spark, spec, kafka_settings, asked, "r#0")[1].status == "committed"
 
     # A replay before the pipeline's first live run: the live pipeline still starts at the beginning.
     manifest = ManifestStore.of(spec, kafka_settings)
@@ -211,8 +218,7 @@ def test_side_runs_are_never_the_live_pipelines_memory_or_last_run(spark, kafka_
     assert sorted((r.tp, r.from_offset, r.until) for r in live_plan.active) == [
         ((topic, 0), 0, 6), ((topic, 1), 0, 6)]
     # A side run planned after the live plan task: the live run still finds its stored plan.
-    side, plan, _mapping = prepare(spec, kafka_settings, "replay-2", REPLAY, replay_key(*asked), "r#1",
-                                   lambda: replay_ranges(spec, kafka_settings, *asked), reprocess=True)
+    side, plan = _prepare_replay(spec, kafka_settings, asked, "r#1", reprocess=True, run_id="replay-2")
     assert manifest.stored_plan("live-1").ranges == live_plan.ranges
     assert run_batch(spark, spec, live_plan, kafka_settings).status == "committed"
     assert run_batch(spark, side_spec(spec, side), plan, kafka_settings).status == "committed"
@@ -239,8 +245,7 @@ def test_a_killed_side_run_does_not_hold_its_retry_until_the_transaction_timeout
         producer.produce(topic, value=f"v{i}".encode(), partition=0)
     assert producer.flush(30) == 0
     asked = (json.dumps({f"{topic}-0": 0}), json.dumps({f"{topic}-0": 5}))
-    compute = lambda: replay_ranges(spec, kafka_settings, *asked)  # noqa: E731
-    side, _plan, _mapping = prepare(spec, kafka_settings, "replay-1", REPLAY, replay_key(*asked), "r#0", compute)
+    side, _plan = _prepare_replay(spec, kafka_settings, asked, "r#0")
     sspec = side_spec(spec, side)
 
     # The side run's attempt, killed after it sent its offsets into its transaction (10 minutes).
@@ -255,7 +260,7 @@ def test_a_killed_side_run_does_not_hold_its_retry_until_the_transaction_timeout
     zombie.flush(30)
 
     started = time.monotonic()  # the retry: its plan fences the side run's own id, not the live one's
-    side, plan, _mapping = prepare(spec, kafka_settings, "replay-1", REPLAY, replay_key(*asked), "r#0", compute)
+    side, plan = _prepare_replay(spec, kafka_settings, asked, "r#0")
     assert [(r.from_offset, r.until, r.expected) for r in plan.active] == [(0, 5, None)]
     assert run_batch(spark, sspec, plan, kafka_settings).status == "committed"
     assert time.monotonic() - started < 300, "the retry waited for the killed attempt's transaction timeout"

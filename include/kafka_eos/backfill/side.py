@@ -139,6 +139,7 @@ def prepare(spec: PipelineSpec, settings: KafkaSettings, run_id: str, kind: str,
         again); otherwise it reuses the newest one (whose checkpoint says it is done).
     :returns: the side run, its plan and the mapping record.
     """
+    check_side_runs(spec, kind)  # before anything is recorded
     manifest = ManifestStore.of(spec, settings)
     manifest.ensure_topic()
     mkey = mapping_key(spec, kind, key)
@@ -148,7 +149,6 @@ def prepare(spec: PipelineSpec, settings: KafkaSettings, run_id: str, kind: str,
         mapping = {"side": True, "kind": kind, "key": key, "created_at": now_iso(), "run_id": run_id,
                    "ranges": [[t, p, a, b] for (t, p), (a, b) in sorted(ranges.items())],
                    "skipped": [dataclasses.asdict(s) for s in skipped], "generations": {}}
-    check_side_runs(spec, kind)
     generations = mapping["generations"]
     if attempt not in generations:
         newest = max(generations.values(), default=0)
@@ -161,7 +161,11 @@ def prepare(spec: PipelineSpec, settings: KafkaSettings, run_id: str, kind: str,
 def preview(spec: PipelineSpec, settings: KafkaSettings, kind: str, key: str,
             compute: Callable[[], tuple[dict[TP, tuple[int, int]], list[SkippedRange]]]) -> dict:
     """What :func:`prepare` would run, with no side effects (a dry run): the recorded ranges, or
-    the ones it would record now."""
+    the ones it would record now.
+
+    :raises SpecError: the spec has no place of its own for side runs (see :func:`check_side_runs`).
+    """
+    check_side_runs(spec, kind)
     mapping = ManifestStore.of(spec, settings).find(mapping_key(spec, kind, key))
     if mapping is not None:
         return {**mapping, "recorded": True}

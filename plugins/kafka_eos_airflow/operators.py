@@ -256,7 +256,9 @@ class KafkaEosPlanOperator(_PipelineOperator):
                           r.partition, r.from_offset, r.until, "" if r in plan.active else " (written already)")
         self._alert_skipped(spec, plan, context)
         return {**plan_summary(plan), side.kind: side.key, "generation": found.generation,
-                "writes_to": sides.writes_to(spec),
+                "writes_to": spec.sink.backfill_topic or spec.sink.backfill_table,
+                "dead_letters_to": sides.side_spec(spec, found).sink.dlq_topic
+                or sides.side_spec(spec, found).sink.dead_letters_table,
                 "recorded_at": mapping["created_at"]}
 
     def _dry_run(self, spec: PipelineSpec, planned: tuple[Plan, list], context: Context) -> dict[str, Any]:

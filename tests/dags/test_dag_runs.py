@@ -296,20 +296,28 @@ def test_a_replay_from_the_trigger_form_writes_the_range_to_the_backfill_topic_o
 
     everything = {"replay_from": json.dumps({f"{t}-{p}": 0 for t, p in tps}),
                   "replay_until": json.dumps({f"{t}-{p}": live[(t, p)] for t, p in tps})}
+    live_dead_letters = len(read_committed(kafka_settings, topics["dlq"]))
+    assert live_dead_letters == 1
     replay = run_dag(pipelines_module, name, LOGICAL_DATE + timedelta(minutes=2), run_conf=everything)
     planned = returned(replay, "plan")
-    assert (planned["generation"], planned["writes_to"]) == (1, topics["backfill"])
-    assert returned(replay, "verify")["records_out"] == len(VALID_ORDERS)
-    out = read_committed(kafka_settings, topics["backfill"])
+    assert (planned["generation"], planned["writes_to"], planned["dead_letters_to"]) == (
+        1, topics["backfill"], topics["backfill"])
+    assert (returned(replay, "verify")["records_out"], returned(replay, "verify")["dead_letters"]) == (
+        len(VALID_ORDERS), 1)
+    out = [m for m in read_committed(kafka_settings, topics["backfill"]) if "kafka-eos.reason" not in dict(m.headers())]
     assert sorted(json.loads(m.value())["order_id"] for m in out) == sorted(o["order_id"] for o in VALID_ORDERS)
     assert {dict(m.headers())["kafka-eos.generation"] for m in out} == {b"1"}
+    # The replay's dead letter went to the backfill topic, marked; the live dead-letter topic did not grow.
+    (dead,) = [m for m in read_committed(kafka_settings, topics["backfill"]) if "kafka-eos.reason" in dict(m.headers())]
+    assert dead.value() == MALFORMED and dict(dead.headers())["kafka-eos.generation"] == b"1"
+    assert len(read_committed(kafka_settings, topics["dlq"])) == live_dead_letters
     assert kafka_admin.committed_offsets(kafka_settings, group, tps) == live  # the live checkpoint did not move
     assert len(read_committed(kafka_settings, topics["enriched"])) == len(VALID_ORDERS)  # nor its output
 
     # The same replay again: done already, nothing written; with reprocess: generation 2.
     again = run_dag(pipelines_module, name, LOGICAL_DATE + timedelta(minutes=3), run_conf=everything)
     assert returned(again, "verify")["records_out"] == 0 and returned(again, "plan")["partitions"] == 0
-    assert len(read_committed(kafka_settings, topics["backfill"])) == len(VALID_ORDERS)
+    assert len(read_committed(kafka_settings, topics["backfill"])) == len(VALID_ORDERS) + 1
     run_dag(pipelines_module, name, LOGICAL_DATE + timedelta(minutes=4), run_conf={**everything, "reprocess": True})
     out = read_committed(kafka_settings, topics["backfill"])
-    assert sorted(dict(m.headers())["kafka-eos.generation"] for m in out) == [b"1"] * 5 + [b"2"] * 5
+    assert sorted(dict(m.headers())["kafka-eos.generation"] for m in out) == [b"1"] * 6 + [b"2"] * 6

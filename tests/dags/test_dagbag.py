@@ -68,6 +68,15 @@ def test_dag_is_well_formed(dagbag, dag_id):
                                      "reset_confirm": None}
 
 
+def test_the_replay_field_says_where_results_go_never_the_live_place(dagbag):
+    sql = dagbag.dags["kafka_eos__revenue_per_minute"].params.get_param("replay_from").schema["description_md"]
+    assert "Results go to table `revenue_per_minute_backfill` in the sink's database" in sql
+    assert "dead letters to `revenue_per_minute_backfill_dead_letters`" in sql and "copies a checked replay" in sql
+    assert "replaced" not in sql
+    kafka = dagbag.dags["kafka_eos__orders_enriched"].params.get_param("replay_from").schema["description_md"]
+    assert "Results go to topic `orders.backfill`" in kafka and "dead letters to `orders.backfill`" in kafka
+
+
 def test_the_watchdog_watches_every_pipeline_and_alerts(dagbag):
     from kafka_eos.spec import spec_paths
     from kafka_eos_airflow.notifiers import KafkaEosEmailNotifier, KafkaEosWebhookNotifier

@@ -28,6 +28,33 @@ def _text(driver, text: str):
     return driver.find_element(By.XPATH, f"//*[normalize-space(text())='{text}']")
 
 
+def _open_section(driver, section: str, titles: list[str]) -> None:
+    """Open one of the dialog's collapsible sections and wait until every field title in it is shown.
+
+    A section expands with an animation: its fields are in the page (so an implicit wait finds them)
+    before they are displayed, and a click that lands while the dialog itself is still animating can
+    be lost, or close a section that was open. So: scroll the header into view, click it, and wait on
+    the fields being displayed; if they are not within a few seconds, click once more and wait again.
+    """
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def shown(d) -> bool:
+        return all(_text(d, title).is_displayed() for title in titles)
+
+    header = _text(driver, section)
+    for attempt in (1, 2):
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", header)
+        header.click()
+        try:
+            WebDriverWait(driver, 10, poll_frequency=0.2).until(shown)
+            return
+        except TimeoutException:
+            if attempt == 2:
+                hidden = [t for t in titles if not _text(driver, t).is_displayed()]
+                raise AssertionError(f"the section {section!r} did not show {hidden} after two clicks") from None
+
+
 def test_the_trigger_form_shows_every_param_and_triggers_a_dry_run(airflow_deployment, browser, kafka_settings,
                                                                     unique, tmp_path):
     from selenium.webdriver.common.by import By
@@ -49,15 +76,13 @@ def test_the_trigger_form_shows_every_param_and_triggers_a_dry_run(airflow_deplo
     browser.get(f"{airflow.url}/dags/{dag_id}")
     browser.find_element(By.XPATH, "//button[normalize-space()='Trigger']").click()
     for section, titles in FORM.items():  # the dialog's sections: each opens on a click
-        _text(browser, section).click()
-        for title in titles:
-            assert _text(browser, title).is_displayed(), f"{section}: {title}"
+        _open_section(browser, section, titles)
         browser.save_screenshot(str(tmp_path / f"trigger-form-{section.replace(' ', '-').lower()}.png"))
     (trigger,) = [b for b in browser.find_elements(By.XPATH, "//button[normalize-space()='Trigger']")
                   if b.is_displayed() and b.find_elements(By.XPATH, "./ancestor::*[@role='dialog']")]
     assert trigger.is_enabled()  # the defaults are a valid run: no field blocks it
 
-    _text(browser, "This run").click()
+    _open_section(browser, "This run", FORM["This run"])
     dry_run = _text(browser, "Dry run").find_element(
         By.XPATH, "./ancestor::*[.//input[@type='checkbox']][1]//input[@type='checkbox']")
     browser.execute_script("arguments[0].click();", dry_run)

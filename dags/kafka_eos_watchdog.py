@@ -1,6 +1,7 @@
 """The watchdog: every 5 minutes, every bundled pipeline's topics (sources, sink, dead letters,
 run manifest) are watched for an open transaction that holds a partition's LSO longer than a
-kafka-eos transaction may last. A held partition fails the run and alerts (webhook, e-mail)
+kafka-eos transaction may last (the longest ``sink.transaction_timeout_s`` of the pipelines plus a
+minute, at least 360 s; the age is the coordinator's, the broker's clock, wherever it can say). A held partition fails the run and alerts (webhook, e-mail)
 with the partition, its holder and the command that aborts it.
 
 Beside it, a freshness check: a pipeline whose oldest unprocessed committed record is older

@@ -309,9 +309,14 @@ def cmd_txn_hanging(args) -> int:
     from kafka_eos.health.detect import find_stalls, topic_partitions
     from kafka_eos.spec import bundled_specs
 
+    from kafka_eos.health import watch_threshold_s
+
     settings = _settings(args)
+    specs = bundled_specs()
+    if args.older_than is None:
+        args.older_than = watch_threshold_s(s.sink.transaction_timeout_s for s in specs)
     tps = topic_partitions(settings, args.topic)
-    stalls = attribute(settings, find_stalls(settings, tps, args.older_than), bundled_specs())
+    stalls = attribute(settings, find_stalls(settings, tps, args.older_than), specs)
     if args.json:
         _print_json({"older_than_s": args.older_than, "partitions_checked": len(tps),
                      "stalled": [s.as_dict() for s in stalls]})
@@ -343,23 +348,34 @@ def cmd_txn_hanging(args) -> int:
 
 def cmd_txn_abort(args) -> int:
     from kafka_eos.audit import AUDIT_TOPIC
-    from kafka_eos.health.abort import abort_transaction, find_open_transaction, record_abort
+    from kafka_eos.health.abort import attempt_abort, check_abort, find_open_transaction, outcome_text
     from kafka_eos.spec import bundled_specs
 
     settings = _settings(args)
-    txn = find_open_transaction(settings, args.topic, args.partition, args.start_offset, bundled_specs())
-    owner = f", pipeline {txn['pipeline']}" if txn["pipeline"] else ""
-    print(f"{args.topic}-{args.partition}: open transaction starting at offset {txn['start_offset']}: producer "
-          f"{txn['producer_id']} epoch {txn['producer_epoch']}, transactional.id {txn['transactional_id'] or '?'}"
-          f"{owner}, {txn['verdict']}, last write {txn['last_write']}")
+    specs = bundled_specs()
     if not args.yes:
+        txn = find_open_transaction(settings, args.topic, args.partition, args.start_offset, specs)
+        _print_open_transaction(args.topic, args.partition, txn)
+        guard = check_abort(settings, args.topic, args.partition, txn, older_than_s=args.older_than,
+                            force=args.force, specs=specs)
+        how = "fencing its transactional.id" if guard["method"] == "fence" else "an abort marker on this partition"
+        age = "an unknown time" if guard["age_s"] is None else seconds(guard["age_s"])
+        print(f"open for {age} (by {guard['age_from']}), threshold "
+              f"{seconds(guard['threshold_s'])}{' (forced)' if guard['forced'] else ''}: it would be aborted by {how}")
         print("dry run: nothing changed. Add --yes to abort it.")
         return 0
-    done = abort_transaction(settings, args.topic, args.partition, txn)
-    record_abort(settings, args.topic, args.partition, txn, done, who=getpass.getuser(), via="kafka-eos txn abort")
-    print(f"aborted: {done['method']}; LSO {done['lso_before']} -> {done['lso_after']} "
-          f"(high watermark {done['high_watermark']}); recorded in {AUDIT_TOPIC}")
+    record = attempt_abort(settings, args.topic, args.partition, args.start_offset, who=getpass.getuser(),
+                           via="kafka-eos txn abort", specs=specs, older_than_s=args.older_than, force=args.force)
+    _print_open_transaction(args.topic, args.partition, record["transaction"])
+    print(f"aborted: {outcome_text(record)}; recorded in {AUDIT_TOPIC}")
     return 0
+
+
+def _print_open_transaction(topic: str, partition: int, txn: dict) -> None:
+    owner = f", pipeline {txn['pipeline']}" if txn["pipeline"] else ""
+    print(f"{topic}-{partition}: open transaction starting at offset {txn['start_offset']}: producer "
+          f"{txn['producer_id']} epoch {txn['producer_epoch']}, transactional.id {txn['transactional_id'] or '?'}"
+          f"{owner}, {txn['verdict']}, last write {txn['last_write']}")
 
 
 def cmd_demo(args) -> int:
@@ -439,9 +455,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common_flags(h, suppress=True)
     h.add_argument("--topic", action="append", help="a topic to check (repeatable; default: every topic that is "
                                                     "not internal)")
-    h.add_argument("--older-than", type=float, default=DEFAULT_OLDER_THAN_S, metavar="SECONDS",
-                   help=f"report transactions open longer than this (default {DEFAULT_OLDER_THAN_S:g}: longer "
-                        "than a kafka-eos transaction may last)")
+    h.add_argument("--older-than", type=float, default=None, metavar="SECONDS",
+                   help="report transactions open longer than this (default: the longest transaction_timeout_s "
+                        f"of the pipelines plus a minute, at least {DEFAULT_OLDER_THAN_S:g}: longer than a "
+                        "kafka-eos transaction may last)")
     h.add_argument("--json", action="store_true", help="print JSON for scripts")
     h.set_defaults(func=cmd_txn_hanging)
     a = actions.add_parser("abort", help="abort the open transaction that starts at an offset (a dry run "
@@ -452,6 +469,11 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--start-offset", type=int, required=True, help="where the transaction starts on the "
                                                                    "partition (its LSO; see `txn hanging`)")
     a.add_argument("--yes", action="store_true", help="really abort it")
+    a.add_argument("--older-than", type=float, default=None, metavar="SECONDS",
+                   help="refuse a transaction open for less than this (default: the larger of the brokers' "
+                        "transaction.max.timeout.ms and the owning pipeline's transaction_timeout_s)")
+    a.add_argument("--force", action="store_true",
+                   help="abort a transaction younger than the threshold (a healthy producer may still commit it)")
     a.set_defaults(func=cmd_txn_abort)
     return parser
 

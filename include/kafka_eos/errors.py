@@ -63,8 +63,14 @@ class NoOpenTransaction(KafkaEosError):
     """An abort names a partition and start offset where no open transaction starts."""
 
 
+class AbortRefused(KafkaEosError):
+    """An abort's guards refused it before anything was changed: the transaction is younger than
+    its threshold, or only a partition marker could end it and the coordinator may still track it."""
+
+
 class AbortFailed(KafkaEosError):
-    """An abort ran, and the partition's LSO is still pinned at the transaction's start."""
+    """An abort ran, and the transaction is still open on the partition (or fencing its
+    transactional.id failed)."""
 
 
 class PipelineBusy(KafkaEosError):

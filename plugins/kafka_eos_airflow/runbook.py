@@ -1,6 +1,8 @@
 """The runbook operator: abort one named open transaction, from a manually triggered DAG whose
-Params form names it. A dry run (the default) shows what would be aborted and changes nothing; a
-real run needs a typed confirmation, checks that the LSO moved and writes an audit record."""
+Params form names it. A dry run (the default) shows what would be aborted, or why it would be
+refused, and changes nothing; a real run needs a typed confirmation, passes the abort's guards
+(age, whose it is: :mod:`kafka_eos.health.abort`), checks that the transaction ended and writes an
+audit record of every attempt, refused and failed ones too."""
 
 from __future__ import annotations
 
@@ -29,6 +31,13 @@ PARAMS = {
                           description_md="Where the open transaction starts on the partition: its LSO."),
     "dry_run": Param(True, type="boolean", title="Dry run",
                      description_md="On: show what would be aborted, change nothing."),
+    "force": Param(False, type="boolean", title="Force",
+                   description_md="Abort even though the transaction is younger than its threshold (the larger of "
+                                  "the brokers' `transaction.max.timeout.ms` and the pipeline's "
+                                  "`transaction_timeout_s`): a healthy producer may still commit it. Never lets a "
+                                  "partition marker end a transaction its coordinator may still track."),
+    "older_than_s": Param(None, type=["null", "number"], minimum=0, title="Threshold (seconds)",
+                          description_md="Refuse a transaction open for less than this. Empty: the default above."),
     # Nullable: the UI's form refuses to trigger while a non-nullable field is empty (a dry run
     # needs no confirmation).
     "confirm": Param(None, type=["null", "string"], title="Confirmation",
@@ -52,33 +61,45 @@ class AbortTransactionOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from kafka_eos.errors import KafkaEosError
-        from kafka_eos.health.abort import abort_transaction, find_open_transaction, record_abort
+        from kafka_eos.health.abort import attempt_abort, check_abort, find_open_transaction, outcome_text
         from kafka_eos.spec import bundled_specs
 
         params = context["params"]
         topic, partition, start = params["topic"], int(params["partition"]), int(params["start_offset"])
+        force, older_than = bool(params.get("force")), params.get("older_than_s")
+        older_than = None if older_than is None else float(older_than)
+        specs = bundled_specs()
         try:
             settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
-            txn = find_open_transaction(settings, topic, partition, start, bundled_specs())
         except KafkaEosError as exc:
             raise AirflowFailException(str(exc)) from exc
-        self.log.info("%s-%s: open transaction at %s: %s", topic, partition, start, txn)
         if params["dry_run"]:
-            self.log.info("dry run: nothing changed; trigger again with dry_run off and confirm %r to abort it",
-                          confirmation(topic, partition, start))
-            return {"dry_run": True, "transaction": txn}
-        expected = confirmation(topic, partition, start)
-        if params["confirm"] != expected:
-            raise AirflowFailException(f"confirm: type exactly {expected!r} to abort this transaction (got "
-                                       f"{params['confirm']!r}); nothing was changed")
+            try:
+                txn = find_open_transaction(settings, topic, partition, start, specs)
+                self.log.info("%s-%s: open transaction at %s: %s", topic, partition, start, txn)
+                guard = check_abort(settings, topic, partition, txn, older_than_s=older_than, force=force,
+                                    specs=specs)
+            except KafkaEosError as exc:
+                raise AirflowFailException(f"dry run: {exc}") from exc
+            self.log.info("dry run: nothing changed; it would be aborted (%s); trigger again with dry_run off and "
+                          "confirm %r to abort it", guard, confirmation(topic, partition, start))
+            return {"dry_run": True, "transaction": txn, "guard": guard}
         dag_run = context.get("dag_run")
         who = getattr(dag_run, "triggering_user_name", None) or "unknown"
+        via = f"{self.dag_id} run {context['run_id']}"
+        expected = confirmation(topic, partition, start)
+        if params["confirm"] != expected:
+            from kafka_eos.health.abort import record_abort
+
+            error = (f"confirm: type exactly {expected!r} to abort this transaction (got {params['confirm']!r}); "
+                     "nothing was changed")
+            record_abort(settings, topic, partition, start, None, None, who=who, via=via, outcome="refused",
+                         error=error)
+            raise AirflowFailException(error)
         try:
-            done = abort_transaction(settings, topic, partition, txn)
+            record = attempt_abort(settings, topic, partition, start, who=who, via=via, specs=specs,
+                                   older_than_s=older_than, force=force)
         except KafkaEosError as exc:
             raise AirflowFailException(str(exc)) from exc
-        record = record_abort(settings, topic, partition, txn, done, who=who,
-                              via=f"{self.dag_id} run {context['run_id']}")
-        self.log.info("aborted: %s; LSO %s -> %s (high watermark %s)", done["method"], done["lso_before"],
-                      done["lso_after"], done["high_watermark"])
-        return {"dry_run": False, "transaction": txn, "audit": record}
+        self.log.info("aborted: %s", outcome_text(record))
+        return {"dry_run": False, "transaction": record["transaction"], "audit": record}

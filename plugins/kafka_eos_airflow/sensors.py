@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, AirflowSkipException
 
-from kafka_eos.health import DEFAULT_OLDER_THAN_S
+from kafka_eos.health import watch_threshold_s
 
 from kafka_eos_airflow.hooks import KafkaEosHook
 from kafka_eos_airflow.notifiers import HungTransactionsFound
@@ -40,8 +40,9 @@ class HungTransactionSensor(BaseSensorOperator):
     :param topics: topics to watch. (templated)
     :param pipelines: pipelines (spec names or paths) whose topics are watched too; their own
         transactions are named as theirs. (templated)
-    :param older_than_s: how long a transaction may hold a partition (default 360 s: longer than
-        a kafka-eos transaction may stay open).
+    :param older_than_s: how long a transaction may hold a partition (default: the longest
+        ``sink.transaction_timeout_s`` of ``pipelines`` plus a minute, at least 360 s: longer than a
+        kafka-eos transaction of theirs may stay open).
     :param healthy_for_s: how long the partitions must stay clear for success.
     :param poll_interval_s: seconds between two looks.
     :param kafka_conn_id: the ``kafka`` connection. (templated)
@@ -50,7 +51,7 @@ class HungTransactionSensor(BaseSensorOperator):
     template_fields: Sequence[str] = ("topics", "pipelines", "kafka_conn_id")
 
     def __init__(self, *, topics: Sequence[str] = (), pipelines: Sequence[str] = (),
-                 older_than_s: float = DEFAULT_OLDER_THAN_S, healthy_for_s: float = 300.0,
+                 older_than_s: float | None = None, healthy_for_s: float = 300.0,
                  poll_interval_s: float = 30.0, kafka_conn_id: str = KafkaEosHook.default_conn_name,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -65,8 +66,15 @@ class HungTransactionSensor(BaseSensorOperator):
         topics = list(dict.fromkeys([*self.topics, *(t for p in self.pipelines for t in pipeline_topics(p))]))
         if not topics:
             raise AirflowFailException(f"{self.task_id}: no topics to watch (give topics or pipelines)")
+        older_than_s = self.older_than_s
+        if older_than_s is None:
+            from kafka_eos.spec import load_spec
+
+            older_than_s = watch_threshold_s(load_spec(p, import_transform=False).sink.transaction_timeout_s
+                                             for p in self.pipelines)
+        self.log.info("watching %d topic(s) for transactions open longer than %gs", len(topics), older_than_s)
         self.defer(
-            trigger=HungTransactionTrigger(topics, self.kafka_conn_id, self.older_than_s, self.healthy_for_s,
+            trigger=HungTransactionTrigger(topics, self.kafka_conn_id, older_than_s, self.healthy_for_s,
                                            self.poll_interval_s, self.pipelines),
             method_name="execute_complete",
             # The trigger ends by itself after healthy_for_s; the margin covers slow looks.

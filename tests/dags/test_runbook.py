@@ -62,26 +62,37 @@ def test_the_runbook_dry_runs_refuses_then_aborts_and_audits(runbook, kafka_sett
         return kafka_admin.partition_offsets(kafka_settings, [(topic, 1)])[(topic, 1)].lso
 
     target = {"topic": topic, "partition": 1, "start_offset": 1}
+    # The transaction is seconds old: a dry run says it would be refused, a forced one says how.
     state, result = runbook(**target)  # dry_run is on by default
+    assert state == "failed" and result is None
+    state, result = runbook(**target, force=True)
     assert state == "success" and result["dry_run"] is True
     assert (result["transaction"]["transactional_id"], result["transaction"]["start_offset"]) == (txid, 1)
+    assert (result["guard"]["method"], result["guard"]["forced"], result["guard"]["threshold_s"]) == ("fence", True, 900)
     assert lso() == 1
 
-    # Refused, nothing changed: no confirmation, a wrong one, a wrong offset, a wrong partition.
-    assert runbook(**target, dry_run=False)[0] == "failed"
-    assert runbook(**target, dry_run=False, confirm=f"ABORT {topic}-1@2")[0] == "failed"
-    assert runbook(**{**target, "start_offset": 2}, dry_run=False, confirm=f"ABORT {topic}-1@2")[0] == "failed"
-    assert runbook(**{**target, "partition": 0}, dry_run=False, confirm=f"ABORT {topic}-0@1")[0] == "failed"
+    # Refused, nothing changed: no confirmation, a wrong one, a wrong offset, a wrong partition, too young.
+    assert runbook(**target, dry_run=False, force=True)[0] == "failed"
+    assert runbook(**target, dry_run=False, force=True, confirm=f"ABORT {topic}-1@2")[0] == "failed"
+    assert runbook(**{**target, "start_offset": 2}, dry_run=False, force=True, confirm=f"ABORT {topic}-1@2")[0] == "failed"
+    assert runbook(**{**target, "partition": 0}, dry_run=False, force=True, confirm=f"ABORT {topic}-0@1")[0] == "failed"
+    # force given: dag.test() keeps the DAG object, and a param left out keeps the last run's value.
+    assert runbook(**target, dry_run=False, force=False, confirm=f"ABORT {topic}-1@1")[0] == "failed"
     assert lso() == 1
 
-    state, result = runbook(**target, dry_run=False, confirm=f"ABORT {topic}-1@1")
+    state, result = runbook(**target, dry_run=False, force=True, confirm=f"ABORT {topic}-1@1")
     assert state == "success"
     offsets = kafka_admin.partition_offsets(kafka_settings, [(topic, 1)])[(topic, 1)]
     assert offsets.lso == offsets.high_watermark == 4  # before, the aborted record, its marker, behind
     audit = [json.loads(m.value) for m in read_committed(kafka_settings, AUDIT_TOPIC)
              if json.loads(m.value).get("topic") == topic]
-    assert audit == [result["audit"]]
-    (record,) = audit
+    # Every attempt past the dry runs is recorded, refused ones too.
+    assert [(r["outcome"], r["partition"], r["start_offset"]) for r in audit] == [
+        ("refused", 1, 1), ("refused", 1, 1), ("refused", 1, 2), ("refused", 0, 1), ("refused", 1, 1),
+        ("aborted", 1, 1)]
+    assert "under the abort threshold of 900s" in audit[4]["error"]
+    record = audit[-1]
+    assert record == result["audit"]
     assert (record["partition"], record["start_offset"], record["transaction"]["transactional_id"],
             record["before"], record["after"]["lso"]) == (1, 1, txid, {"lso": 1}, 4)
-    assert record["via"].startswith(f"{RUNBOOK} run manual__") and record["who"]
+    assert all(r["via"].startswith(f"{RUNBOOK} run manual__") and r["who"] for r in audit)

@@ -103,3 +103,27 @@ def test_the_sensor_fails_naming_the_culprit_alerts_and_passes_on_healthy_partit
     body = "".join(part.get_payload(decode=True).decode() for part in message.walk()
                    if part.get_content_type() == "text/html")
     assert f"<b>{held}-1</b>: LSO 1 &lt; HW 2" in body and txid in body and abort in body
+
+
+def test_the_watchdogs_threshold_follows_the_longest_transaction_timeout_of_its_pipelines(tmp_path, unique):
+    """A pipeline that allows a 900 s transaction is not reported at the old fixed 360 s: the
+    sensor defers with the longest transaction_timeout_s of its pipelines plus a minute."""
+    import yaml
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from kafka_eos_airflow.sensors import HungTransactionSensor
+
+    paths = []
+    for timeout_s in (300, 900):
+        path = tmp_path / f"p{timeout_s}.yaml"
+        path.write_text(yaml.safe_dump({"name": f"p{timeout_s}", "source": {"topics": [f"in-{unique}"]},
+                                        "sink": {"kind": "kafka", "topic": f"out-{timeout_s}-{unique}",
+                                                 "transaction_timeout_s": timeout_s}}))
+        paths.append(str(path))
+    for pipelines, expected in ((paths[:1], 360.0), (paths, 960.0)):
+        with pytest.raises(TaskDeferred) as deferred:
+            HungTransactionSensor(task_id="watch", pipelines=pipelines).execute({})
+        assert deferred.value.trigger.older_than_s == expected
+    with pytest.raises(TaskDeferred) as deferred:  # given, it is kept
+        HungTransactionSensor(task_id="watch", pipelines=paths, older_than_s=30).execute({})
+    assert deferred.value.trigger.older_than_s == 30

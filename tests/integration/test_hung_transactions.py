@@ -79,11 +79,17 @@ def test_a_killed_producers_transaction_is_found_named_and_aborted(kafka_setting
     assert err.strip() == f"kafka-eos: {source}-1: no open transaction starts at offset 4 (open transactions start at: 3)"
     code, _out, err = cli(capsys, kafka_settings, "txn", "abort", "--topic", source, "--partition", "0", "--start-offset", "3")
     assert code == EXIT_ERROR and "no open transaction starts at offset 3 (open transactions start at: none is open)" in err
-    code, out, _err = cli(capsys, kafka_settings, "txn", "abort", "--topic", source, "--partition", "1", "--start-offset", "3")
+    # Seconds old, under the threshold (the guards are tests/integration/test_abort_guards.py): forced.
+    code, _out, err = cli(capsys, kafka_settings, "txn", "abort", "--topic", source, "--partition", "1", "--start-offset", "3")
+    assert code == EXIT_ERROR and "under the abort threshold" in err
+    code, out, _err = cli(capsys, kafka_settings, "txn", "abort", "--topic", source, "--partition", "1", "--start-offset", "3",
+                          "--force")
     assert code == 0 and f"transactional.id {txid}" in out and "dry run: nothing changed" in out
+    assert "it would be aborted by fencing its transactional.id" in out
     assert kafka_admin.partition_offsets(kafka_settings, [(source, 1)])[(source, 1)].lso == 3
 
-    code, out, _err = cli(capsys, kafka_settings, "txn", "abort", "--topic", source, "--partition", "1", "--start-offset", "3", "--yes")
+    code, out, _err = cli(capsys, kafka_settings, "txn", "abort", "--topic", source, "--partition", "1", "--start-offset", "3",
+                          "--yes", "--force")
     assert code == 0 and "aborted:" in out
     offsets = kafka_admin.partition_offsets(kafka_settings, [(source, 1), (other, 0)])
     assert all(o.lso == o.high_watermark for o in offsets.values())  # the whole transaction, both topics

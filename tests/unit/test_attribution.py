@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from kafka_eos.health.attribute import HANGING, LONG_RUNNING, describe, pipeline_of
+from kafka_eos.health.attribute import HANGING, LONG_RUNNING, UNLISTED, describe, pipeline_of
 from kafka_eos.spec import parse_spec
 
 TXN = {"producer_id": 7, "producer_epoch": 0, "coordinator_epoch": 0, "start_offset": 42, "last_write": None}
@@ -37,13 +37,16 @@ def _description(state: str, pid: int = 7, partitions=(("t", 0),)):
 
 def test_a_transaction_the_coordinator_tracks_on_the_partition_is_long_running():
     out = describe(Coordinator([_listing("x")], {"x": _description("Ongoing")}), "t", 0, TXN, [])
-    assert (out["verdict"], out["transactional_id"], out["coordinator_state"], out["transaction_timeout_s"]) == (
-        LONG_RUNNING, "x", "Ongoing", 600.0)
+    assert (out["verdict"], out["transactional_id"], out["coordinator_state"], out["transaction_timeout_s"],
+            out["transaction_started_ms"]) == (LONG_RUNNING, "x", "Ongoing", 600.0, 1_700_000_000_000)
 
 
-def test_a_producer_unknown_to_the_coordinator_is_hanging():
+def test_a_producer_no_coordinator_lists_is_unlisted_not_proven_hanging():
+    # The broker lists only the ids the client may DESCRIBE: a healthy transaction can be unlisted.
     out = describe(Coordinator([], {}), "t", 0, TXN, [])
-    assert (out["verdict"], out["transactional_id"], out["coordinator_state"]) == (HANGING, None, None)
+    assert (out["verdict"], out["transactional_id"], out["coordinator_state"]) == (UNLISTED, None, None)
+    out = describe(Coordinator([_listing("x")], {}), "t", 0, TXN, [])  # listed, its view unreadable
+    assert (out["verdict"], out["transactional_id"]) == (UNLISTED, "x")
 
 
 def test_a_transaction_the_coordinator_ended_or_moved_on_from_is_hanging():

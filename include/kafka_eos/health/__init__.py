@@ -13,6 +13,16 @@ This module imports nothing: DAG files read the default below at parse time.
 #: transactions last at most their timeout (sink.transaction_timeout_s, 300 s by default); a
 #: minute more keeps a pipeline's own slow commit from being reported as hung.
 DEFAULT_OLDER_THAN_S = 360.0
+#: How much longer than a watched pipeline's own ``transaction_timeout_s`` a transaction must be
+#: open before the watchdog reports it.
+WATCH_MARGIN_S = 60.0
+
+
+def watch_threshold_s(transaction_timeouts_s) -> float:
+    """The watchdog's threshold for pipelines with these ``sink.transaction_timeout_s``: the
+    longest of them plus :data:`WATCH_MARGIN_S`, and never under :data:`DEFAULT_OLDER_THAN_S`
+    (a pipeline that allows a 900 s transaction is not reported at 360 s)."""
+    return max([DEFAULT_OLDER_THAN_S, *(float(t) + WATCH_MARGIN_S for t in transaction_timeouts_s)])
 
 
 def abort_command(topic: str, partition: int, start_offset: int) -> str:

@@ -4,9 +4,13 @@
 Per partition, ``describe_producers`` gives the open transactions (producer id, epoch, first
 offset, last write); ``list_transactions`` maps the producer id to its transactional.id and
 ``describe_transactions`` gives the coordinator's view. The verdict follows Kafka's own
-``kafka-transactions.sh find-hanging``: *hanging* when the coordinator no longer tracks this
-producer's transaction on this partition (nothing will ever end it but an abort), else
-*long-running* (the coordinator will abort it at its timeout, if nobody commits it first).
+``kafka-transactions.sh find-hanging``: *long-running* when the coordinator tracks this
+producer's transaction on this partition (it aborts it at its timeout, if nobody commits it
+first); *hanging* when the coordinator lists the producer's transactional.id but no longer tracks
+this transaction on this partition (nothing will ever end it but an abort marker); *unlisted*
+when ``list_transactions`` names no transactional.id for the producer at all. Unlisted is not
+proof of a hanging transaction: the broker lists only the ids the client may DESCRIBE, so a
+healthy transaction under an id the principal may not see is unlisted too.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from kafka_eos.spec import PipelineSpec
 
 log = logging.getLogger(__name__)
 
-HANGING, LONG_RUNNING = "hanging", "long-running"
+HANGING, LONG_RUNNING, UNLISTED = "hanging", "long-running", "unlisted"
 #: Coordinator states of a transaction still in progress.
 _ACTIVE = {"Ongoing", "PrepareCommit", "PrepareAbort"}
 
@@ -57,7 +61,8 @@ def open_transactions(client, topic: str, partition: int) -> list[dict]:
                 found.append({"producer_id": p.producer_id, "producer_epoch": p.producer_epoch,
                               "coordinator_epoch": p.coordinator_epoch,
                               "start_offset": p.current_transaction_start_offset,
-                              "last_write": _iso(p.last_timestamp)})
+                              "last_write": _iso(p.last_timestamp),
+                              "last_write_ms": p.last_timestamp if p.last_timestamp >= 0 else None})
     return sorted(found, key=lambda t: t["start_offset"])
 
 
@@ -68,17 +73,21 @@ def describe(client, topic: str, partition: int, txn: dict, specs: Iterable[Pipe
     listed = [t for ts in client.list_transactions(producer_id_filters=[pid]).values() for t in ts
               if t.producer_id == pid]
     out = {**txn, "transactional_id": None, "coordinator_state": None, "transaction_timeout_s": None,
-           "transaction_started": None, "pipeline": None, "verdict": HANGING}
+           "transaction_started": None, "transaction_started_ms": None, "pipeline": None, "verdict": UNLISTED}
     if not listed:
-        return out  # the coordinator knows no transaction of this producer: nothing will end it
+        # No coordinator lists this producer: it forgot it (hanging), or the id is one this client
+        # may not DESCRIBE (list_transactions leaves those out). Which one, nobody here can tell.
+        return out
     txid = listed[0].transactional_id
     out.update(transactional_id=txid, pipeline=pipeline_of(txid, specs))
     desc = client.describe_transactions([txid]).get(txid)
     if desc is None:
-        return out
+        return out  # listed, but its coordinator's view could not be read: still unknown
     state = getattr(desc.state, "value", str(desc.state))
+    started = desc.transaction_start_time_ms if desc.transaction_start_time_ms is not None and \
+        desc.transaction_start_time_ms >= 0 else None
     out.update(coordinator_state=state, transaction_timeout_s=desc.transaction_timeout_ms / 1000,
-               transaction_started=_iso(desc.transaction_start_time_ms))
+               transaction_started=_iso(started), transaction_started_ms=started, verdict=HANGING)
     tracked = {(tp.topic, tp.partition) for tp in desc.topic_partitions}
     if state in _ACTIVE and desc.producer_id == pid and (topic, partition) in tracked:
         out["verdict"] = LONG_RUNNING
@@ -87,16 +96,26 @@ def describe(client, topic: str, partition: int, txn: dict, specs: Iterable[Pipe
 
 def attribute(settings: KafkaSettings, stalls: list[Stall], specs: Iterable[PipelineSpec] = ()) -> list[Stall]:
     """Fill in each stall's ``culprit`` (the open transaction that starts at its LSO), or its
-    ``attribution_error`` when the admin API is unavailable or not permitted."""
-    if not stalls:
-        return stalls
+    ``attribution_error`` when the admin API is unavailable or not permitted. A stall attributed
+    already (by :func:`kafka_eos.health.detect.observe`) only gets its pipeline named."""
     specs = list(specs)
+    for s in stalls:
+        if s.culprit is not None:
+            s.culprit["pipeline"] = pipeline_of(s.culprit.get("transactional_id"), specs)
+    stalls_left = [s for s in stalls if s.culprit is None and s.attribution_error is None]
+    _attribute(settings, stalls_left, specs)
+    return stalls
+
+
+def _attribute(settings: KafkaSettings, stalls: list[Stall], specs: list[PipelineSpec]) -> None:
+    if not stalls:
+        return
     try:
         client = admin(settings)
     except Exception as exc:  # noqa: BLE001 - any failure: the stall is still reported
         for s in stalls:
             s.attribution_error = _why(exc)
-        return stalls
+        return
     try:
         for s in stalls:
             try:
@@ -111,7 +130,6 @@ def attribute(settings: KafkaSettings, stalls: list[Stall], specs: Iterable[Pipe
                 s.attribution_error = _why(exc)
     finally:
         client.close()
-    return stalls
 
 
 def _why(exc: BaseException) -> str:

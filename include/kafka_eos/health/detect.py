@@ -1,11 +1,14 @@
 """Stalled partitions: the LSO (read_committed end) below the high watermark, held there by an
 open transaction for longer than a threshold.
 
-No history is needed: the LSO of a partition is the first offset of its oldest open
-transaction, so the record at the LSO (read uncommitted) is that transaction's first write on
-the partition, and its timestamp says how long the transaction has been open there. A caller
-that observes over time (a sensor's trigger) can pass its previous observation instead and
-count from when it first saw the LSO at that offset.
+How long a transaction has held a partition is measured by the broker's clock where the broker
+can say: the coordinator's ``transaction_start_time_ms`` for a transaction it tracks (read with the
+holder's attribution, :mod:`.attribute`). For a transaction no coordinator describes, the LSO
+is the first offset of its oldest open transaction, so the record at the LSO (read uncommitted) is
+that transaction's first write there; its timestamp is the producer's own clock (the broker's only
+on a topic with ``message.timestamp.type=LogAppendTime``), so a caller that observes over time (a
+sensor's trigger) also passes its previous observation and counts from when it first saw the
+LSO at that offset, whichever is earlier. Each stall says which clock its age comes from.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ class Stall:
     culprit: dict | None = None
     #: Why attribution was not possible, when it was not.
     attribution_error: str | None = None
+    #: Whose clock ``open_since_ms`` is: ``coordinator`` (the broker's transaction start),
+    #: ``observed`` (first seen held at this LSO) or ``record timestamp`` (the record at the LSO).
+    age_from: str | None = None
     waiting: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -105,24 +111,36 @@ def observe(settings: KafkaSettings, tps: Iterable[TP], older_than_s: float = DE
     :returns: the stalls, and the observation to pass next time (JSON-serialisable: for every
         pinned partition, its LSO and since when it has been held there).
     """
+    from kafka_eos.health.attribute import LONG_RUNNING, attribute
+
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     tps = list(tps)
     offsets = {tp: offsets[tp] for tp in tps} if offsets is not None else partition_offsets(settings, tps)
     pinned = {tp: o for tp, o in offsets.items() if o.lso < o.high_watermark}
     first_writes = {tp: ts for tp, (_offset, ts) in
                     first_records(settings, {tp: o.lso for tp, o in pinned.items()}, committed=False).items()}
+    # Every pinned partition's holder, for the coordinator's clock (and named for the caller).
+    held = attribute(settings, [Stall(tp[0], tp[1], o.lso, o.high_watermark, None, None)
+                                for tp, o in sorted(pinned.items())])
     stalls, seen_now = [], {}
-    for tp, o in sorted(pinned.items()):
+    for stall in held:
+        tp, o = stall.tp, pinned[stall.tp]
         key = f"{tp[0]}-{tp[1]}"
-        since = first_writes.get(tp)
+        culprit = stall.culprit or {}
         seen = (previous or {}).get(key)
-        if seen is not None and seen.get("lso") == o.lso and seen.get("open_since_ms") is not None:
-            since = seen["open_since_ms"] if since is None else min(since, seen["open_since_ms"])
+        if culprit.get("verdict") == LONG_RUNNING and culprit.get("transaction_started_ms") is not None:
+            since, age_from = culprit["transaction_started_ms"], "coordinator"
+        else:
+            since, age_from = first_writes.get(tp), "record timestamp"
+            if seen is not None and seen.get("lso") == o.lso and seen.get("open_since_ms") is not None:
+                if since is None or seen["open_since_ms"] < since:
+                    since, age_from = seen["open_since_ms"], "observed"
         seen_now[key] = {"lso": o.lso, "open_since_ms": now_ms if since is None else since}
         if since is None and previous is not None:
             continue  # unreadable and first seen now: the observation starts the clock
         stuck = None if since is None else max(0.0, (now_ms - since) / 1000)
         if stuck is not None and stuck < older_than_s:
             continue  # a one-shot look reports an age it cannot read, rather than hide the partition
-        stalls.append(Stall(tp[0], tp[1], o.lso, o.high_watermark, since, stuck))
+        stall.open_since_ms, stall.stuck_s, stall.age_from = since, stuck, None if since is None else age_from
+        stalls.append(stall)
     return stalls, seen_now

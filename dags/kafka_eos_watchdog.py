@@ -6,6 +6,8 @@ with the partition, its holder and the command that aborts it.
 
 Beside it, a freshness check: a pipeline whose oldest unprocessed committed record is older
 than its spec's ``source.freshness_limit_s`` fails that task and alerts, naming the partitions.
+And a checkpoint refresh: a pipeline that has not run for a long time (event-driven, manual) has
+its checkpoints committed again, unchanged, before the brokers' offsets retention would expire them.
 
 DAG wiring only: the sensor and its read-only trigger live in plugins/kafka_eos_airflow/.
 """
@@ -17,12 +19,14 @@ from datetime import datetime, timedelta, timezone
 from airflow.sdk import DAG, CronTriggerTimetable
 
 from kafka_eos.spec import spec_paths
-from kafka_eos_airflow.checks import FreshnessCheckOperator
+from kafka_eos_airflow.checks import CheckpointRefreshOperator, FreshnessCheckOperator
 from kafka_eos_airflow.notifiers import failure_notifiers
 from kafka_eos_airflow.sensors import HungTransactionSensor
 
 #: A run watches for 4 of its 5 minutes, then makes room for the next one.
 WATCH_S = 240
+#: How long until the next watchdog run may refresh a checkpoint: its interval, twice (one run late).
+REFRESH_AHEAD_S = 2 * 300
 
 with DAG(
     dag_id="kafka_eos_watchdog",
@@ -45,3 +49,6 @@ with DAG(
         retries=0,
     )
     FreshnessCheckOperator(task_id="freshness", pipelines=pipelines, retries=0)
+    # A failed refresh alerts; the next watchdog run (within REFRESH_AHEAD_S) tries again.
+    CheckpointRefreshOperator(task_id="refresh_checkpoints", pipelines=pipelines, next_in_s=REFRESH_AHEAD_S,
+                              retries=0)

@@ -138,7 +138,7 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
             kafka_sink.check_output(results, spec)
         if spec.sink.commit == "atomic":
             tally: Counter = Counter()
-            commit = clients.atomic.use(plan.active) if clients and clients.atomic else None
+            commit = clients.atomic.use(plan.active, plan.planned_ms) if clients and clients.atomic else None
             res = kafka_sink.write_atomic(results, spec, plan, settings, summary, tally, commit)
             status, out, dead = res.status, res.records_out, res.dead_letters
             counts = {r.tp: (tally[(r.tp, "out")], tally[(r.tp, "dead")]) for r in plan.active}

@@ -239,6 +239,13 @@ def cmd_checkpoint(args) -> int:
     from kafka_eos.health.backlog import backlog
 
     spec, settings = _spec(args, import_transform=False), _settings(args)
+    if args.refresh:
+        from kafka_eos.pipeline import refresh_checkpoints
+
+        done = refresh_checkpoints(spec, settings, every=True)
+        Console(quiet=args.json).step(
+            f"refreshed {len(done)} checkpoint(s) of {spec.name}, unchanged: the brokers' offsets retention "
+            "counts from now" if done else f"{spec.name} has no checkpoint to refresh")
     rows, drift = backlog(spec, settings)
     pinned = _pinned(settings, [(r["topic"], r["partition"]) for r in rows], spec)
     if args.json:
@@ -443,8 +450,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="stop at the first batch with nothing to read (drain the backlog and stop)")
     st.add_argument("--force", action="store_true",
                     help="start even though a batch run's plan has not committed yet (a failed run)")
-    command("checkpoint", cmd_checkpoint, "per partition: checkpoint, LSO, HW and lag (to the LSO)",
-            json_flag=True, pipeline=True)
+    c = command("checkpoint", cmd_checkpoint, "per partition: checkpoint, LSO, HW and lag (to the LSO)",
+                json_flag=True, pipeline=True)
+    c.add_argument("--refresh", action="store_true",
+                   help="first commit every checkpoint again, unchanged, so the broker's offsets retention "
+                        "does not expire it (a pipeline that has not run for a while); an attempt of the "
+                        "pipeline in flight is fenced and retried")
     command("pipelines", cmd_pipelines, "the pipeline specs under include/pipelines/: sink, scope, lag, last run",
             json_flag=True)
     command("demo", cmd_demo, "the main job on the embedded default (local broker, Spark, Airflow)")

@@ -252,14 +252,27 @@ def group_client(settings: KafkaSettings, group_id: str) -> Consumer:
     }))
 
 
-#: The commit time kafka-eos stores in each group offset's metadata (Kafka keeps the commit time
-#: but the fetch API does not return it): ``kafka-eos committed_at=<epoch ms>``.
+#: What kafka-eos stores in each group offset's metadata (Kafka keeps the commit time but the fetch
+#: API does not return it): ``kafka-eos committed_at=<epoch ms> planned_at=<epoch ms>``, when the
+#: offset was committed and when the run that committed it was planned.
 _COMMITTED_AT = re.compile(r"committed_at=(\d+)")
+_PLANNED_AT = re.compile(r"planned_at=(\d+)")
 
 
-def offset_metadata(now_ms: int | None = None) -> str:
-    """The metadata kafka-eos commits with every checkpoint: when it was committed."""
-    return f"kafka-eos committed_at={int(time.time() * 1000) if now_ms is None else now_ms}"
+@dataclass(frozen=True)
+class CommitTimes:
+    """When a group offset was committed, and when the run that committed it was planned (epoch
+    seconds; None where the metadata does not say: an offset committed by another tool)."""
+
+    committed_at: float | None = None
+    planned_at: float | None = None
+
+
+def offset_metadata(now_ms: int | None = None, planned_ms: int | None = None) -> str:
+    """The metadata kafka-eos commits with every checkpoint: when it was committed, and when the
+    run that commits it was planned (the planner's estimate of how far apart runs come)."""
+    text = f"kafka-eos committed_at={int(time.time() * 1000) if now_ms is None else now_ms}"
+    return text if planned_ms is None else f"{text} planned_at={planned_ms}"
 
 
 def committed_offsets(settings: KafkaSettings, group_id: str, tps: Iterable[TP],
@@ -274,9 +287,9 @@ def committed_offsets(settings: KafkaSettings, group_id: str, tps: Iterable[TP],
 
 
 def committed_offsets_and_times(settings: KafkaSettings, group_id: str, tps: Iterable[TP],
-                                consumer: Consumer | None = None) -> dict[TP, tuple[int | None, float | None]]:
-    """The group's committed offsets and when kafka-eos committed them (epoch seconds; None for
-    no offset, or an offset committed without kafka-eos's metadata).
+                                consumer: Consumer | None = None) -> dict[TP, tuple[int | None, CommitTimes]]:
+    """The group's committed offsets and when kafka-eos committed them (:class:`CommitTimes`;
+    empty for no offset, or an offset committed without kafka-eos's metadata).
 
     :param consumer: a :func:`group_client` of ``group_id`` to ask first; a retry after a transient
         error starts from a fresh client (see the module's docstring).
@@ -300,13 +313,14 @@ def committed_offsets_and_times(settings: KafkaSettings, group_id: str, tps: Ite
         return res
 
     res = retrying(once)
-    out: dict[TP, tuple[int | None, float | None]] = {}
+    out: dict[TP, tuple[int | None, CommitTimes]] = {}
     for tp in res:
         if tp.offset < 0:
-            out[(tp.topic, tp.partition)] = (None, None)
+            out[(tp.topic, tp.partition)] = (None, CommitTimes())
             continue
-        found = _COMMITTED_AT.search(tp.metadata or "")
-        out[(tp.topic, tp.partition)] = (tp.offset, int(found.group(1)) / 1000 if found else None)
+        committed, planned = (_COMMITTED_AT.search(tp.metadata or ""), _PLANNED_AT.search(tp.metadata or ""))
+        out[(tp.topic, tp.partition)] = (tp.offset, CommitTimes(
+            int(committed.group(1)) / 1000 if committed else None, int(planned.group(1)) / 1000 if planned else None))
     return out
 
 
@@ -351,16 +365,19 @@ def _raise_partition_errors(tps, what: str) -> None:
                 from KafkaException(tp.error)
 
 
-def alter_group_offsets(settings: KafkaSettings, group_id: str, offsets: Mapping[TP, int]) -> None:
+def alter_group_offsets(settings: KafkaSettings, group_id: str, offsets: Mapping[TP, int],
+                        planned_ms: int | None = None) -> None:
     """Set the group's offsets (the Kafka mirror of a SQL sink's checkpoint; the group has no
-    members, so a plain offset commit outside any generation is accepted)."""
+    members, so a plain offset commit outside any generation is accepted).
+
+    :param planned_ms: when the run that commits them was planned (see :func:`offset_metadata`)."""
     if not offsets:
         return
     consumer = group_client(settings, group_id)
     try:
         def once():
             try:
-                res = consumer.commit(offsets=[TopicPartition(t, p, o, offset_metadata())
+                res = consumer.commit(offsets=[TopicPartition(t, p, o, offset_metadata(planned_ms=planned_ms))
                                                for (t, p), o in offsets.items()], asynchronous=False)
             except KafkaException as exc:
                 raise BrokerError(f"mirroring checkpoint to group {group_id!r}: {exc.args[0].str()}") from exc

@@ -17,7 +17,7 @@ from kafka_eos.errors import BrokerError, CheckpointConflict, CheckpointLost, Ka
 from kafka_eos.kafka_admin import (TP, alter_group_offsets, cluster_metadata, committed_offsets_and_times,
                                    offsets_retention_s, partition_offsets, partitions_of)
 from kafka_eos.manifest import ManifestState, ManifestStore
-from kafka_eos.plan import Plan, plan_ranges
+from kafka_eos.plan import Plan, plan_ranges, stale_checkpoints
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
 
@@ -106,11 +106,9 @@ def _plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str, cks, offsets
         pipeline is gone too (retention deleted records and no snapshot is left).
     """
     # Kafka deletes the offsets of a group without members `offsets.retention.minutes` after
-    # their last commit: an idle partition's checkpoint is committed again at half that age.
-    keep_alive_s = offsets_retention_s(settings) / 2
-    now = time.time()
-    stale = {tp for tp, ck in cks.items()
-             if ck is not None and (times.get(tp) is None or now - times[tp] > keep_alive_s)}
+    # their last commit: a checkpoint that might not live until the next run's commit is
+    # committed again by this one.
+    stale = stale_checkpoints(cks, times, offsets_retention_s(settings), time.time())
     history = starts = None
     if any(ck is None for ck in cks.values()):
         state = state or ManifestStore.of(spec, settings).state()
@@ -158,6 +156,54 @@ def repair_drift(spec: PipelineSpec, settings: KafkaSettings, drift: list[Drift]
     """Republish the SQL sink's checkpoint to the Kafka group offsets."""
     alter_group_offsets(settings, spec.source.group_id,
                         {(d.topic, d.partition): d.sink for d in drift if d.sink is not None})
+
+
+def refresh_checkpoints(spec: PipelineSpec, settings: KafkaSettings, *, every: bool = False,
+                        next_in_s: float | None = None) -> list[TP]:
+    """Commit checkpoints again, unchanged, before the broker's offsets retention expires them:
+    for pipelines that may not run for a long time (event-driven, manual), from the watchdog or
+    ``kafka-eos checkpoint PIPELINE --refresh``. Returns the partitions refreshed.
+
+    Kafka sinks commit the same offsets the way a run does (an offsets-only transaction under
+    the pipeline's own transactional ids): a run of the same partitions still in flight is fenced
+    and retried, never overwritten, and a checkpoint that moved in between is left alone
+    (:class:`CheckpointConflict`). SQL sinks republish the sink's checkpoint to the group.
+
+    :param every: every checkpoint; else those that might not live ``next_in_s`` more seconds
+        (see :func:`kafka_eos.plan.stale_checkpoints`).
+    :param next_in_s: when the caller's next refresh comes (the watchdog's interval).
+    """
+    from datetime import datetime, timezone
+
+    from kafka_eos.plan import PartitionRange
+
+    tps = source_partitions(spec, settings)
+    cks, drift, times = _checkpoints_and_times(spec, settings, tps)
+    if drift:
+        repair_drift(spec, settings, drift)
+    now = time.time()
+    due = sorted(tp for tp, ck in cks.items() if ck is not None) if every else \
+        sorted(stale_checkpoints(cks, times, offsets_retention_s(settings), now, next_in_s=next_in_s or 0.0))
+    if not due:
+        return []
+    # The commits keep the time the pipeline's last run was planned: the planner's estimate of
+    # how far apart runs come is not shortened by a refresh.
+    planned = max((t.planned_at for t in times.values() if t.planned_at is not None), default=now)
+    plan = Plan(spec.name, f"refresh-{int(now)}",
+                tuple(PartitionRange(t, p, cks[(t, p)], cks[(t, p)], cks[(t, p)], refresh=True) for t, p in due),
+                created_at=datetime.fromtimestamp(planned, timezone.utc).isoformat())
+    if spec.sink.kind == "sql":
+        alter_group_offsets(settings, spec.source.group_id, {r.tp: r.until for r in plan.ranges}, plan.planned_ms)
+    elif spec.sink.commit == "atomic":
+        from kafka_eos.sinks.kafka import atomic_commit
+
+        atomic_commit(spec, plan, settings).run([])
+    else:
+        from kafka_eos.sinks.kafka import commit_rowless
+
+        commit_rowless(spec, plan, settings, plan.ranges)
+    log.info("%s: refreshed the checkpoints of %s", spec.name, ", ".join(f"{t}-{p}" for t, p in due))
+    return due
 
 
 def prepare_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> Plan:

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Collection, Mapping
 
 from kafka_eos.errors import CheckpointLost, DataLossError, PlanError, TopicRecreated
-from kafka_eos.kafka_admin import TP, PartitionOffsets
+from kafka_eos.kafka_admin import TP, CommitTimes, PartitionOffsets
 from kafka_eos.spec import PipelineSpec
 
 
@@ -73,6 +73,11 @@ class Plan:
         return tuple(r for r in self.active if r.expected != r.until)
 
     @property
+    def planned_ms(self) -> int:
+        """When the plan was made (epoch ms): its commits store it beside the checkpoint."""
+        return int(datetime.fromisoformat(self.created_at).timestamp() * 1000)
+
+    @property
     def is_empty(self) -> bool:
         return not self.active
 
@@ -90,6 +95,44 @@ class Plan:
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise PlanError(f"{where}: not a kafka-eos plan ({exc.__class__.__name__}: {exc})") from None
+
+
+#: Refresh a checkpoint whose predicted age at the next commit reaches this share of the
+#: retention: the rest is room for a next run later than the last spacing predicts.
+REFRESH_AT_SHARE = 0.75
+
+
+def stale_checkpoints(checkpoints: Mapping[TP, int | None], times: Mapping[TP, CommitTimes], retention_s: float,
+                      now: float, next_in_s: float | None = None) -> set[TP]:
+    """The checkpoints to commit again now, so that the broker's offsets retention (which
+    deletes a member-less group's offset ``retention_s`` after its last commit) never expires one.
+
+    A checkpoint is refreshed when it may not survive until the commit after this one: its age
+    then is its age now, plus the time to the next run, plus that run's time from plan to commit.
+    Without ``next_in_s`` both come from the newest commit's metadata: runs come as far apart as
+    the last two plans did, and commit as long after planning as the last run did. Refreshed
+    anyway: a checkpoint half the retention old, or one without kafka-eos's commit time.
+
+    :param next_in_s: when the next chance to refresh comes (a watchdog's interval), instead.
+    """
+    newest = max((t for t in times.values() if t.committed_at is not None),
+                 key=lambda t: t.committed_at, default=None)
+    if next_in_s is not None:
+        ahead = next_in_s
+    elif newest is None:
+        ahead = 0.0
+    elif newest.planned_at is None:
+        ahead = now - newest.committed_at
+    else:
+        ahead = (now - newest.planned_at) + max(0.0, newest.committed_at - newest.planned_at)
+    stale = set()
+    for tp, ck in checkpoints.items():
+        at = times.get(tp, CommitTimes()).committed_at
+        if ck is None:
+            continue
+        if at is None or now - at >= retention_s / 2 or now - at + ahead >= retention_s * REFRESH_AT_SHARE:
+            stale.add(tp)
+    return stale
 
 
 def plan_ranges(spec: PipelineSpec, run_id: str, offsets: Mapping[TP, PartitionOffsets],

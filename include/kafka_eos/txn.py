@@ -25,7 +25,7 @@ from typing import Callable, Iterable, Sequence
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from kafka_eos.errors import CheckpointConflict, ProducerFenced, TransactionFailed, TransactionTimedOut
+from kafka_eos.errors import CheckpointConflict, CheckpointLost, ProducerFenced, TransactionFailed, TransactionTimedOut
 from kafka_eos.faults import armed, fault_point
 from kafka_eos.kafka_admin import committed_offsets, group_client, offset_metadata
 from kafka_eos.plan import PartitionRange
@@ -68,8 +68,11 @@ class TransactionalCommit:
     def __init__(self, settings: KafkaSettings, transactional_id: str, group_id: str,
                  ranges: Sequence[PartitionRange], dlq_topic: str | None = None,
                  fences: Sequence[str] = (), timeout_ms: int = TRANSACTION_TIMEOUT_MS,
-                 keep_open: bool = False) -> None:
+                 keep_open: bool = False, planned_ms: int | None = None) -> None:
         self.settings = settings
+        #: When the plan of the ranges was made: stored beside the checkpoint (see
+        #: :func:`kafka_eos.plan.stale_checkpoints`).
+        self.planned_ms = planned_ms
         #: False: one transaction, its clients closed after it. True: many (stream mode), one
         #: producer and epoch for all of them, until :meth:`close`.
         self.keep_open = keep_open
@@ -205,6 +208,11 @@ class TransactionalCommit:
         if deciding and all(committed[r.tp] == r.until for r in deciding):
             return CommitResult("noop")
         for r in self.ranges:
+            if committed[r.tp] is None and r.expected is not None:
+                raise CheckpointLost(
+                    f"{r.topic}-{r.partition}: group {self.group_id!r} has no committed offset any more, the plan "
+                    f"expected {r.expected}: the broker expired it (offsets.retention.minutes) or the group was "
+                    "deleted after the plan was made; nothing was written")
             if committed[r.tp] != r.expected:
                 raise CheckpointConflict(
                     f"{r.topic}-{r.partition}: group {self.group_id!r} is at {committed[r.tp]}, the plan "
@@ -241,7 +249,8 @@ class TransactionalCommit:
         fault_point("before_offsets")
         # 3b. The consumed offsets: the next offset to read is each range's end.
         # With the commit time in the metadata: the planner refreshes idle checkpoints by it.
-        offsets = [TopicPartition(r.topic, r.partition, r.until, offset_metadata()) for r in self.ranges]
+        metadata = offset_metadata(planned_ms=self.planned_ms)
+        offsets = [TopicPartition(r.topic, r.partition, r.until, metadata) for r in self.ranges]
         if self._group_md is None:
             self._group_md = _group_metadata(self.settings, self.group_id)
         group_md = self._group_md
@@ -286,9 +295,9 @@ class TransactionalCommit:
             self._producer = None  # not open: the next run() starts again from step 1
             raise
 
-    def use(self, ranges: Sequence[PartitionRange]) -> "TransactionalCommit":
+    def use(self, ranges: Sequence[PartitionRange], planned_ms: int | None = None) -> "TransactionalCommit":
         """The next transaction of a long-lived commit covers ``ranges`` (same transactional.id)."""
-        self.ranges = tuple(ranges)
+        self.ranges, self.planned_ms = tuple(ranges), planned_ms
         return self
 
     def close(self) -> None:

@@ -67,3 +67,47 @@ class FreshnessCheckOperator(BaseOperator):
         if errors:
             raise AirflowException("freshness not checked: " + " | ".join(errors))
         return checked
+
+
+class CheckpointRefreshOperator(BaseOperator):
+    """Commit again, unchanged, every checkpoint of the pipelines that the brokers' offsets
+    retention could expire before this task's next run: pipelines that run seldom (event-driven,
+    manual) keep their checkpoints however long they wait. A pipeline that runs often refreshes
+    its own checkpoints and is left alone. Returns the partitions refreshed, per pipeline.
+
+    :param pipelines: spec names or paths. (templated)
+    :param next_in_s: how long until this task runs again (its DAG's interval, with room for a
+        run that is late).
+    :param kafka_conn_id: the ``kafka`` connection. (templated)
+    """
+
+    template_fields: Sequence[str] = ("pipelines", "kafka_conn_id")
+
+    def __init__(self, *, pipelines: Sequence[str], next_in_s: float,
+                 kafka_conn_id: str = KafkaEosHook.default_conn_name, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipelines = list(pipelines)
+        self.next_in_s = next_in_s
+        self.kafka_conn_id = kafka_conn_id
+
+    def execute(self, context: Context) -> dict[str, list[str]]:
+        from kafka_eos.pipeline import refresh_checkpoints
+
+        settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
+        done, errors = {}, []
+        for pipeline in self.pipelines:
+            try:
+                spec = load_spec(pipeline, import_transform=False)
+                refreshed = refresh_checkpoints(spec, settings, next_in_s=self.next_in_s)
+            except TopicMissing as exc:
+                self.log.info("%s: not refreshed: %s", pipeline, exc)
+                continue
+            except KafkaEosError as exc:  # one broken pipeline does not keep another's checkpoints from refresh
+                errors.append(f"{pipeline}: {str(exc).splitlines()[0]}")
+                continue
+            done[spec.name] = [f"{t}-{p}" for t, p in refreshed]
+            self.log.info("%s: %s", spec.name, f"refreshed {', '.join(done[spec.name])}" if refreshed else
+                          "every checkpoint lives past the next refresh")
+        if errors:
+            raise AirflowException("checkpoints not refreshed: " + " | ".join(errors))
+        return done

@@ -245,3 +245,43 @@ def test_the_asset_watcher_fires_on_committed_records_only_once_per_new_lso(kafk
     assert kafka_admin.committed_offsets(kafka_settings, groups[0], [(topic, 0), (topic, 1)]) == before
     assert [g for g in kafka_admin.admin_client(kafka_settings).list_consumer_groups().result().valid
             if g.group_id in groups] == []  # it never joined (or created) the pipeline's group
+
+
+REFRESH_DAG = '''
+from datetime import datetime
+from airflow.sdk import DAG
+from kafka_eos_airflow.checks import CheckpointRefreshOperator
+
+with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), catchup=False, tags=["test"]) as dag:
+    CheckpointRefreshOperator(task_id="refresh_checkpoints", pipelines={pipelines!r}, next_in_s=600, retries=0)
+'''
+
+
+def test_the_watchdogs_refresh_commits_again_only_what_the_retention_could_expire(
+        run_dag, kafka_settings, kafka_connection, pipeline, unique):
+    path = pipeline()
+    topic, group = f"in-{unique}", f"kafka-eos.{unique}"
+    tps = [(topic, 0), (topic, 1)]
+    # Partition 0's checkpoint was committed 4 days ago (more than half the brokers' 7-day
+    # retention), partition 1's a minute ago, by a run planned a minute before that.
+    now_ms = int(time.time() * 1000)
+    client = kafka_admin.group_client(kafka_settings, group)
+    try:
+        client.commit(offsets=[
+            TopicPartition(topic, 0, 7, kafka_admin.offset_metadata(now_ms - 4 * 86_400_000, now_ms - 4 * 86_400_000)),
+            TopicPartition(topic, 1, 3, kafka_admin.offset_metadata(now_ms - 60_000, now_ms - 120_000))],
+            asynchronous=False)
+    finally:
+        client.close()
+    _produce(kafka_settings, topic, 0, 7)
+    _produce(kafka_settings, topic, 1, 3)
+    before = kafka_admin.committed_offsets_and_times(kafka_settings, group, tps)
+
+    dag_id = f"refresh_{unique.replace('-', '_')}"
+    dag_run = run_dag(dag_id, REFRESH_DAG.format(dag_id=dag_id, pipelines=[path]))
+    assert {ti.task_id: ti.state for ti in dag_run.get_task_instances()} == {"refresh_checkpoints": "success"}
+    after = kafka_admin.committed_offsets_and_times(kafka_settings, group, tps)
+    assert {tp: offset for tp, (offset, _t) in after.items()} == {(topic, 0): 7, (topic, 1): 3}  # unchanged
+    assert after[(topic, 0)][1].committed_at >= now_ms / 1000  # committed again ...
+    assert after[(topic, 0)][1].planned_at == before[(topic, 1)][1].planned_at  # ... keeping the last run's plan time
+    assert after[(topic, 1)][1] == before[(topic, 1)][1]  # young: left alone

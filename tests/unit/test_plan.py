@@ -3,11 +3,13 @@ tests/integration/test_planner.py."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from kafka_eos.errors import DataLossError, PlanError, SpecError, TopicRecreated
-from kafka_eos.kafka_admin import PartitionOffsets
-from kafka_eos.plan import Plan, plan_ranges
+from kafka_eos.kafka_admin import CommitTimes, PartitionOffsets, offset_metadata
+from kafka_eos.plan import Plan, plan_ranges, stale_checkpoints
 from kafka_eos.spec import parse_spec
 
 
@@ -89,6 +91,53 @@ def test_idle_partitions_with_an_old_commit_are_refreshed_and_others_are_not():
     assert [r.partition for r in plan.active] == [0, 2]
     assert [r.partition for r in plan.moving] == [2]
     assert Plan.from_json(plan.to_json()) == plan
+
+
+#: A retention of one minute, as on the test brokers.
+R = 60.0
+
+
+def _last_run(planned: float, committed: float) -> CommitTimes:
+    return CommitTimes(committed_at=committed, planned_at=planned)
+
+
+def test_an_idle_checkpoint_is_refreshed_when_it_might_not_live_until_the_next_runs_commit():
+    # Runs 42 s apart (0.7 of the retention), each committing 20 s after its plan (a Spark
+    # task's start). The idle partition was last committed by the run before, 22 s ago: younger
+    # than half the retention, but 22 + 42 + 20 s old at the next run's commit: refreshed now.
+    now = 1000.0
+    last = _last_run(planned=now - 42, committed=now - 22)
+    cks = {("t", 0): 10, ("t", 1): 5}
+    assert stale_checkpoints(cks, {("t", 0): last, ("t", 1): last}, R, now) == {("t", 1), ("t", 0)}
+    # Runs 6 s apart, committing 1 s after their plan: a checkpoint 20 s old lives until the next commit.
+    quick = _last_run(planned=now - 6, committed=now - 5)
+    assert stale_checkpoints(cks, {("t", 0): quick, ("t", 1): CommitTimes(now - 20, now - 26)}, R, now) == set()
+    # ... but not one 40 s old (more than half the retention), whatever the spacing.
+    assert stale_checkpoints(cks, {("t", 0): quick, ("t", 1): CommitTimes(now - 40, now - 46)}, R, now) == {("t", 1)}
+
+
+def test_checkpoints_without_kafka_eos_times_are_refreshed_and_missing_ones_are_not():
+    now = 1000.0
+    cks = {("t", 0): 10, ("t", 1): 5, ("t", 2): None}
+    times = {("t", 0): CommitTimes(now - 1, now - 2), ("t", 1): CommitTimes(), ("t", 2): CommitTimes()}
+    assert stale_checkpoints(cks, times, R, now) == {("t", 1)}
+
+
+def test_a_caller_that_comes_back_later_refreshes_what_would_expire_before_then():
+    # The watchdog runs again in at most 10 minutes; the retention is a day.
+    now, day = 100_000.0, 86_400.0
+    cks = {("t", 0): 1, ("t", 1): 2}
+    times = {("t", 0): CommitTimes(now - 0.4 * day), ("t", 1): CommitTimes(now - 0.1 * day)}
+    assert stale_checkpoints(cks, times, day, now, next_in_s=600) == set()
+    # Back in 0.36 days: the first would be 0.76 of the retention old by then.
+    assert stale_checkpoints(cks, times, day, now, next_in_s=0.36 * day) == {("t", 0)}
+
+
+def test_the_offset_metadata_carries_commit_and_plan_times():
+    assert offset_metadata(now_ms=2000, planned_ms=1500) == "kafka-eos committed_at=2000 planned_at=1500"
+    assert offset_metadata(now_ms=2000) == "kafka-eos committed_at=2000"
+    plan = plan_ranges(spec(), "r", {("t", 0): off(0, 1)}, {("t", 0): None})
+    assert abs(plan.planned_ms / 1000 - time.time()) < 60
 
 
 def test_a_lost_checkpoint_the_manifest_remembers_is_an_error_not_a_new_partition():

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from kafka_eos.errors import SpecError
 from kafka_eos.manifest import COMMITTED, checkpoint_key, checkpoint_record, now_iso, partition_key, run_key
@@ -78,15 +79,19 @@ def atomic_commit(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
     tps = [r.tp for r in plan.active] if partitions is None else list(partitions)
     return TransactionalCommit(settings, spec.transactional_id(), spec.source.group_id, plan.active,
                                spec.sink.dlq_topic, fences=[spec.transactional_id(t, p) for t, p in tps],
-                               timeout_ms=spec.sink.transaction_timeout_s * 1000, keep_open=keep_open)
+                               timeout_ms=spec.sink.transaction_timeout_s * 1000, keep_open=keep_open,
+                               planned_ms=plan.planned_ms)
 
 
-def partition_commit(spec: PipelineSpec, r: PartitionRange, settings: KafkaSettings) -> TransactionalCommit:
+def partition_commit(spec: PipelineSpec, r: PartitionRange, settings: KafkaSettings,
+                     planned_ms: int | None = None) -> TransactionalCommit:
     """The transaction of one source partition, under its own transactional.id; it also fences
-    the group-level id (an atomic attempt of the same work)."""
+    the group-level id (an atomic attempt of the same work).
+
+    :param planned_ms: when the range's plan was made (:attr:`Plan.planned_ms`)."""
     return TransactionalCommit(settings, spec.transactional_id(r.topic, r.partition), spec.source.group_id, [r],
                                spec.sink.dlq_topic, fences=[spec.transactional_id()],
-                               timeout_ms=spec.sink.transaction_timeout_s * 1000)
+                               timeout_ms=spec.sink.transaction_timeout_s * 1000, planned_ms=planned_ms)
 
 
 def write_atomic(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
@@ -135,7 +140,7 @@ def commit_partition(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
 
     :param rows: the partition's rows, as Arrow record batches of :func:`batches.prepared` columns.
     """
-    commit = partition_commit(spec, r, settings)
+    commit = partition_commit(spec, r, settings, plan.planned_ms)
 
     def manifest(out: int, dead: int):
         record = {"status": COMMITTED, "records_out": out, "dead_letters": dead, "records_in": out + dead,
@@ -277,7 +282,20 @@ def write_per_partition(df: "DataFrame | None", spec: PipelineSpec, plan: Plan,
                                                                          row["dead_letters"])
         finally:
             df.unpersist()
-    for r in plan.active:
-        if r.tp not in results:
-            results[r.tp] = commit_partition(spec, plan, settings, r, ())
+    results.update(commit_rowless(spec, plan, settings, [r for r in plan.active if r.tp not in results]))
     return results
+
+
+#: Offsets-only transactions committed at once from the driver (each waits on the broker).
+ROWLESS_COMMITS_AT_ONCE = 8
+
+
+def commit_rowless(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
+                   ranges: Sequence[PartitionRange]) -> dict[tuple[str, int], CommitResult]:
+    """The offsets-only transactions of ``ranges`` (partitions with no rows: empty ranges, idle
+    checkpoints committed again), each under its partition's own id, several at a time."""
+    if len(ranges) <= 1:
+        return {r.tp: commit_partition(spec, plan, settings, r, ()) for r in ranges}
+    with ThreadPoolExecutor(min(ROWLESS_COMMITS_AT_ONCE, len(ranges)), thread_name_prefix="kafka-eos-rowless") as pool:
+        done = pool.map(lambda r: commit_partition(spec, plan, settings, r, ()), ranges)
+        return {r.tp: result for r, result in zip(ranges, done)}

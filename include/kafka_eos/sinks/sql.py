@@ -328,7 +328,7 @@ def write(results: "DataFrame | None", dead_letters: "DataFrame | None", spec: P
             result_spool.close()
     fault_point("after_sql_commit")
     # The mirror: standard lag tools see progress; the planner repairs it if this is lost.
-    alter_group_offsets(settings, spec.source.group_id, {r.tp: r.until for r in plan.active})
+    alter_group_offsets(settings, spec.source.group_id, {r.tp: r.until for r in plan.active}, plan.planned_ms)
     if status == COMMITTED:
         ManifestStore.of(spec, settings).put(
             run_key(spec.name, plan.run_id),

@@ -173,6 +173,10 @@ def test_the_compose_tool_accepts_the_file_and_resolves_it(tmp_path, capsys):
     assert json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"]) == {"conn_type": "spark", "host": "spark://spark-master",
                                                              "port": 7077}
     for name, service in resolved["services"].items():
+        for port in service.get("ports", []):  # nothing is published beyond this machine by default
+            # Compose 1.x resolves a port to "ip:host:container/tcp", the plugin to a mapping.
+            host_ip = port["host_ip"] if isinstance(port, dict) else port.split(":")[0]
+            assert host_ip == "127.0.0.1", f"{name} publishes {port} on every interface"
         if name != "airflow-init":  # a one-shot job: it has nothing to be healthy about
             assert service.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
 

@@ -403,6 +403,26 @@ def _common_flags(parser: argparse.ArgumentParser, suppress: bool) -> None:
                              "(they always go to .local/logs/kafka-eos.log)")
 
 
+def _bounded(kind: type, least: float, words: str):
+    """An argparse type: ``kind`` of at least ``least``; argparse's error names the flag and value."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {words}") from None
+        if value < least or value != value:  # NaN too
+            raise argparse.ArgumentTypeError(f"{text!r} is not {words}")
+        return value
+    parse.__name__ = words
+    return parse
+
+
+positive_int = _bounded(int, 1, "a positive integer")
+non_negative_int = _bounded(int, 0, "an integer of 0 or more")
+positive_float = _bounded(float, 1e-9, "a positive number")
+non_negative_float = _bounded(float, 0, "a number of 0 or more")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from kafka_eos.health import DEFAULT_OLDER_THAN_S
 
@@ -439,13 +459,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-id", help="plan as this run (default: 'next')")
     r = command("run", cmd_run, "one batch: plan, Spark, transactional commit", json_flag=True, pipeline=True)
     r.add_argument("--run-id", help="the run's id (a retried run passes the same id)")
-    r.add_argument("--max-records", type=int, help="cap per partition (offset span) for this run")
+    r.add_argument("--max-records", type=positive_int, help="cap per partition (offset span) for this run")
     st = command("stream", cmd_stream, "run a pipeline continuously: one batch after another in one Spark "
                                        "application, each exactly once, until SIGTERM/Ctrl-C", pipeline=True)
-    st.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
+    st.add_argument("--interval", type=positive_float, default=1.0, metavar="SECONDS",
                     help="least time between the starts of two batches (default 1)")
-    st.add_argument("--max-records", type=int, help="cap per partition (offset span) of each batch")
-    st.add_argument("--max-batches", type=int, help="stop after this many batches that committed")
+    st.add_argument("--max-records", type=positive_int, help="cap per partition (offset span) of each batch")
+    st.add_argument("--max-batches", type=positive_int, help="stop after this many batches that committed")
     st.add_argument("--until-caught-up", action="store_true",
                     help="stop at the first batch with nothing to read (drain the backlog and stop)")
     st.add_argument("--force", action="store_true",
@@ -466,7 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common_flags(h, suppress=True)
     h.add_argument("--topic", action="append", help="a topic to check (repeatable; default: every topic that is "
                                                     "not internal)")
-    h.add_argument("--older-than", type=float, default=None, metavar="SECONDS",
+    h.add_argument("--older-than", type=non_negative_float, default=None, metavar="SECONDS",
                    help="report transactions open longer than this (default: the longest transaction_timeout_s "
                         f"of the pipelines plus a minute, at least {DEFAULT_OLDER_THAN_S:g}: longer than a "
                         "kafka-eos transaction may last)")
@@ -476,11 +496,11 @@ def build_parser() -> argparse.ArgumentParser:
                                          "without --yes)")
     _common_flags(a, suppress=True)
     a.add_argument("--topic", required=True)
-    a.add_argument("--partition", type=int, required=True)
-    a.add_argument("--start-offset", type=int, required=True, help="where the transaction starts on the "
+    a.add_argument("--partition", type=non_negative_int, required=True)
+    a.add_argument("--start-offset", type=non_negative_int, required=True, help="where the transaction starts on the "
                                                                    "partition (its LSO; see `txn hanging`)")
     a.add_argument("--yes", action="store_true", help="really abort it")
-    a.add_argument("--older-than", type=float, default=None, metavar="SECONDS",
+    a.add_argument("--older-than", type=non_negative_float, default=None, metavar="SECONDS",
                    help="refuse a transaction open for less than this (default: the larger of the brokers' "
                         "transaction.max.timeout.ms and the owning pipeline's transaction_timeout_s)")
     a.add_argument("--force", action="store_true",

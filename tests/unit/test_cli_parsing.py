@@ -72,3 +72,26 @@ def test_secrets_stay_out_of_reprs():
                       "p.yaml", {"PW": "s3cret"})
     assert spec.sink.url == "postgresql://u:s3cret@db/x"
     assert "s3cret" not in repr(spec)
+
+
+@pytest.mark.parametrize("argv, flag, value", [
+    (["run", "p", "--max-records", "-1"], "--max-records", "'-1' is not a positive integer"),
+    (["run", "p", "--max-records", "0"], "--max-records", "'0' is not a positive integer"),
+    (["stream", "p", "--interval", "-2"], "--interval", "'-2' is not a positive number"),
+    (["stream", "p", "--interval", "nan"], "--interval", "'nan' is not a positive number"),
+    (["stream", "p", "--max-batches", "0"], "--max-batches", "'0' is not a positive integer"),
+    (["txn", "hanging", "--older-than", "-5"], "--older-than", "'-5' is not a number of 0 or more"),
+    (["txn", "abort", "--topic", "t", "--partition", "-1", "--start-offset", "0"], "--partition",
+     "'-1' is not an integer of 0 or more"),
+])
+def test_counts_and_durations_out_of_range_are_refused_naming_the_flag(argv, flag, value, capsys):
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(argv)
+    assert exited.value.code == 2
+    (last,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("kafka-eos")][-1:]
+    assert f"argument {flag}" in last and value in last
+
+
+def test_counts_and_durations_in_range_are_taken():
+    args = build_parser().parse_args(["stream", "p", "--interval", "0.5", "--max-records", "10", "--max-batches", "1"])
+    assert (args.interval, args.max_records, args.max_batches) == (0.5, 10, 1)

@@ -266,6 +266,9 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
         raise SpecError(f"{where}: source.topics: a non-empty list of topic names is required")
     for i, topic in enumerate(topics):
         _topic_name(topic, where, f"source.topics[{i}]")
+    if "|" in str(src.get("group_id", "")):
+        raise SpecError(f"{where}: source.group_id: {src['group_id']!r} must not contain '|' (it separates the "
+                        "parts of the pipeline's transactional ids)")
     source = SourceSpec(
         topics=tuple(topics),
         group_id=_str(src, where, "group_id", f"kafka-eos.{name}", "source."),
@@ -305,9 +308,15 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
     if kind == "kafka":
         if not sink.topic:
             raise SpecError(f"{where}: sink.topic: required for a kafka sink")
-        if sink.backfill_topic is not None and sink.backfill_topic in (sink.topic, sink.dlq_topic):
+        if sink.topic in topics:
+            raise SpecError(f"{where}: sink.topic: {sink.topic!r} is also a source topic: a pipeline must not read "
+                            "what it writes")
+        if sink.dlq_topic is not None and sink.dlq_topic in (sink.topic, *topics):
+            raise SpecError(f"{where}: sink.dlq_topic: {sink.dlq_topic!r} must differ from the output and source "
+                            "topics")
+        if sink.backfill_topic is not None and sink.backfill_topic in (sink.topic, sink.dlq_topic, *topics):
             raise SpecError(f"{where}: sink.backfill_topic: {sink.backfill_topic!r} must differ from the live "
-                            "output and dead-letter topics")
+                            "output, dead-letter and source topics")
         if sink.backfill_dlq_topic is not None:
             if sink.backfill_topic is None:
                 raise SpecError(f"{where}: sink.backfill_dlq_topic: needs sink.backfill_topic (side runs write there)")
@@ -332,12 +341,17 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
             field_ = "backfill_topic" if sink.backfill_topic else "backfill_dlq_topic"
             raise SpecError(f"{where}: sink.{field_}: not for a sql sink (use sink.backfill_table: side runs "
                             "write a table of their own)")
+        if sink.merge == "add" and not sink.key_columns:
+            raise SpecError(f"{where}: sink.merge: 'add' needs sink.key_columns (the key whose rows a run adds to)")
         if sink.backfill_table is not None and sink.backfill_table in (
                 sink.table, "kafka_eos_offsets", "kafka_eos_dead_letters"):
             raise SpecError(f"{where}: sink.backfill_table: {sink.backfill_table!r} must differ from the live table "
                             "and kafka-eos's own tables")
     manifest = top.get("manifest_topic", MANIFEST_TOPIC_PREFIX + name)
     _topic_name(manifest, where, "manifest_topic")
+    if manifest in (*topics, sink.topic, sink.dlq_topic, sink.backfill_topic, sink.backfill_dlq_topic):
+        raise SpecError(f"{where}: manifest_topic: {manifest!r} is also a data topic of the pipeline: the run "
+                        "manifest needs a topic of its own")
     schedule = top.get("schedule")
     if schedule is not None and not isinstance(schedule, str):
         raise SpecError(f"{where}: schedule: must be a cron string, or {STREAM_SCHEDULE!r}")

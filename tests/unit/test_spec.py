@@ -54,7 +54,15 @@ def test_defaults_follow_the_design():
     ("source.max_records_per_partition", 0, "source.max_records_per_partition: must be a positive integer"),
     ("source.on_data_loss", "ignore", "source.on_data_loss: 'ignore' is not one of fail, skip"),
     ("source.freshness_limit_s", "30m", "source.freshness_limit_s: must be a positive integer, got '30m'"),
-    ("sink.backfill_topic", "out", "sink.backfill_topic: 'out' must differ from the live output and dead-letter"),
+    ("sink.backfill_topic", "out", "sink.backfill_topic: 'out' must differ from the live output, dead-letter and "
+                                   "source topics"),
+    ("sink.backfill_topic", "orders", "sink.backfill_topic: 'orders' must differ from the live output"),
+    ("sink.topic", "orders", "sink.topic: 'orders' is also a source topic: a pipeline must not read what it writes"),
+    ("sink.dlq_topic", "out", "sink.dlq_topic: 'out' must differ from the output and source topics"),
+    ("sink.dlq_topic", "orders", "sink.dlq_topic: 'orders' must differ from the output and source topics"),
+    ("manifest_topic", "orders", "manifest_topic: 'orders' is also a data topic of the pipeline"),
+    ("manifest_topic", "dlq", "manifest_topic: 'dlq' is also a data topic of the pipeline"),
+    ("source.group_id", "team|x", "source.group_id: 'team|x' must not contain '|'"),
     ("name", "has space", "name: 'has space' must be"),
 ])
 def test_malformed_field_names_file_and_field(path, value, needle):
@@ -223,3 +231,18 @@ def test_a_side_run_of_a_sql_sink_keeps_the_live_database_and_keys_its_rows_by_r
     assert promote_sql(spec, Side("replay", "abc", 2), ["a", "b"]) == (
         'INSERT INTO "t" ("a", "b") SELECT "a", "b" FROM "t_bf" WHERE "kafka_eos_range" = \'abc\' AND '
         '"kafka_eos_generation" = 2 ON CONFLICT ("a") DO UPDATE SET "b" = excluded."b";')
+
+
+def test_an_additive_sql_sink_needs_its_key_columns():
+    doc = {"name": "s", "source": {"topics": ["orders"]}, "sink": {"kind": "sql", "table": "t", "merge": "add"}}
+    with pytest.raises(SpecError, match=r"^s.yaml: sink.merge: 'add' needs sink.key_columns"):
+        parse_spec(doc, "s.yaml")
+    doc["sink"]["key_columns"] = ["k"]
+    assert parse_spec(doc, "s.yaml").sink.merge == "add"
+
+
+def test_a_manifest_topic_equal_to_a_backfill_topic_is_refused():
+    doc = _with("sink.backfill_topic", "side")
+    doc["manifest_topic"] = "side"
+    with pytest.raises(SpecError, match=r"manifest_topic: 'side' is also a data topic"):
+        parse_spec(doc, "p1.yaml")

@@ -83,8 +83,15 @@ def airflow_env(settings: KafkaSettings) -> dict[str, str]:
     }
 
 
+def demo_specs() -> list[PipelineSpec]:
+    """The demo's pipelines, in the same environment as its runs: with ``KAFKA_EOS_SQL_URL``
+    set, the SQL sink (and the demo's checks of it) use that database."""
+    return [load_spec(name, environ=os.environ) for name in PIPELINES]
+
+
 def reset(settings: KafkaSettings, specs: list[PipelineSpec]) -> None:
-    """Delete and recreate the demo's topics, groups and SQLite sink: each demo starts clean."""
+    """Delete and recreate the demo's topics, groups and SQL sink (its SQLite file; with
+    ``KAFKA_EOS_SQL_URL``, its table and rows there): each demo starts clean."""
     admin = kafka_admin.admin_client(settings)
     groups = [s.source.group_id for s in specs]
     for fut in admin.delete_consumer_groups(groups).values():
@@ -113,6 +120,10 @@ def reset(settings: KafkaSettings, specs: list[PipelineSpec]) -> None:
     for spec in specs:
         if spec.sink.kind == "sql" and spec.sink.url is None:
             (local_dir() / "sql" / f"{spec.name}.db").unlink(missing_ok=True)
+        elif spec.sink.kind == "sql":  # KAFKA_EOS_SQL_URL: the demo's own table and rows only
+            from kafka_eos.sinks.sql import SqlSink
+
+            SqlSink(spec).forget()
 
 
 def run_dag(spec: PipelineSpec, env: dict[str, str]) -> float:
@@ -197,7 +208,7 @@ def run_demo(bootstrap: str | None = None) -> int:
     print(f"== kafka-eos demo: local broker {broker.start()}")
     demo_started = datetime.now(timezone.utc).isoformat()
     settings = KafkaSettings(broker.bootstrap)
-    specs = [load_spec(name, environ={}) for name in PIPELINES]
+    specs = demo_specs()
     reset(settings, specs)
     env = airflow_env(settings)
     print("== Airflow metadata DB (SQLite under .local/airflow)")

@@ -10,7 +10,6 @@ again and runs the same path straight away.
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import yaml
@@ -19,14 +18,13 @@ from kafka_eos import demo
 from kafka_eos.cli import main
 from kafka_eos.sample_data import produce_orders
 from kafka_eos.settings import KafkaSettings
-from kafka_eos.spec import load_spec, spec_document
+from kafka_eos.spec import spec_document
 
 pytestmark = pytest.mark.integration
 
 
 def _demo_round(settings: KafkaSettings, specs, spec_files, sql_file, seed: int) -> demo.Report:
-    demo.reset(settings, specs)
-    sql_file.unlink(missing_ok=True)  # what reset() does to the demo's own SQLite file
+    demo.reset(settings, specs)  # with KAFKA_EOS_SQL_URL: drops the demo's table and rows there
     truth = produce_orders(settings, "orders", 400, first_seq=seed, seed=seed,
                            transactional_id=f"kafka-eos.restart-test.{seed}")
     for path in spec_files:
@@ -39,11 +37,14 @@ def _demo_round(settings: KafkaSettings, specs, spec_files, sql_file, seed: int)
     return report
 
 
-def test_demo_path_on_a_cold_broker_then_right_after_a_restart(spark, tmp_path, private_broker):
-    specs = [load_spec("orders_enriched"), load_spec("revenue_per_minute")]
-    # The SQL sink in this test's folder: reset() deletes only the default SQLite file.
+def test_demo_path_on_a_cold_broker_then_right_after_a_restart(spark, tmp_path, private_broker, monkeypatch):
+    # The SQL sink where KAFKA_EOS_SQL_URL says, as a deployment sets it: the demo's runs, its
+    # reset and its checks all use that database (before, the checks read the default file).
     sql_file = tmp_path / "revenue.db"
-    specs[1] = dataclasses.replace(specs[1], sink=dataclasses.replace(specs[1].sink, url=f"sqlite:///{sql_file}"))
+    monkeypatch.setenv("KAFKA_EOS_SQL_URL", f"sqlite:///{sql_file}")
+    specs = demo.demo_specs()
+    assert [s.name for s in specs] == ["orders_enriched", "revenue_per_minute"]
+    assert specs[1].sink.url == f"sqlite:///{sql_file}"
     spec_files = []
     for spec in specs:
         path = tmp_path / f"{spec.name}.yaml"

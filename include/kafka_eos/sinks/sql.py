@@ -133,6 +133,17 @@ class SqlSink:
             Path(self.engine.url.database).parent.mkdir(parents=True, exist_ok=True)
         self.metadata.create_all(self.engine)
 
+    def forget(self) -> None:
+        """A deliberate fresh start (the demo's reset): drop the results table and the pipeline's
+        checkpoints and dead letters. Other pipelines' rows stay."""
+        with self.engine.begin() as conn:
+            present = inspect(conn)
+            if present.has_table(self.spec.sink.table):
+                Table(self.spec.sink.table, MetaData()).drop(conn)
+            for table in (self.offsets, self.dead_letters):
+                if present.has_table(table.name):
+                    conn.execute(table.delete().where(table.c.pipeline == self.spec.name))
+
     def checkpoints(self, tps: Iterable[TP]) -> dict[TP, int | None]:
         """The sink's checkpoint (next offset) per partition; None where it has none."""
         tps = list(tps)

@@ -264,6 +264,7 @@ def cmd_checkpoint(args) -> int:
 
 def cmd_pipelines(args) -> int:
     from kafka_eos.manifest import ManifestStore
+    from kafka_eos.overview.snapshot import one_line
     from kafka_eos.pipeline import checkpoint_rows
     from kafka_eos.stream.lease import stream_owner
 
@@ -285,8 +286,8 @@ def cmd_pipelines(args) -> int:
                 **({"stream_batch": last["stream"]["batch"]} if "stream" in last else {})}
             owner = stream_owner(spec, settings)
             row["streaming"] = None if owner is None else owner.client_id
-        except KafkaEosError as exc:
-            row["error"] = str(exc)
+        except Exception as exc:  # noqa: BLE001 - a SQL sink's database error too: its own row, not the end
+            row["error"] = one_line(exc)
         found.append(row)
     if args.json:
         _print_json({"pipelines": found})

@@ -37,6 +37,8 @@ RUNBOOK_DAG_ID = "kafka_eos_runbook_abort_transaction"
 
 app = FastAPI(title="kafka-eos: Kafka pipelines",
               description="Checkpoints, LSO, lag and stuck transactions of every kafka-eos pipeline (read only).",
+              # FastAPI's own schema and docs routes would bypass the dependency below: none.
+              openapi_url=None, docs_url=None, redoc_url=None,
               # Airflow's own authentication and authorization, on every route.
               dependencies=[Depends(requires_access_view(AccessView.WEBSITE))])
 
@@ -46,16 +48,17 @@ _cache = None
 def _load():
     """The Kafka settings (the ``kafka_eos_kafka`` connection, else the environment) and the specs
     the DAGs are made from (``KAFKA_EOS_PIPELINES_DIR``, default include/pipelines/)."""
+    from kafka_eos.overview.snapshot import one_line, unreadable_spec
     from kafka_eos.spec import load_spec, spec_paths
     from kafka_eos_airflow.hooks import KafkaEosHook
 
-    specs = []
+    specs, unreadable = [], []
     for path in spec_paths():
         try:
             specs.append(load_spec(str(path), import_transform=False))
-        except Exception:  # noqa: BLE001,S112 - one bad spec hides no other (the DAG factory logs it)
-            continue
-    return KafkaEosHook().get_checked_settings(), specs
+        except Exception as exc:  # noqa: BLE001 - one bad spec hides no other: it gets a row with its error
+            unreadable.append(unreadable_spec(path.stem, str(path), one_line(exc)))
+    return KafkaEosHook().get_checked_settings(), specs, unreadable
 
 
 def overview() -> dict:

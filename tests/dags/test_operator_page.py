@@ -102,3 +102,67 @@ def test_the_page_shows_lag_and_a_hung_transaction_and_its_api_matches_checkpoin
     browser.get(f"{airflow.url}/plugin/kafka-pipelines")
     assert browser.find_element(By.TAG_NAME, "iframe").get_attribute("src") == f"{airflow.url}/kafka-eos/"
     browser.save_screenshot(str(tmp_path / "operator-page-in-airflow.png"))
+
+
+def test_a_broken_spec_and_an_unreachable_database_each_get_a_row_and_the_rest_still_shows(
+        kafka_settings, unique, tmp_path, monkeypatch, capsys):
+    from kafka_eos.spec import parse_spec
+
+    source = f"in-{unique}"
+    kafka_admin.create_topics(kafka_settings, {source: 1, f"out-{unique}": 1})
+    good = parse_spec({"name": f"good_{unique.replace('-', '_')}", "source": {"topics": [source]},
+                       "sink": {"kind": "kafka", "topic": f"out-{unique}"}}, "good.yaml")
+    specs_dir = tmp_path / "pipelines"
+    specs_dir.mkdir()
+    (specs_dir / "good.yaml").write_text(yaml.safe_dump({
+        "name": good.name, "source": {"topics": [source]}, "transform": "identity",
+        "sink": {"kind": "kafka", "topic": good.sink.topic}}))
+    (specs_dir / "broken.yaml").write_text("name: broken\nsource: {topics: [x]}\nsink: {kind: kafka, colour: red}\n")
+    # A SQL sink whose database refuses connections (nothing listens on port 1).
+    kafka_admin.create_topics(kafka_settings, {f"{source}.sql": 1})
+    (specs_dir / "nodb.yaml").write_text(yaml.safe_dump({
+        "name": f"{good.name}_nodb", "source": {"topics": [f"{source}.sql"]}, "transform": "identity",
+        "sink": {"kind": "sql", "table": "t", "url": "postgresql+psycopg2://u@127.0.0.1:1/db"}}))
+    monkeypatch.setenv("KAFKA_EOS_PIPELINES_DIR", str(specs_dir))
+
+    # The operator page's read: the plugin's loader and the snapshot.
+    from kafka_eos_airflow import operator_page
+
+    monkeypatch.setattr("kafka_eos_airflow.hooks.KafkaEosHook.get_checked_settings", lambda self: kafka_settings)
+    monkeypatch.setattr(operator_page, "_cache", None)
+    page = operator_page.overview()
+    by_name = {e["pipeline"]: e for e in page["pipelines"]}
+    assert set(by_name) == {good.name, f"{good.name}_nodb", "broken"}
+    assert by_name[good.name]["error"] is None and by_name[good.name]["partitions"][0]["topic"] == source
+    assert "sink.colour: unknown field" in by_name["broken"]["error"]
+    assert by_name[f"{good.name}_nodb"]["error"].startswith("OperationalError: ")
+    assert all("\n" not in e["error"] for e in page["pipelines"] if e["error"])
+    html = operator_page.render(page)
+    assert html.count('class="bad error"') == 2 and f'id="{good.name}"' in html
+
+    # `kafka-eos pipelines`: every row, the failed ones with their error.
+    capsys.readouterr()  # Airflow's log lines of the page's read
+    assert main(["--bootstrap", kafka_settings.bootstrap_servers, "pipelines", "--json"]) == 0
+    out = capsys.readouterr().out  # after Airflow's own log lines, when it logs to stdout
+    printed, _end = json.JSONDecoder().raw_decode(out[out.rindex("{", 0, out.index('"pipelines"')):])
+    rows = {r["name"]: r for r in printed["pipelines"]}
+    assert "error" not in rows[good.name] and rows[good.name]["lag"] == 0
+    assert "sink.colour: unknown field" in rows["broken"]["error"]
+    assert rows[f"{good.name}_nodb"]["error"].startswith("OperationalError: ")
+
+
+def test_every_route_of_the_page_refuses_an_anonymous_request(airflow_deployment):
+    from fastapi.routing import APIRoute
+
+    from kafka_eos_airflow.operator_page import URL_PREFIX, app
+
+    routes = [r.path.replace("{name}", "anything") for r in app.routes]
+    # What the app serves: the page and its API; FastAPI's schema and docs pages are not served.
+    assert sorted(r.path for r in app.routes if isinstance(r, APIRoute)) == ["/", "/api/pipelines",
+                                                                              "/api/pipelines/{name}"]
+    assert len(routes) == 3, [r.path for r in app.routes]
+    for path in [*routes, "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"]:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{airflow_deployment.url}{URL_PREFIX}{path}", timeout=30)
+        # The app's routes: refused by Airflow's auth; the schema and docs: not there at all.
+        assert refused.value.code in ((401, 403) if path in routes else (401, 403, 404)), path

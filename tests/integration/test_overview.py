@@ -92,7 +92,7 @@ def test_the_cache_asks_the_cluster_once_per_ttl(kafka_settings, make_spec):
 
     def load():
         loads.append(1)
-        return kafka_settings, [spec]
+        return kafka_settings, [spec], []
 
     cache = CachedOverview(load, ttl_s=60)
     first = cache.get()
@@ -100,3 +100,4 @@ def test_the_cache_asks_the_cluster_once_per_ttl(kafka_settings, make_spec):
     assert [e["pipeline"] for e in first["pipelines"]] == [spec.name] and first["seconds"] > 0
     expired = CachedOverview(load, ttl_s=0)
     assert expired.get() is not expired.get() and len(loads) == 3
+

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         t = time.monotonic()
         last = snapshot(settings, specs)
         times.append(round(time.monotonic() - t, 2))
-    cache = CachedOverview(lambda: (settings, specs))
+    cache = CachedOverview(lambda: (settings, specs, []))
     cache.get()
     t = time.monotonic()
     cache.get()

@@ -57,6 +57,22 @@ def _run(rec: dict) -> dict:
                        for r in ranges]}
 
 
+def one_line(exc: BaseException) -> str:
+    """An error as one line: a kafka-eos error's message; another (a SQL driver's, which spans
+    lines and quotes the statement) its type and first line."""
+    if isinstance(exc, KafkaEosError):
+        return str(exc)
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def unreadable_spec(name: str, path: str, error: str) -> dict:
+    """The entry of a spec that failed to load: shown in its own row, with its error."""
+    return {"pipeline": name, "spec": path, "group_id": None,
+            "sink": {"kind": None, "commit": None, "target": None, "dead_letters": None},
+            "partitions": [], "drift": [], "pinned": [], "lag": 0, "runs": [], "error": error}
+
+
 def snapshot(settings: KafkaSettings, specs: Iterable[PipelineSpec], runs: int = LAST_RUNS,
              now_ms: int | None = None) -> list[dict]:
     """Every pipeline's state, in the order of ``specs``.
@@ -89,8 +105,8 @@ def snapshot(settings: KafkaSettings, specs: Iterable[PipelineSpec], runs: int =
         try:
             cks, drift = checkpoints(spec, settings, tps_of[spec.name])
             last = [_run(rec) for rec in ManifestStore.of(spec, settings).last_runs(runs)]
-        except KafkaEosError as exc:
-            return str(exc)
+        except Exception as exc:  # noqa: BLE001 - a SQL sink's database error too: one row, not the page
+            return one_line(exc)
         return {tp: cks.get(tp) for tp in tps_of[spec.name]}, [dataclasses.asdict(d) for d in drift], last
 
     readable = [(spec, entry) for spec, entry in zip(specs, out) if spec.name in tps_of]
@@ -122,11 +138,13 @@ class CachedOverview:
     """:func:`snapshot`, served from memory for ``ttl_s`` after it was taken; one refresh at a
     time (concurrent requests wait for it rather than each asking the cluster).
 
-    :param load: returns the settings and the specs to show (read again on every refresh, so new
-        spec files appear without a restart).
+    :param load: returns the settings, the specs to show and the entries of those that failed to
+        load (:func:`unreadable_spec`); read again on every refresh, so new spec files appear
+        without a restart.
     """
 
-    def __init__(self, load: Callable[[], tuple[KafkaSettings, list[PipelineSpec]]], ttl_s: float = CACHE_TTL_S):
+    def __init__(self, load: Callable[[], tuple[KafkaSettings, list[PipelineSpec], list[dict]]],
+                 ttl_s: float = CACHE_TTL_S):
         self._load = load
         self._ttl_s = ttl_s
         self._lock = threading.Lock()
@@ -137,8 +155,8 @@ class CachedOverview:
         with self._lock:
             if self._taken is None or time.monotonic() - self._taken[0] > self._ttl_s:
                 started = time.monotonic()
-                settings, specs = self._load()
-                pipelines = snapshot(settings, specs)
+                settings, specs, unreadable = self._load()
+                pipelines = snapshot(settings, specs) + list(unreadable)
                 self._taken = (time.monotonic(), {"taken_at": time.time(), "bootstrap": settings.bootstrap_servers,
                                                   "seconds": round(time.monotonic() - started, 3),
                                                   "pipelines": pipelines})

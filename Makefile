@@ -8,13 +8,20 @@ PY     := $(VENV)/bin/python
 JARS   := .local/jars
 MVN    := mvn -q -B -s jvm/settings.xml -f jvm/pom.xml
 
-.PHONY: demo test chaos bench bench-stream bench-page install jars postgres chromium compose-tool kafka-start kafka-stop cluster-up cluster-down airflow-up airflow-down clean
+.PHONY: demo test test-quick chaos bench bench-stream bench-page install jars postgres chromium compose-tool kafka-start kafka-stop cluster-up cluster-down airflow-up airflow-down clean
 
 demo: install jars
 	$(VENV)/bin/kafka-eos demo
 
 test: install jars postgres chromium compose-tool
+	@echo "make test: every test, 25 to 45 minutes on 2 cores (make test-quick: about 2 minutes)"
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The edit loop: the unit tests and the quick integration tests (marked quick) on the shared
+# broker and SparkSession; make test still runs everything.
+test-quick: install jars
+	@echo "make test-quick: unit tests and quick integration tests (about 2 minutes)"
+	$(VENV)/bin/pytest -m "quick or not integration" tests/unit tests/integration $(PYTEST_ARGS)
 
 # The SQL sink is tested on PostgreSQL too: Debian's server package (the tests start a
 # throwaway cluster of their own on 127.0.0.1).

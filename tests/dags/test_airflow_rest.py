@@ -42,7 +42,7 @@ def _trigger_and_wait(airflow, dag_id: str, conf: dict) -> dict:
         state = airflow.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
         return state if state["state"] in TERMINAL else None
 
-    return _wait(f"run {run['dag_run_id']} of {dag_id}", ended, every_s=1.0)
+    return _wait(f"run {run['dag_run_id']} of {dag_id}", ended)
 
 
 def _task_states(airflow, dag_id: str, run: dict) -> dict[str, str]:

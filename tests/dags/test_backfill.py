@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from kafka_eos import kafka_admin
 from kafka_eos.backfill.side import BACKFILL, interval_key, mapping_key
 from kafka_eos.manifest import ManifestStore
 from kafka_eos.spec import load_spec
+from waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -33,14 +33,9 @@ EXACT = {0: 1, 1: 2, 5: 1, 6: 3, 10: 1, 14: 1}
 RUN_TIMEOUT_S = 600
 
 
-def _wait(what: str, check, timeout_s: float = RUN_TIMEOUT_S, every_s: float = 3.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(every_s)
-    raise AssertionError(f"{what}: not within {timeout_s:g}s")
+def _wait(what: str, check):
+    """A DAG run's outcome through Airflow's REST API, asked once a second."""
+    return wait_until(what, check, RUN_TIMEOUT_S, every_s=1.0)
 
 
 def _runs(airflow, dag_id: str) -> list[dict]:

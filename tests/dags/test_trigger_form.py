@@ -4,13 +4,12 @@ a dry run triggered from the form runs as one."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import yaml
 from confluent_kafka import Producer
 
 from kafka_eos import kafka_admin
+from waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -87,14 +86,11 @@ def test_the_trigger_form_shows_every_param_and_triggers_a_dry_run(airflow_deplo
         By.XPATH, "./ancestor::*[.//input[@type='checkbox']][1]//input[@type='checkbox']")
     browser.execute_script("arguments[0].click();", dry_run)
     trigger.click()
-    deadline = time.monotonic() + 300
-    while True:
+    def finished():
         runs = airflow.api("GET", f"/api/v2/dags/{dag_id}/dagRuns")["dag_runs"]
-        if runs and runs[0]["state"] in ("success", "failed"):
-            break
-        assert time.monotonic() < deadline, f"the run triggered from the form did not finish: {runs}"
-        time.sleep(3)
-    (run,) = runs
+        return runs if runs and runs[0]["state"] in ("success", "failed") else None
+
+    (run,) = wait_until("the run triggered from the form to finish", finished, 300, every_s=1.0)
     assert run["conf"]["dry_run"] is True and run["state"] == "success"
     tis = airflow.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run['dag_run_id']}/taskInstances")["task_instances"]
     assert {t["task_id"]: t["state"] for t in tis} == {"plan": "success", "spark": "skipped", "verify": "skipped"}

@@ -30,6 +30,7 @@ def capped(spec, n):
     return dataclasses.replace(spec, source=dataclasses.replace(spec.source, max_records_per_partition=n))
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("commit", ["atomic", "per_partition"])
 def test_kafka_sink_identity_exactly_once_over_aborted_input(spark, kafka_settings, admin, make_spec, commit):
     spec = make_spec("identity", "kafka", commit)
@@ -56,6 +57,7 @@ def test_kafka_sink_identity_exactly_once_over_aborted_input(spark, kafka_settin
         assert checkpoints[r.tp] == r.until == lso[r.tp].lso
 
 
+@pytest.mark.quick
 def test_orders_enriched_poison_goes_to_dlq_in_the_same_transaction(spark, kafka_settings, make_spec):
     spec = make_spec("spark_apps.transforms.orders:enrich", "kafka", "per_partition")
     truth = produce_orders(kafka_settings, spec.source.topics[0], 200, abort_every=4, malformed_every=9)

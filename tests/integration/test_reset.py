@@ -17,7 +17,7 @@ from kafka_eos.manifest import ManifestStore
 from kafka_eos.pipeline import checkpoints
 from kafka_eos.readers import read_committed
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.quick]
 
 #: A recent hour, on a 5-minute boundary: older records would be deleted by the broker's
 #: retention (7 days) while the test runs.

@@ -9,7 +9,7 @@ from kafka_eos.errors import SpecError
 from kafka_eos.pipeline import prepare_plan
 from kafka_eos.sample_data import produce_orders
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.quick]
 
 SHUFFLING = '''
 from pyspark.sql import functions as F

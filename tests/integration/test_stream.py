@@ -26,18 +26,11 @@ from kafka_eos.sample_data import produce_orders
 from kafka_eos.spec import spec_document
 from kafka_eos.stream.lease import StreamLease, stream_owner
 from kafka_eos.stream.loop import STREAM_RUN_ID, StreamRunner
+from waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
 KAFKA_EOS = Path(sys.executable).parent / "kafka-eos"
-
-
-def wait_until(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
-        time.sleep(0.2)
 
 
 def caught_up(spec, settings) -> bool:
@@ -90,7 +83,7 @@ def test_stream_many_batches_exactly_once_over_aborted_input(spark, kafka_settin
             aborted += truth.aborted
             malformed += truth.malformed
             time.sleep(1.0)
-        wait_until(lambda: failure or caught_up(spec, kafka_settings), 120, "the stream to catch up")
+        wait_until("the stream to catch up", lambda: failure or caught_up(spec, kafka_settings), 120)
     finally:
         runner.stop()
         stream.join(60)

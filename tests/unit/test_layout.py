@@ -65,3 +65,12 @@ def test_the_repository_documents_itself():
             bad.append(str(path.relative_to(ROOT)))
         missing |= {m for m in named.findall(text) if not (ROOT / m).is_file()}
     assert bad == [] and missing == set()
+
+
+def test_no_two_test_modules_share_a_name():
+    # pytest imports test modules by their basename (rootdir conftest, prepend import mode): a
+    # second module of the same name stops the whole suite at collection.
+    names: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}

@@ -22,6 +22,11 @@ import pytest
 logging.getLogger("py4j").setLevel(logging.WARNING)
 # Every Spark of the tests (in-process and spark-submit children) stays on loopback.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# The tests start many short-lived Spark drivers (spark-submit from DAG runs, `kafka-eos run`,
+# streams): the JIT's first tier only and the serial collector start one about 20% sooner
+# (measured: a 10-record `kafka-eos run` 24.7 s -> 19.7 s; the in-process tests take as long).
+# Only spark-class reads it: brokers, and production runs, are not affected.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 
 @pytest.fixture(scope="session")

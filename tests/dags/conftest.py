@@ -18,6 +18,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+import urllib.parse
+import urllib.request
 import uuid
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -185,6 +187,52 @@ def airflow_deployment(kafka_settings, free_ports, postgres_url):
     yield deployment
     deployment.stop()
     shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _deployment_left_quiet(request):
+    """After each test on the shared deployment: every DAG it deployed is paused, its runs still
+    going are marked failed (their tasks end), and the specs and DAG files it wrote are removed.
+    Otherwise scheduled pipelines of earlier tests keep starting spark-submits every few minutes
+    and hold the executor's slots while later tests wait for their own runs."""
+    if "airflow_deployment" not in request.fixturenames:
+        yield
+        return
+    airflow = request.getfixturevalue("airflow_deployment")
+    folders = (airflow.dags_folder, airflow.dags_folder.parent / "specs")
+    before = {p for folder in folders for p in folder.iterdir()}
+    yield
+    for path in {p for folder in folders for p in folder.iterdir()} - before:
+        path.unlink()
+    for dag in airflow.api("GET", "/api/v2/dags?limit=1000&paused=false")["dags"]:
+        airflow.api("PATCH", f"/api/v2/dags/{dag['dag_id']}", {"is_paused": True})
+    for run in airflow.api("GET", "/api/v2/dags/~/dagRuns?state=running&state=queued&limit=1000")["dag_runs"]:
+        run_id = urllib.parse.quote(run["dag_run_id"], safe="")
+        airflow.api("PATCH", f"/api/v2/dags/{run['dag_id']}/dagRuns/{run_id}", {"state": "failed"})
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test on the shared deployment reports the deployment's state beside its error:
+    the components' health, the runs not ended, and the end of the scheduler's and triggerer's logs."""
+    outcome = yield
+    report = outcome.get_result()
+    airflow = getattr(item, "funcargs", {}).get("airflow_deployment")
+    if airflow is None or not report.failed:
+        return
+    lines = []
+    try:
+        with urllib.request.urlopen(f"{airflow.url}/api/v2/monitor/health", timeout=10) as resp:
+            lines.append(f"health: {json.load(resp)}")
+        runs = airflow.api("GET", "/api/v2/dags/~/dagRuns?state=running&state=queued&limit=100")["dag_runs"]
+        lines += [f"not ended: {r['dag_id']} {r['dag_run_id']} {r['state']}" for r in runs] or ["not ended: none"]
+    except Exception as exc:  # noqa: BLE001 - the report of a failure must not fail itself
+        lines.append(f"the deployment did not answer: {exc!r}")
+    for component in ("scheduler", "triggerer", "dag-processor"):
+        log = airflow.home / f"{component}.log"
+        tail = log.read_text(errors="replace").splitlines()[-25:] if log.exists() else []
+        lines += [f"--- {component}.log (last {len(tail)} lines)", *tail]
+    report.sections.append(("airflow deployment", "\n".join(lines)))
 
 
 @pytest.fixture

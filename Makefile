@@ -13,15 +13,20 @@ MVN    := mvn -q -B -s jvm/settings.xml -f jvm/pom.xml
 demo: install jars
 	$(VENV)/bin/kafka-eos demo
 
+# Two workers (pytest-xdist): most tests wait on a broker, a JVM or Airflow's scheduler rather
+# than on the CPU. They share one broker; the tests on the Airflow deployment, on the Spark
+# cluster and on the 3-node Kafka cluster each stay on one worker (their xdist_group).
+TEST_WORKERS ?= 2
+
 test: install jars postgres chromium compose-tool
-	@echo "make test: every test, 25 to 45 minutes on 2 cores (make test-quick: about 2 minutes)"
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	@echo "make test: every test, on $(TEST_WORKERS) workers: 25 to 35 minutes on 2 cores (make test-quick: about 2 minutes)"
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The edit loop: the unit tests and the quick integration tests (marked quick) on the shared
 # broker and SparkSession; make test still runs everything.
 test-quick: install jars
-	@echo "make test-quick: unit tests and quick integration tests (about 2 minutes)"
-	$(VENV)/bin/pytest -m "quick or not integration" tests/unit tests/integration $(PYTEST_ARGS)
+	@echo "make test-quick: unit tests and quick integration tests (about a minute)"
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) -m "quick or not integration" tests/unit tests/integration $(PYTEST_ARGS)
 
 # The SQL sink is tested on PostgreSQL too: Debian's server package (the tests start a
 # throwaway cluster of their own on 127.0.0.1).

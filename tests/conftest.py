@@ -29,6 +29,34 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 
+#: The broker of a parallel session (``pytest -n N``, as ``make test`` runs): pytest's controlling
+#: process starts the local broker once and hands its address to every worker here.
+SHARED_BROKER_ENV = "KAFKA_EOS_TEST_BOOTSTRAP"
+
+
+def pytest_configure(config):
+    """In the controlling process of a parallel session: start the one broker the workers share
+    (each worker starting its own would race for the same port and data folder)."""
+    from kafka_eos.settings import BOOTSTRAP_ENV
+
+    parallel = bool(getattr(config.option, "numprocesses", None))
+    if (not parallel or os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get(BOOTSTRAP_ENV)
+            or os.environ.get(SHARED_BROKER_ENV)):
+        return
+    from kafka_eos.local_kafka import LocalBroker
+
+    broker = LocalBroker.default()
+    config.kafka_eos_broker = (broker, not broker.is_running())
+    broker.start()
+    os.environ[SHARED_BROKER_ENV] = broker.bootstrap  # the workers, started after this, inherit it
+
+
+def pytest_unconfigure(config):
+    broker, started_here = getattr(config, "kafka_eos_broker", (None, False))
+    if broker is not None and started_here and os.environ.get("KAFKA_EOS_KEEP_BROKER") != "1":
+        broker.stop()
+
+
 @pytest.fixture(scope="session")
 def kafka_settings():
     from kafka_eos.local_kafka import LocalBroker
@@ -37,13 +65,23 @@ def kafka_settings():
     if os.environ.get(BOOTSTRAP_ENV):
         yield KafkaSettings.from_environ(os.environ)
         return
+    if os.environ.get(SHARED_BROKER_ENV):  # a worker of a parallel session: the controller's broker
+        yield KafkaSettings(os.environ[SHARED_BROKER_ENV])
+        _goodbye_before_the_broker_stops()
+        return
     broker = LocalBroker.default()
     started_here = not broker.is_running()
     broker.start()
     yield KafkaSettings(broker.bootstrap)
-    # Clients left for the garbage collector say goodbye while the broker is still there, not
-    # at interpreter exit (where they log connection errors to a stopped broker); Spark's Python
-    # workers hold per_partition producers until the session stops.
+    _goodbye_before_the_broker_stops()
+    if started_here and os.environ.get("KAFKA_EOS_KEEP_BROKER") != "1":
+        broker.stop()
+
+
+def _goodbye_before_the_broker_stops() -> None:
+    """Clients left for the garbage collector say goodbye while the broker is still there, not at
+    interpreter exit (where they log connection errors to a stopped broker); Spark's Python
+    workers hold per_partition producers until the session stops."""
     if "pyspark" in sys.modules:
         from pyspark.sql import SparkSession
 
@@ -51,8 +89,6 @@ def kafka_settings():
         if active is not None:
             active.stop()
     gc.collect()
-    if started_here and os.environ.get("KAFKA_EOS_KEEP_BROKER") != "1":
-        broker.stop()
 
 
 @pytest.fixture(scope="session")

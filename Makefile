@@ -8,19 +8,19 @@ PY     := $(VENV)/bin/python
 JARS   := .local/jars
 MVN    := mvn -q -B -s jvm/settings.xml -f jvm/pom.xml
 
-.PHONY: demo test test-quick chaos bench bench-stream bench-page install jars postgres chromium compose-tool kafka-start kafka-stop cluster-up cluster-down airflow-up airflow-down clean
+.PHONY: demo test test-quick chaos bench bench-stream bench-page wheel install jars postgres chromium compose-tool kafka-start kafka-stop cluster-up cluster-down airflow-up airflow-down clean
 
 demo: install jars
 	$(VENV)/bin/kafka-eos demo
 
 # Two workers (pytest-xdist): most tests wait on a broker, a JVM or Airflow's scheduler rather
-# than on the CPU. They share one broker; the tests on the Airflow deployment, on the Spark
-# cluster and on the 3-node Kafka cluster each stay on one worker (their xdist_group).
+# than on the CPU. They share one broker; the tests on the Airflow deployment, and those of a
+# module with a cluster of its own, each stay on one worker (tests/conftest.py).
 TEST_WORKERS ?= 2
 
 test: install jars postgres chromium compose-tool
 	@echo "make test: every test, on $(TEST_WORKERS) workers: 25 to 35 minutes on 2 cores (make test-quick: about 2 minutes)"
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 # The edit loop: the unit tests and the quick integration tests (marked quick) on the shared
 # broker and SparkSession; make test still runs everything.
@@ -48,6 +48,10 @@ compose-tool:
 	@command -v docker-compose >/dev/null 2>&1 || docker compose version >/dev/null 2>&1 || { \
 	  echo "installing docker-compose from Debian's packages"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null; }
+
+# The distribution a user installs (docs/first-pipeline.md): dist/kafka_eos-<version>-py3-none-any.whl.
+wheel: install
+	$(PY) -m pip wheel -q --no-deps -w dist .
 
 install: $(VENV)/.installed
 

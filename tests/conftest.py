@@ -7,12 +7,14 @@ started it).
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
 import socket
 import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +30,8 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # Only spark-class reads it: brokers, and production runs, are not affected.
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
+
+ROOT = Path(__file__).resolve().parents[1]
 
 #: The broker of a parallel session (``pytest -n N``, as ``make test`` runs): pytest's controlling
 #: process starts the local broker once and hands its address to every worker here.
@@ -49,6 +53,35 @@ def pytest_configure(config):
     config.kafka_eos_broker = (broker, not broker.is_running())
     broker.start()
     os.environ[SHARED_BROKER_ENV] = broker.bootstrap  # the workers, started after this, inherit it
+
+
+@functools.cache
+def _shared_scope(path: str) -> str | None:
+    """The work unit a test module's tests belong to in a parallel session: ``airflow-deployment``
+    for every module on the session's Airflow deployment (one deployment, on one worker), the
+    module itself for one with a module-scoped fixture (a Spark or Kafka cluster of its own), else
+    None (each test on its own)."""
+    try:
+        text = (ROOT / path).read_text()
+    except OSError:
+        return None
+    if "airflow_deployment" in text:
+        return "airflow-deployment"
+    return path if 'scope="module"' in text else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Tests go to the two workers one by one, except those that share something expensive
+    (:func:`_shared_scope`): those go together. (pytest-xdist's own ``loadgroup`` does not group
+    under pytest 9: it rewrites a node attribute pytest 9 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedResourceScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _shared_scope(nodeid.split("::", 1)[0]) or nodeid
+
+    return SharedResourceScheduling(config, log)
 
 
 def pytest_unconfigure(config):

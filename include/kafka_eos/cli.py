@@ -110,12 +110,42 @@ def cmd_airflow(args) -> int:
     elif args.action == "stop":
         airflow.stop()
         print("stopped")
+    elif args.action == "trigger":
+        return _trigger(airflow, args)
     else:
         if not airflow.healthy():
             print(f"not running ({airflow.url})", file=sys.stderr)
             return 3
         print(airflow.url)
     return 0
+
+
+def _trigger(airflow, args) -> int:
+    """``kafka-eos airflow trigger DAG_ID``: a run of the DAG on the local Airflow (unpaused first);
+    with --wait, until it ends: its state and its tasks' states."""
+    import urllib.parse
+
+    if not args.dag_id:
+        raise KafkaEosError("airflow trigger: name the DAG to run (kafka_eos__<pipeline>)")
+    if not airflow.healthy():
+        raise KafkaEosError(f"airflow trigger: no local Airflow answers at {airflow.url}: `kafka-eos airflow start`")
+    try:
+        conf = json.loads(args.conf) if args.conf else {}
+    except ValueError as exc:
+        raise KafkaEosError(f"--conf: not a JSON object ({exc})") from None
+    airflow.wait_for_dag(args.dag_id)
+    run = airflow.api("POST", f"/api/v2/dags/{args.dag_id}/dagRuns", {"logical_date": None, "conf": conf})
+    print(f"{args.dag_id}: run {run['dag_run_id']} {run['state']}  ({airflow.url}/dags/{args.dag_id})")
+    if not args.wait:
+        return 0
+    path = f"/api/v2/dags/{args.dag_id}/dagRuns/{urllib.parse.quote(run['dag_run_id'], safe='')}"
+    while (run := airflow.api("GET", path))["state"] not in ("success", "failed"):
+        time.sleep(2)
+    tasks = airflow.api("GET", f"{path}/taskInstances")["task_instances"]
+    print(f"{args.dag_id}: run {run['dag_run_id']} {run['state']}: "
+          + ", ".join(f"{t['task_id']} {t['state']}" for t in tasks)
+          + (f"; {run['note']}" if run.get("note") else ""))
+    return 0 if run["state"] == "success" else EXIT_ERROR
 
 
 def cmd_spark(args) -> int:
@@ -386,6 +416,59 @@ def _print_open_transaction(topic: str, partition: int, txn: dict) -> None:
           f"{owner}, {txn['verdict']}, last write {txn['last_write']}")
 
 
+def cmd_new(args) -> int:
+    from pathlib import Path
+
+    from kafka_eos.scaffold import new_pipeline, write
+
+    pipeline = new_pipeline(args.name, package=args.package, source=args.source, commit=args.commit)
+    project = Path(args.dir)
+    for path in write(project, pipeline):
+        print(f"wrote {path}")
+    spec = project / "pipelines" / f"{args.name}.yaml"
+    print(f"next: kafka-eos topics create {spec}   (a dry run; --yes creates them)")
+    print(f"      kafka-eos validate {spec}")
+    print(f"      kafka-eos run {spec}   (or KAFKA_EOS_PIPELINES_DIR={spec.parent.resolve()} for Airflow)")
+    return 0
+
+
+def cmd_topics(args) -> int:
+    from kafka_eos.topics import create_missing, pipeline_topics
+
+    spec, settings = _spec(args, import_transform=False), _settings(args)
+    plans = pipeline_topics(spec, settings, args.partitions)
+    created = {p.name for p in create_missing(settings, plans)} if args.yes else set()
+    if args.json:
+        _print_json([{**dataclasses.asdict(p), "created": p.name in created} for p in plans])
+        return 0
+    state = {True: "created", False: "would create"}
+    rows = [[p.name, p.role, p.partitions, p.replication, "exists" if not p.missing else state[p.name in created]]
+            for p in plans]
+    print(table(rows, ["topic", "role", "partitions", "replication", "state"]))
+    for p in plans:
+        if p.missing and p.config:
+            print(f"  {p.name}: {', '.join(f'{k}={v}' for k, v in p.config.items())}")
+    if not args.yes and any(p.missing for p in plans):
+        print(f"dry run: nothing was created; `kafka-eos topics create {args.pipeline} --yes` creates them")
+    return 0
+
+
+def cmd_validate(args) -> int:
+    from kafka_eos.validate import validate
+
+    spec, settings = _spec(args), _settings(args)
+    checks = validate(spec, settings, ref=args.pipeline)
+    if args.json:
+        _print_json([dataclasses.asdict(c) for c in checks])
+    else:
+        for check in checks:
+            print(f"{'ok  ' if check.ok else 'FAIL'}  {check.what}: {check.detail}")
+    failed = [c for c in checks if not c.ok]
+    if failed:
+        raise KafkaEosError(f"{spec.name}: {len(failed)} check(s) failed, first: {failed[0].what}: {failed[0].detail}")
+    return 0
+
+
 def cmd_demo(args) -> int:
     from kafka_eos.demo import run_demo
 
@@ -438,7 +521,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_, description=help_)
         _common_flags(p, suppress=True)
         if pipeline:
-            p.add_argument("pipeline", help="a name under include/pipelines/ or a path to a YAML file")
+            p.add_argument("pipeline", help="a name in the pipelines folder (KAFKA_EOS_PIPELINES_DIR) or a path to a "
+                                           "YAML file")
         if json_flag:
             p.add_argument("--json", action="store_true", help="print JSON for scripts")
         p.set_defaults(func=func)
@@ -450,8 +534,12 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--brokers", type=int, choices=[1, 3], default=1,
                    help="start: one broker (the default), or three with replication factor 3 and min.insync.replicas 2")
     a = command("airflow", cmd_airflow, "a local Airflow (API and UI, scheduler, dag-processor, triggerer) over "
-                                        "this project's DAGs, under .local/airflow (start, stop, status)")
-    a.add_argument("action", choices=["start", "stop", "status"])
+                                        "the pipelines folder's DAGs, under .local/airflow (start, stop, status; "
+                                        "trigger DAG_ID runs a DAG)")
+    a.add_argument("action", choices=["start", "stop", "status", "trigger"])
+    a.add_argument("dag_id", nargs="?", help="trigger: the DAG to run (kafka_eos__<pipeline>)")
+    a.add_argument("--conf", help="trigger: the run's conf, a JSON object (the trigger form's parameters)")
+    a.add_argument("--wait", action="store_true", help="trigger: wait until the run ends; exit 1 if it failed")
     s = command("spark", cmd_spark, "a local Spark standalone cluster (a master and two workers on 127.0.0.1) "
                                     "under .local/spark (start, stop, status)")
     s.add_argument("action", choices=["start", "stop", "status"])
@@ -480,6 +568,29 @@ def build_parser() -> argparse.ArgumentParser:
     command("pipelines", cmd_pipelines, "the pipeline specs under include/pipelines/: sink, scope, lag, last run",
             json_flag=True)
     command("demo", cmd_demo, "the main job on the embedded default (local broker, Spark, Airflow)")
+    n = command("new", cmd_new, "write a new pipeline: its spec (pipelines/NAME.yaml), a transform skeleton "
+                                "(PACKAGE/NAME.py) and its unit test (tests/test_NAME.py)")
+    n.add_argument("name", help="the pipeline's name (lower case letters, digits, '_')")
+    n.add_argument("--dir", default=".", help="the project folder to write into (default: the current one)")
+    n.add_argument("--package", default="transforms", help="the Python package of the transform (default transforms)")
+    n.add_argument("--source", help="the topic it reads (default NAME.in)")
+    n.add_argument("--commit", choices=["atomic", "per_partition"], default="atomic",
+                   help="the commit scope (default atomic: one transaction per run)")
+    tc = command("topics", None, "the topics a pipeline needs (create)")
+    topic_actions = tc.add_subparsers(dest="action", required=True, metavar="ACTION")
+    tca = topic_actions.add_parser("create", help="create the pipeline's missing topics (sources, sink, dead letters, "
+                                                  "backfill, manifest, audit) with their settings; a dry run "
+                                                  "without --yes")
+    _common_flags(tca, suppress=True)
+    tca.add_argument("pipeline", help="a name in the pipelines folder or a path to a YAML file")
+    tca.add_argument("--partitions", type=positive_int, default=None,
+                     help="partitions of a missing source topic (default 3); the others follow the source")
+    tca.add_argument("--yes", action="store_true", help="really create them")
+    tca.add_argument("--json", action="store_true", help="print JSON for scripts")
+    tca.set_defaults(func=cmd_topics)
+    command("validate", cmd_validate, "check a pipeline without running it: its spec and transform, its topics, "
+                                      "the brokers' transaction timeout, its checkpoints, its database",
+            json_flag=True, pipeline=True)
     t = command("txn", None, "open transactions that pin partitions: find them (hanging), abort one (abort)")
     actions = t.add_subparsers(dest="action", required=True, metavar="ACTION")
     h = actions.add_parser("hanging", help="partitions held by an open transaction, and who holds them "

@@ -189,6 +189,12 @@ def create_topics(settings: KafkaSettings, topics: Mapping[str, int], config: Ma
     _create(settings, topics, -1, dict(config or {}))
 
 
+def create_topic(settings: KafkaSettings, topic: str, partitions: int, replication: int,
+                 config: Mapping[str, str]) -> None:
+    """Create ``topic`` with these settings when missing, and wait until it can be used."""
+    _create(settings, {topic: partitions}, replication, dict(config))
+
+
 def _create(settings: KafkaSettings, topics: Mapping[str, int], replication: int, config: dict,
             md=None) -> None:
     admin = admin_client(settings)

@@ -48,20 +48,28 @@ def connections_environ(settings, spark_master: str | None = None) -> dict[str, 
 
 
 def write_specs_dag_file(dags_folder: Path, specs_folder: Path, name: str = "kafka_eos_specs.py") -> Path:
-    """A DAG file in ``dags_folder`` that builds, with the project's DAG factory, a DAG per spec in
+    """A DAG file in ``dags_folder`` that builds, with the DAG factory, a DAG per spec in
     ``specs_folder`` (a deployment over specs of its own: tests, benchmarks)."""
-    dags_dir = PROJECT_ROOT / "dags"
     path = dags_folder / name
     path.write_text(f'''\
-"""airflow DAGs of the pipeline specs in {specs_folder}, made by the project's DAG factory."""
-import sys
-
-if {str(dags_dir)!r} not in sys.path:
-    sys.path.insert(0, {str(dags_dir)!r})
-
-from kafka_eos_pipelines import dags_from_folder
+"""airflow DAGs of the pipeline specs in {specs_folder}, made by kafka-eos's DAG factory."""
+from kafka_eos_airflow.dag_factory import dags_from_folder
 
 globals().update(dags_from_folder({str(specs_folder)!r}))
+''')
+    return path
+
+
+def write_all_dags_file(dags_folder: Path, specs_folder: Path, name: str = "kafka_eos_dags.py") -> Path:
+    """A DAG file with every kafka-eos DAG of ``specs_folder``: each pipeline's, the watchdog and
+    the runbook (:func:`kafka_eos_airflow.dag_factory.kafka_eos_dags`), as a DAG file of your own has."""
+    dags_folder.mkdir(parents=True, exist_ok=True)
+    path = dags_folder / name
+    path.write_text(f'''\
+"""kafka-eos's DAGs over the pipeline specs in {specs_folder}."""
+from kafka_eos_airflow.dag_factory import kafka_eos_dags
+
+globals().update(kafka_eos_dags({str(specs_folder)!r}))
 ''')
     return path
 
@@ -98,7 +106,8 @@ class LocalAirflow:
             "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
             "AIRFLOW_HOME": str(self.home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
-            "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
+            # The plugin loads through the provider's entry point; nothing is needed in this folder.
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(self.home / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.database_url or f"sqlite:///{self.home / 'airflow.db'}",
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
@@ -126,10 +135,15 @@ class LocalAirflow:
         """The deployment of ``kafka-eos airflow start``: under ``.local/airflow``, the project's
         dags/, the API and UI on ``KAFKA_EOS_AIRFLOW_PORT`` (default 8080), its Kafka connection
         pointing at ``settings``' cluster and Spark at ``SPARK_MASTER`` (default local mode)."""
-        from kafka_eos.paths import local_dir
+        from kafka_eos.paths import IN_CHECKOUT, local_dir, pipelines_dir
 
-        return cls(local_dir() / "airflow", int(os.environ.get("KAFKA_EOS_AIRFLOW_PORT", "8080")),
-                   PROJECT_ROOT / "dags", connections_environ(settings))
+        home = local_dir() / "airflow"
+        if IN_CHECKOUT:
+            dags = PROJECT_ROOT / "dags"
+        else:  # an installed package: a DAG file over the pipelines folder, as a user's own
+            dags = home / "dags"
+            write_all_dags_file(dags, pipelines_dir().resolve())
+        return cls(home, int(os.environ.get("KAFKA_EOS_AIRFLOW_PORT", "8080")), dags, connections_environ(settings))
 
     def password(self) -> str:
         """The admin's password: generated once into the file Airflow's simple auth manager reads

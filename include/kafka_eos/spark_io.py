@@ -32,10 +32,27 @@ def connector_jars(environ=os.environ) -> list[str]:
     return jars
 
 
+def connector_package() -> str:
+    """The Maven coordinates of Spark's Kafka connector matching the installed pyspark
+    (``org.apache.spark:spark-sql-kafka-0-10_2.13:<version>``), for ``spark.jars.packages``."""
+    from importlib.metadata import version
+
+    return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version('pyspark')}"
+
+
+def connector_conf(environ=os.environ) -> dict[str, str]:
+    """How Spark gets the Kafka connector: the jars of ``KAFKA_EOS_SPARK_JARS`` or of ``make jars``
+    (``spark.jars``) where there are some; else, as an installed package without a checkout,
+    ``spark.jars.packages`` (Spark resolves it from Maven Central into ~/.ivy2 on first use)."""
+    if environ.get(SPARK_JARS_ENV) or any("spark-sql-kafka" in p.name for p in jars_dir("spark").glob("*.jar")):
+        return {"spark.jars": ",".join(connector_jars(environ))}
+    return {"spark.jars.packages": connector_package()}
+
+
 def session_conf() -> dict[str, str]:
     """Settings every kafka-eos Spark application needs, in-process or through spark-submit."""
     return {
-        "spark.jars": ",".join(connector_jars()),
+        **connector_conf(),
         # A speculative copy of a per_partition task would race its twin for the same
         # transactional.id; the fencing keeps it correct but the work is wasted.
         "spark.speculation": "false",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -129,6 +130,24 @@ def spec_document(spec: PipelineSpec) -> dict:
     return doc
 
 
+def _import_transform_module(module_name: str, where: str):
+    """Import a transform's module: from the installed packages, else from the spec's project
+    folder (the parent of the folder holding the spec, as ``kafka-eos new`` lays it out, or the
+    spec's own folder), which is then put on ``sys.path``."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        top = module_name.split(".")[0]
+        if exc.name != top or not where.endswith((".yaml", ".yml")):
+            raise
+        spec_folder = Path(where).resolve().parent
+        for folder in (spec_folder.parent, spec_folder):
+            if (folder / top / "__init__.py").is_file() or (folder / f"{top}.py").is_file():
+                sys.path.insert(0, str(folder))
+                return importlib.import_module(module_name)
+        raise
+
+
 def resolve_transform(ref: str, where: str = "<inline>") -> Callable:
     """Import ``module:function``; ``identity`` is kafka-eos's own copy transform.
 
@@ -142,7 +161,7 @@ def resolve_transform(ref: str, where: str = "<inline>") -> Callable:
     if not module_name or not func_name:
         raise SpecError(f"{where}: transform: {ref!r} is not 'module:function' or 'identity'")
     try:
-        module = importlib.import_module(module_name)
+        module = _import_transform_module(module_name, where)
     except ImportError as exc:
         raise SpecError(f"{where}: transform: cannot import module {module_name!r} ({exc})") from None
     func = getattr(module, func_name, None)

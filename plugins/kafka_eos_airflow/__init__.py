@@ -1,4 +1,41 @@
-"""Airflow integration of kafka-eos: a hook (Connection -> :class:`kafka_eos.settings.KafkaSettings`)
-and thin operators that call the library. Airflow puts ``plugins/`` on ``sys.path``, so DAGs
-import this package as ``kafka_eos_airflow``. Nothing here holds Kafka or Spark logic.
+"""Airflow integration of kafka-eos, an Airflow provider: a hook (Connection ->
+:class:`kafka_eos.settings.KafkaSettings`), thin operators, sensors and triggers that call the
+library, notifiers, the DAG factory (:mod:`kafka_eos_airflow.dag_factory`) and the operator page's
+plugin. Nothing here holds Kafka or Spark logic.
+
+Airflow finds it through the ``apache_airflow_provider`` entry point (:func:`get_provider_info`):
+``airflow providers list`` shows it, and its plugin loads without a file in the plugins folder.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def get_provider_info() -> dict[str, Any]:
+    """The provider's description for Airflow's ProvidersManager (read without importing Airflow)."""
+    from kafka_eos import __version__
+
+    return {
+        "package-name": "kafka-eos",
+        "name": "kafka-eos",
+        "description": "Exactly-once Kafka -> Spark pipelines: explicit offset ranges of committed records, "
+                       "transactional writes, offset checkpoints in Kafka, hung-transaction detection.",
+        "versions": [__version__],
+        "integrations": [{
+            "integration-name": "kafka-eos",
+            "external-doc-url": "https://kafka.apache.org/documentation/#semantics",
+            "tags": ["apache"],
+        }],
+        "operators": [{"integration-name": "kafka-eos", "python-modules": [
+            "kafka_eos_airflow.operators", "kafka_eos_airflow.checks", "kafka_eos_airflow.runbook",
+            "kafka_eos_airflow.stream"]}],
+        "sensors": [{"integration-name": "kafka-eos", "python-modules": ["kafka_eos_airflow.sensors"]}],
+        "hooks": [{"integration-name": "kafka-eos", "python-modules": ["kafka_eos_airflow.hooks"]}],
+        "triggers": [{"integration-name": "kafka-eos", "python-modules": ["kafka_eos_airflow.triggers"]}],
+        # The connections are of the types their providers register (kafka: apache-kafka, spark:
+        # apache-spark, http, smtp); kafka-eos adds none of its own.
+        "notifications": ["kafka_eos_airflow.notifiers.KafkaEosWebhookNotifier",
+                          "kafka_eos_airflow.notifiers.KafkaEosEmailNotifier"],
+        "plugins": [{"name": "kafka_eos", "plugin-class": "kafka_eos_airflow.plugin.KafkaEosPlugin"}],
+    }

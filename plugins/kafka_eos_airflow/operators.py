@@ -25,7 +25,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from kafka_eos.errors import DataLossError, KafkaEosError, PlanError, SpecError, TopicRecreated
-from kafka_eos.paths import PROJECT_ROOT
+from kafka_eos.paths import spark_app
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec, load_spec
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kafka_eos.plan import Plan
 
 #: The spark-submit entry point that runs one stored plan to its transactional commit.
-RUN_PIPELINE_APP = str(PROJECT_ROOT / "spark_apps" / "run_pipeline.py")
+RUN_PIPELINE_APP = str(spark_app("run_pipeline"))
 
 #: Failures a retry cannot fix: a person has to change the spec, reset a group or re-plan.
 _NOT_RETRIABLE = (SpecError, DataLossError, TopicRecreated)

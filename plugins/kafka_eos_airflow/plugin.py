@@ -1,5 +1,7 @@
-"""Registers kafka-eos's operator page with Airflow: the FastAPI app mounted at ``/kafka-eos`` and a
-"Kafka pipelines" entry in the UI's navigation that shows it (kafka_eos_airflow.operator_page)."""
+"""kafka-eos's Airflow plugin: the operator page's FastAPI app mounted at ``/kafka-eos`` and a "Kafka
+pipelines" entry in the UI's navigation that shows it (kafka_eos_airflow.operator_page). Airflow
+loads it through the provider's entry point (``get_provider_info``'s ``plugins``): installing the
+package is enough, no file goes into the plugins folder."""
 
 from __future__ import annotations
 

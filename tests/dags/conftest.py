@@ -65,14 +65,6 @@ globals().update(dags_from_folder({str(TEST_SPECS_DIR)!r}))
 ''')
 
 
-def pytest_collection_modifyitems(config, items):
-    """In a parallel session (``pytest -n N --dist loadgroup``) the tests on the Airflow deployment
-    all go to one worker: one deployment per session, not one per worker."""
-    for item in items:
-        if "airflow_deployment" in item.fixturenames:
-            item.add_marker(pytest.mark.xdist_group("airflow_deployment"))
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _airflow_home():
     """Remove the session's AIRFLOW_HOME at the end."""

@@ -24,8 +24,7 @@ from kafka_eos.manifest import ManifestStore
 from kafka_eos.sample_data import produce_orders
 from kafka_eos.sinks.kafka import COMMIT_JOB
 
-# One Spark standalone cluster for the module: in a parallel session its tests share one worker.
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("spark_cluster")]
+pytestmark = pytest.mark.integration
 
 #: Orders per test: every source partition gets well over the 100 output records after which the
 #: ``after_produce`` fail point fires.

@@ -12,8 +12,7 @@ from kafka_eos.kafka_admin import broker_config, cluster_metadata, create_topics
 from kafka_eos.local_kafka import LocalCluster
 from kafka_eos.settings import KafkaSettings
 
-# One 3-node cluster for the module: in a parallel session its tests share one worker.
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("kafka_cluster")]
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")

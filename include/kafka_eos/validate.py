@@ -1,0 +1,87 @@
+"""``kafka-eos validate PIPELINE``: check a pipeline before it runs, without running it.
+
+The spec (fields, the transform imports, no other spec owns its group or manifest) is checked by
+loading it; then, against the cluster: its topics exist (sources, sink, dead letters, backfill;
+the manifest and audit topics are created on first use), the brokers accept its transaction
+timeout, its checkpoints are still readable (not behind the log start), and a SQL sink's database
+answers. Nothing is written anywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kafka_eos import kafka_admin
+from kafka_eos.settings import KafkaSettings
+from kafka_eos.spec import PipelineSpec
+from kafka_eos.topics import pipeline_topics
+
+#: Topics kafka-eos creates itself when it first writes them.
+_CREATED_ON_USE = ("manifest", "audit")
+
+
+@dataclass(frozen=True)
+class Check:
+    ok: bool
+    what: str
+    detail: str
+
+
+def validate(spec: PipelineSpec, settings: KafkaSettings, ref: str | None = None) -> list[Check]:
+    """The checks of ``spec`` against the cluster of ``settings`` (the spec itself was checked by
+    loading it). ``ref``: how the user named the pipeline (in the advice given)."""
+    checks = [Check(True, "spec", f"{spec.path}: fields, transform {spec.transform!r}, owners")]
+    plans = pipeline_topics(spec, settings)
+    for plan in plans:
+        if not plan.missing:
+            checks.append(Check(True, f"topic {plan.name}", f"{plan.role}, {plan.existing} partition(s)"))
+        elif plan.role in _CREATED_ON_USE:
+            checks.append(Check(True, f"topic {plan.name}", f"{plan.role}, created on first use"))
+        else:
+            checks.append(Check(False, f"topic {plan.name}",
+                                f"{plan.role}: missing (`kafka-eos topics create {ref or spec.name} --yes` creates it)"))
+    if spec.sink.kind == "kafka":
+        max_ms = kafka_admin.transaction_max_timeout_ms(settings)
+        wanted_ms = spec.sink.transaction_timeout_s * 1000
+        checks.append(Check(wanted_ms <= max_ms, "transaction timeout",
+                            f"sink.transaction_timeout_s {spec.sink.transaction_timeout_s} s against the brokers' "
+                            f"transaction.max.timeout.ms {max_ms:g}"))
+    checks += _checkpoints(spec, settings, [p for p in plans if p.role == "source" and not p.missing])
+    if spec.sink.kind == "sql":
+        checks.append(_database(spec))
+    return checks
+
+
+def _checkpoints(spec: PipelineSpec, settings: KafkaSettings, sources) -> list[Check]:
+    tps = [(p.name, i) for p in sources for i in range(p.existing)]
+    if not tps:
+        return []
+    committed = kafka_admin.committed_offsets(settings, spec.source.group_id, tps)
+    offsets = kafka_admin.partition_offsets(settings, tps)
+    behind = [f"{t}-{p}: checkpoint {committed[(t, p)]} < log start {offsets[(t, p)].log_start}"
+              for t, p in tps if committed.get((t, p)) is not None and committed[(t, p)] < offsets[(t, p)].log_start]
+    have = sum(1 for tp in tps if committed.get(tp) is not None)
+    if behind:
+        return [Check(spec.source.on_data_loss != "fail", "checkpoints",
+                      f"records deleted by retention before they were read (on_data_loss: "
+                      f"{spec.source.on_data_loss}): {'; '.join(behind)}")]
+    return [Check(True, "checkpoints", f"group {spec.source.group_id}: {have} of {len(tps)} partition(s) "
+                                       f"checkpointed, none behind the log start")]
+
+
+def _database(spec: PipelineSpec) -> Check:
+    from sqlalchemy import text
+
+    from kafka_eos.sinks.sql import default_url, make_engine
+
+    url = spec.sink.url or default_url(spec)
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("select 1"))
+    except Exception as exc:  # noqa: BLE001 - any driver's error is the answer
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return Check(False, "database", f"{engine.url.render_as_string(hide_password=True)}: {first}")
+    finally:
+        engine.dispose()
+    return Check(True, "database", engine.url.render_as_string(hide_password=True))

@@ -1,0 +1,278 @@
+"""The DAG factory: kafka-eos's DAGs from a folder of pipeline specs, for any Airflow.
+
+A DAG file of your own needs two lines (``dags_folder/kafka_eos.py``)::
+
+    from kafka_eos_airflow.dag_factory import kafka_eos_dags
+
+    globals().update(kafka_eos_dags("/opt/pipelines"))  # or KAFKA_EOS_PIPELINES_DIR
+
+which gives one DAG per spec (``kafka_eos__<name>``: plan >> spark >> verify), its stream DAG
+(``kafka_eos_stream__<name>``), the watchdog over those pipelines and the abort runbook.
+
+Parse time only reads the YAML files (``kafka_eos.spec.parse_spec``): no transform import (that
+would import pyspark), no Kafka, no metadata DB, no Variables. Everything else happens when the
+tasks run. A spec that does not parse is logged and skipped, so one bad file never takes the
+other pipelines' DAGs down.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import yaml
+
+from airflow.sdk import DAG, CronDataIntervalTimetable, CronTriggerTimetable, Param
+
+from kafka_eos.errors import SpecError
+from kafka_eos.paths import pipelines_dir
+from kafka_eos.spec import STREAM_SCHEDULE, PipelineSpec, check_owners, parse_spec
+from kafka_eos_airflow.assets import source_asset
+from kafka_eos_airflow.checks import CheckpointRefreshOperator, FreshnessCheckOperator
+from kafka_eos_airflow.hooks import KafkaEosHook
+from kafka_eos_airflow.notifiers import RUNBOOK_DAG_ID, failure_notifiers
+from kafka_eos_airflow.operators import (KafkaEosPlanOperator, KafkaEosSparkSubmitOperator,
+                                         KafkaEosVerifyOperator)
+from kafka_eos_airflow.params import pipeline_params
+from kafka_eos_airflow.runbook import PARAMS as RUNBOOK_PARAMS
+from kafka_eos_airflow.runbook import AbortTransactionOperator
+from kafka_eos_airflow.sensors import HungTransactionSensor
+from kafka_eos_airflow.stream import KafkaEosStreamOperator
+
+log = logging.getLogger(__name__)
+
+DAG_ID_PREFIX = "kafka_eos__"
+STREAM_DAG_ID_PREFIX = "kafka_eos_stream__"
+#: A fixed start: with catchup off only the latest interval runs; a moving start (``now()``)
+#: would make every parse a different DAG.
+START_DATE = datetime(2026, 1, 1, tzinfo=timezone.utc)
+#: Tasks are idempotent (a retry reuses the stored plan and no-ops a landed commit), so retrying
+#: is safe; 30 s lets a coordinator move or a leader election settle.
+DEFAULT_ARGS = {"owner": "kafka-eos", "retries": 2, "retry_delay": timedelta(seconds=30),
+                # Alerts go to the kafka_eos_alerts_webhook / _smtp connections, where defined.
+                "on_failure_callback": failure_notifiers()}
+
+
+def _doc_md(spec: PipelineSpec) -> str:
+    src = spec.source
+    sink = spec.sink
+    if sink.kind == "kafka":
+        target = f"Kafka topic `{sink.topic}` (dead letters: topic `{sink.dlq_topic}`)"
+    else:
+        target = f"SQL table `{sink.table}` (merge `{sink.merge}`; dead letters: table `{sink.dead_letters_table}`)"
+    return "\n".join([
+        f"### kafka-eos pipeline `{spec.name}`",
+        "",
+        f"Reads the committed records of {', '.join(f'`{t}`' for t in src.topics)} by explicit offset "
+        f"ranges (checkpoint: consumer group `{src.group_id}`, at most {src.max_records_per_partition} "
+        f"offsets per partition and {src.max_records_per_run} in all per run), applies `{spec.transform}` and writes {target} exactly once, "
+        f"commit scope `{sink.commit}`.",
+        "",
+        "| task | does |",
+        "|---|---|",
+        "| `plan` | computes the run's offset ranges once and stores them in the run manifest "
+        f"(`{spec.manifest_topic}`, key `{spec.name}:<run id>`); a retry reuses them |",
+        "| `spark` | spark-submits `spark_apps/run_pipeline.py` on the stored plan; an empty plan skips Spark |",
+        "| `verify` | checks that every checkpoint reached the plan's end and logs the run summary |",
+        "",
+        (f"Schedule: `stream`: a run whenever committed records wait beyond the checkpoint (asset "
+         f"`kafka-eos://{spec.name}/source`, watched by the triggerer). " if spec.schedule == STREAM_SCHEDULE else
+         f"Schedule: `{spec.schedule or 'manual only'}` (UTC, data intervals). ") +
+        f"While `kafka-eos stream {spec.name}` runs, live runs skip themselves (one mode at a time). On data loss: "
+        f"`{src.on_data_loss}`. Spec: `{spec.path}`.",
+        "",
+        "Trigger with config: **Max records per partition** caps this run; **Dry run** shows the plan and "
+        "stops (the Spark and verify tasks are skipped; nothing is stored, written or committed). "
+        "**Reset the checkpoint to** a timestamp or JSON offsets moves the checkpoint instead of running, "
+        f"once confirmed with `RESET {spec.name}`; the reset is recorded in the topic `kafka-eos.audit`.",
+    ])
+
+
+def build_dag(spec: PipelineSpec, *, kafka_conn_id: str = KafkaEosHook.default_conn_name,
+              spark_conn_id: str = "spark_default") -> DAG:
+    """The DAG of one pipeline spec (``kafka_eos__<name>``): plan >> spark >> verify.
+
+    :param spec: a parsed spec; its ``path`` is what the tasks load at run time.
+    :param kafka_conn_id: the ``kafka`` connection of the cluster (see ``KafkaEosHook``).
+    :param spark_conn_id: the Spark connection spark-submit uses.
+    """
+    if spec.schedule == STREAM_SCHEDULE:
+        # Event-driven: a run whenever committed records wait beyond the checkpoint.
+        schedule = [source_asset(spec, kafka_conn_id)]
+    elif spec.schedule:
+        schedule = CronDataIntervalTimetable(spec.schedule, timezone="UTC")
+    else:
+        schedule = None
+    with DAG(
+        dag_id=DAG_ID_PREFIX + spec.name,
+        schedule=schedule,
+        start_date=START_DATE,
+        catchup=False,
+        # Runs of one pipeline must not overlap: each plan starts at the previous run's end.
+        max_active_runs=1,
+        default_args=DEFAULT_ARGS,
+        # The trigger form (max records, dry run); scheduled runs take its defaults.
+        params=pipeline_params(spec),
+        tags=["kafka-eos", spec.sink.kind, spec.sink.commit],
+        doc_md=_doc_md(spec),
+    ) as dag:
+        plan = KafkaEosPlanOperator(task_id="plan", pipeline=spec.path, kafka_conn_id=kafka_conn_id)
+        spark = KafkaEosSparkSubmitOperator(task_id="spark", pipeline=spec.path, kafka_conn_id=kafka_conn_id,
+                                            conn_id=spark_conn_id)
+        verify = KafkaEosVerifyOperator(task_id="verify", pipeline=spec.path, kafka_conn_id=kafka_conn_id)
+        plan >> spark >> verify
+    return dag
+
+
+def build_stream_dag(spec: PipelineSpec, *, kafka_conn_id: str = KafkaEosHook.default_conn_name,
+                     spark_conn_id: str = "spark_default") -> DAG:
+    """The DAG that runs a pipeline as a stream (``kafka_eos_stream__<name>``): triggered by hand,
+    one long-running task; its retries restart a stream that died, its failure alerts."""
+    with DAG(
+        dag_id=STREAM_DAG_ID_PREFIX + spec.name,
+        schedule=None,
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,
+        # A stream that died restarts from its checkpoint after 30 s, three times, then alerts.
+        default_args={**DEFAULT_ARGS, "retries": 3},
+        params={
+            "interval_s": Param(1.0, type="number", minimum=0, title="Interval (seconds)",
+                                description="Least time between the starts of two batches."),
+            "until_caught_up": Param(False, type="boolean", title="Stop when caught up",
+                                     description="Drain the backlog, then stop (instead of running until "
+                                                 "the task is stopped)."),
+        },
+        tags=["kafka-eos", "stream", spec.sink.kind, spec.sink.commit],
+        doc_md="\n".join([
+            f"### kafka-eos stream `{spec.name}`",
+            "",
+            f"Runs `kafka-eos stream {spec.name}`: one Spark application that plans, reads, transforms and "
+            "commits one small range after another, each exactly once, and logs one line per batch. "
+            "Trigger it to start the stream; mark the task failed (or clear it) to stop it: the stream "
+            "finishes its batch in flight. A stream that dies is restarted from its checkpoint (3 retries), "
+            "then the failure alerts. While it runs, the scheduled DAG's runs of this pipeline skip themselves.",
+        ]),
+    ) as dag:
+        KafkaEosStreamOperator(task_id="stream", pipeline=spec.path, kafka_conn_id=kafka_conn_id,
+                               spark_conn_id=spark_conn_id, interval_s="{{ params.interval_s }}")
+    return dag
+
+
+def dags_from_folder(folder: str | Path, **kwargs) -> dict[str, DAG]:
+    """One DAG per ``*.yaml`` spec in ``folder`` (dag_id -> DAG); unparsable specs are logged and
+    skipped, and so are all the specs that share a pipeline name or a consumer group (a group
+    holds one pipeline's checkpoint). ``kwargs`` go to :func:`build_dag`."""
+    specs: list[PipelineSpec] = []
+    for path in sorted(Path(folder).glob("*.yaml")):
+        try:
+            raw = yaml.safe_load(path.read_text())
+            # No environ: ${VAR} in a SQL URL stays unresolved here (the tasks resolve it), so
+            # no secret ends up in the serialized DAG.
+            specs.append(parse_spec(raw, str(path.resolve())))
+        except (SpecError, yaml.YAMLError, OSError) as exc:
+            log.error("kafka-eos: skipping pipeline spec %s: %s", path, str(exc).splitlines()[0])
+    dags: dict[str, DAG] = {}
+    for spec in specs:
+        others = [o for o in specs if o is not spec]
+        try:
+            if any(o.name == spec.name for o in others):
+                raise SpecError(f"{spec.path}: name: pipeline name {spec.name!r} is used by another spec too")
+            check_owners(spec, others)
+        except SpecError as exc:
+            log.error("kafka-eos: skipping pipeline spec %s", exc)
+            continue
+        dags[DAG_ID_PREFIX + spec.name] = build_dag(spec, **kwargs)
+        dags[STREAM_DAG_ID_PREFIX + spec.name] = build_stream_dag(spec, **kwargs)
+    return dags
+
+
+WATCHDOG_DAG_ID = "kafka_eos_watchdog"
+#: A watchdog run watches for 4 of its 5 minutes, then makes room for the next one.
+WATCH_S = 240
+#: How long until the next watchdog run may refresh a checkpoint: its interval, twice (one run late).
+REFRESH_AHEAD_S = 2 * 300
+
+WATCHDOG_DOC = """The watchdog: every 5 minutes, every pipeline's topics (sources, sink, dead letters,
+run manifest) are watched for an open transaction that holds a partition's LSO longer than a
+kafka-eos transaction may last (the longest ``sink.transaction_timeout_s`` of the pipelines plus a
+minute, at least 360 s; the age is the coordinator's, the broker's clock, wherever it can say). A held partition fails the run and alerts (webhook, e-mail)
+with the partition, its holder and the command that aborts it.
+
+Beside it, a freshness check: a pipeline whose oldest unprocessed committed record is older
+than its spec's ``source.freshness_limit_s`` fails that task and alerts, naming the partitions.
+And a checkpoint refresh: a pipeline that has not run for a long time (event-driven, manual) has
+its checkpoints committed again, unchanged, before the brokers' offsets retention would expire them.
+"""
+
+RUNBOOK_DOC = """Runbooks: DAGs an operator triggers from the UI to fix what an alert reported.
+
+``kafka_eos_runbook_abort_transaction``: abort the open transaction that holds a partition's LSO.
+Fill in topic, partition and start offset from the alert (or `kafka-eos txn hanging`). The first
+run is a dry run that shows the transaction and changes nothing; a real run needs `dry_run` off and
+the typed confirmation `ABORT <topic>-<partition>@<start offset>`, checks that the LSO moved and
+records who aborted what in the `kafka-eos.audit` topic.
+"""
+
+
+def watchdog_dag(pipelines: Sequence[str], *, kafka_conn_id: str = KafkaEosHook.default_conn_name) -> DAG:
+    """The watchdog over ``pipelines`` (spec paths), every 5 minutes: hung transactions, freshness,
+    checkpoint refresh."""
+    with DAG(
+        dag_id=WATCHDOG_DAG_ID,
+        schedule=CronTriggerTimetable("*/5 * * * *", timezone="UTC"),
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,
+        default_args={"owner": "kafka-eos", "retries": 1, "retry_delay": timedelta(seconds=30),
+                      "on_failure_callback": failure_notifiers()},
+        tags=["kafka-eos", "watchdog"],
+        doc_md=WATCHDOG_DOC,
+    ) as dag:
+        pipelines = list(pipelines)
+        HungTransactionSensor(
+            task_id="hung_transactions",
+            pipelines=pipelines,
+            kafka_conn_id=kafka_conn_id,
+            healthy_for_s=WATCH_S,
+            poll_interval_s=30,
+            # One alert per problem and run: a failed watch is not retried into a second alert.
+            retries=0,
+        )
+        FreshnessCheckOperator(task_id="freshness", pipelines=pipelines, kafka_conn_id=kafka_conn_id, retries=0)
+        # A failed refresh alerts; the next watchdog run (within REFRESH_AHEAD_S) tries again.
+        CheckpointRefreshOperator(task_id="refresh_checkpoints", pipelines=pipelines, kafka_conn_id=kafka_conn_id,
+                                  next_in_s=REFRESH_AHEAD_S, retries=0)
+    return dag
+
+
+def runbook_dag(*, kafka_conn_id: str = KafkaEosHook.default_conn_name) -> DAG:
+    """``kafka_eos_runbook_abort_transaction``: the operator's abort of a held partition's transaction."""
+    with DAG(
+        dag_id=RUNBOOK_DAG_ID,
+        schedule=None,
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,
+        params=RUNBOOK_PARAMS,
+        default_args={"owner": "kafka-eos", "retries": 0, "on_failure_callback": failure_notifiers()},
+        tags=["kafka-eos", "runbook"],
+        doc_md=RUNBOOK_DOC,
+    ) as dag:
+        # No retries: a refused or failed abort needs a person, not a second try.
+        AbortTransactionOperator(task_id="abort_transaction", kafka_conn_id=kafka_conn_id)
+    return dag
+
+
+def kafka_eos_dags(folder: str | Path | None = None, **kwargs) -> dict[str, DAG]:
+    """Every kafka-eos DAG for the specs in ``folder`` (default: ``KAFKA_EOS_PIPELINES_DIR``): each
+    pipeline's DAG and stream DAG (:func:`dags_from_folder`), the watchdog over them and the
+    runbook. ``kwargs`` (``kafka_conn_id``, ``spark_conn_id``) go to the pipelines' DAGs."""
+    folder = Path(folder) if folder is not None else pipelines_dir()
+    dags = dags_from_folder(folder, **kwargs)
+    conn = {k: v for k, v in kwargs.items() if k == "kafka_conn_id"}
+    dags[WATCHDOG_DAG_ID] = watchdog_dag([str(p.resolve()) for p in sorted(folder.glob("*.yaml"))], **conn)
+    dags[RUNBOOK_DAG_ID] = runbook_dag(**conn)
+    return dags

@@ -1,0 +1,106 @@
+"""docs/first-pipeline.md, followed literally: its ``bash`` blocks run in order, in an empty folder
+outside the repository, with the wheel built from this checkout and the pinned requirements in a
+fresh virtualenv, against the session's broker. Then what the guide promises is checked: the
+pipeline's output holds every valid record once and the bad one as a dead letter, the checkpoint
+is at the source's end, and the installed Airflow lists the provider, its plugin and the DAGs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from kafka_eos import kafka_admin
+from kafka_eos.readers import read_committed
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+GUIDE = ROOT / "docs" / "first-pipeline.md"
+#: What the guide creates on the cluster (removed first: the names are the guide's, not the test's).
+TOPICS = ["clicks.in", "clicks.out", "clicks.dlq", "clicks.backfill", "kafka-eos.manifest.clicks"]
+GROUP = "kafka-eos.clicks"
+
+
+def guide_script() -> str:
+    """The guide's ``bash`` blocks, in order."""
+    blocks = re.findall(r"^```bash\n(.*?)^```", GUIDE.read_text(), flags=re.S | re.M)
+    assert blocks, f"{GUIDE}: no bash blocks"
+    return "\n".join(blocks)
+
+
+def _clean_environ(home: Path, bootstrap: str, port: int) -> dict[str, str]:
+    """A new user's shell: the system PATH (not this checkout's virtualenv), no Airflow settings."""
+    venv = str(ROOT / ".venv")
+    path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if not p.startswith(venv))
+    keep = {k: v for k, v in os.environ.items()
+            if k in ("HOME", "LANG", "LC_ALL", "JAVA_HOME", "TMPDIR", "SPARK_SUBMIT_OPTS") or k.startswith("PIP_")}
+    return {**keep, "PATH": path, "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "KAFKA_EOS_HOME": str(home),
+            "KAFKA_EOS_AIRFLOW_PORT": str(port), "SPARK_LOCAL_IP": "127.0.0.1"}
+
+
+def _forget_the_guides_pipeline(settings) -> None:
+    admin = kafka_admin.admin_client(settings)
+    existing = set(admin.list_topics(timeout=30).topics)
+    for fut in admin.delete_topics([t for t in TOPICS if t in existing]).values():
+        fut.result(30)
+    groups = {g.group_id for g in admin.list_consumer_groups().result(30).valid}
+    if GROUP in groups:
+        for fut in admin.delete_consumer_groups([GROUP]).values():
+            fut.result(30)
+
+
+def test_the_first_pipeline_guide_runs_as_written(tmp_path_factory, kafka_settings, free_ports):
+    work = tmp_path_factory.mktemp("first-pipeline")
+    project, state = work / "project", work / "state"
+    project.mkdir()
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(work / "dist"), str(ROOT)],
+                   check=True, timeout=600)
+    (wheel,) = (work / "dist").glob("kafka_eos-*.whl")
+    shutil.copy(wheel, project)
+    shutil.copy(ROOT / "requirements.txt", project)
+    _forget_the_guides_pipeline(kafka_settings)
+    env = _clean_environ(state, kafka_settings.bootstrap_servers, free_ports(1))
+
+    try:
+        done = subprocess.run(["bash", "-euo", "pipefail", "-c", guide_script()], cwd=project, env=env,
+                              capture_output=True, text=True, timeout=2400)
+    finally:
+        if (project / "venv" / "bin" / "kafka-eos").exists():
+            subprocess.run([str(project / "venv" / "bin" / "kafka-eos"), "airflow", "stop"], cwd=project, env=env,
+                           capture_output=True, timeout=120)
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    print(done.stdout)
+
+    # The guide's run: committed once, through the scheduler.
+    assert re.search(r"kafka_eos__clicks: run \S+ success: plan success, spark success, verify success", done.stdout), \
+        done.stdout[-3000:]
+    out = Counter(json.loads(m.value)["id"] for m in read_committed(kafka_settings, "clicks.out"))
+    assert out == Counter(f"c{i}" for i in range(20))
+    assert [m.value for m in read_committed(kafka_settings, "clicks.dlq")] == [b"not json"]
+    tps = [("clicks.in", p) for p in range(3)]
+    lso = kafka_admin.partition_offsets(kafka_settings, tps)
+    assert kafka_admin.committed_offsets(kafka_settings, GROUP, tps) == {tp: lso[tp].lso for tp in tps}
+
+    # The installed Airflow knows the provider, its plugin and the DAGs of ./pipelines.
+    airflow_env = {**env, "AIRFLOW_HOME": str(state / "airflow"), "KAFKA_EOS_PIPELINES_DIR": str(project / "pipelines")}
+    venv_bin = project / "venv" / "bin"
+
+    def airflow(*args: str):
+        res = subprocess.run([str(venv_bin / "airflow"), *args, "-o", "json"], cwd=project, env=airflow_env,
+                             capture_output=True, text=True, timeout=300, check=True)
+        return json.loads(res.stdout[res.stdout.index("["):])
+
+    assert "kafka-eos" in {p["package_name"] for p in airflow("providers", "list")}
+    assert "kafka_eos" in {p["name"] for p in airflow("plugins")}
+    dags = {d["dag_id"] for d in airflow("dags", "list")}
+    assert {"kafka_eos__clicks", "kafka_eos_stream__clicks", "kafka_eos_watchdog",
+            "kafka_eos_runbook_abort_transaction"} <= dags, dags

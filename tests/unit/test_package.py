@@ -1,0 +1,38 @@
+"""The distribution: the provider's description is what Airflow's ProvidersManager accepts, names
+modules and classes that exist, and is registered as the package's entry point."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from importlib import metadata
+from pathlib import Path
+
+import jsonschema
+
+from kafka_eos_airflow import get_provider_info
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_provider_info_is_valid_for_airflow_and_names_what_exists():
+    import airflow
+
+    info = get_provider_info()
+    schema = json.loads((Path(airflow.__file__).parent / "provider_info.schema.json").read_text())
+    jsonschema.validate(info, schema)
+    assert info["package-name"] == "kafka-eos" and info["versions"] == [metadata.version("kafka-eos")]
+    for kind in ("operators", "sensors", "hooks", "triggers"):
+        for entry in info[kind]:
+            for module in entry["python-modules"]:
+                importlib.import_module(module)
+    for dotted in info["notifications"] + [p["plugin-class"] for p in info["plugins"]]:
+        module, _, name = dotted.rpartition(".")
+        assert hasattr(importlib.import_module(module), name), dotted
+
+
+def test_the_provider_is_the_packages_entry_point():
+    (entry,) = [e for e in metadata.entry_points(group="apache_airflow_provider") if e.dist.name == "kafka-eos"]
+    assert entry.load() is get_provider_info
+    scripts = {e.name: e.value for e in metadata.entry_points(group="console_scripts") if e.dist.name == "kafka-eos"}
+    assert scripts == {"kafka-eos": "kafka_eos.cli:main"}

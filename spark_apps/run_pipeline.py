@@ -19,7 +19,16 @@ import sys
 from pathlib import Path
 
 
+def _unshadow() -> None:
+    """Run as a script, Python puts this file's folder first on sys.path: its ``transforms``
+    package (the examples) would shadow a top-level ``transforms`` of the user's. The entry point
+    imports everything by its package name, so the folder goes."""
+    if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
+        sys.path.pop(0)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _unshadow()
     from kafka_eos.batch import run_batch
     from kafka_eos.errors import KafkaEosError
     from kafka_eos.plan import Plan

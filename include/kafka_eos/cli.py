@@ -38,7 +38,8 @@ def _settings(args) -> KafkaSettings:
 
     local = LocalBroker.default()
     settings = KafkaSettings.from_environ(os.environ, args.bootstrap, local.bootstrap)
-    if settings.bootstrap_servers == local.bootstrap and not local.is_running():
+    named = args.bootstrap or os.environ.get(BOOTSTRAP_ENV)  # a cluster named is asked, whatever runs here
+    if not named and not local.is_running():
         raise KafkaEosError(f"the local broker is not running: `kafka-eos kafka start` (or pass --bootstrap "
                             f"or set {BOOTSTRAP_ENV})")
     check_reachable(settings)
@@ -565,7 +566,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="first commit every checkpoint again, unchanged, so the broker's offsets retention "
                         "does not expire it (a pipeline that has not run for a while); an attempt of the "
                         "pipeline in flight is fenced and retried")
-    command("pipelines", cmd_pipelines, "the pipeline specs under include/pipelines/: sink, scope, lag, last run",
+    command("pipelines", cmd_pipelines, "the pipeline specs in the pipelines folder: sink, scope, lag, last run",
             json_flag=True)
     command("demo", cmd_demo, "the main job on the embedded default (local broker, Spark, Airflow)")
     n = command("new", cmd_new, "write a new pipeline: its spec (pipelines/NAME.yaml), a transform skeleton "

@@ -70,7 +70,8 @@ def airflow_env(settings: KafkaSettings) -> dict[str, str]:
         "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
+        # The operator page's plugin loads through the package's entry point.
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(home / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",

@@ -137,13 +137,20 @@ def _import_transform_module(module_name: str, where: str):
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        top = module_name.split(".")[0]
-        if exc.name != top or not where.endswith((".yaml", ".yml")):
+        parts = module_name.split(".")
+        missing = exc.name in {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+        if not missing or not where.endswith((".yaml", ".yml")):
             raise
+        top = parts[0]
         spec_folder = Path(where).resolve().parent
         for folder in (spec_folder.parent, spec_folder):
             if (folder / top / "__init__.py").is_file() or (folder / f"{top}.py").is_file():
                 sys.path.insert(0, str(folder))
+                # Another package of the same top-level name may have been imported (it lacked
+                # the module): the project's own is the one the spec means.
+                for name in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
+                    del sys.modules[name]
+                importlib.invalidate_caches()
                 return importlib.import_module(module_name)
         raise
 

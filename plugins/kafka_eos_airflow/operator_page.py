@@ -1,5 +1,5 @@
 """The operator page, "Kafka pipelines": a FastAPI app that Airflow's API server mounts at
-``/kafka-eos`` (registered by ``plugins/kafka_eos_plugin.py``), and its JSON API.
+``/kafka-eos`` (registered by ``kafka_eos_airflow.plugin``, the provider's plugin), and its JSON API.
 
 - ``GET /kafka-eos/`` — one HTML page, rendered here (no JavaScript, nothing fetched from outside):
   per pipeline its source partitions (checkpoint, LSO, HW, lag to the LSO, age of the oldest

@@ -1,7 +1,8 @@
 """kafka-eos's Airflow plugin: the operator page's FastAPI app mounted at ``/kafka-eos`` and a "Kafka
 pipelines" entry in the UI's navigation that shows it (kafka_eos_airflow.operator_page). Airflow
-loads it through the provider's entry point (``get_provider_info``'s ``plugins``): installing the
-package is enough, no file goes into the plugins folder."""
+loads it through the package's ``airflow.plugins`` entry point (and, with lazy provider discovery
+off, through ``get_provider_info``'s ``plugins``): installing the package is enough, no file goes
+into the plugins folder."""
 
 from __future__ import annotations
 

@@ -41,7 +41,8 @@ TEST_SPECS_DIR.mkdir()
 os.environ.update({
     "AIRFLOW_HOME": str(AIRFLOW_HOME),
     "AIRFLOW__CORE__DAGS_FOLDER": str(TEST_DAGS_DIR),
-    "AIRFLOW__CORE__PLUGINS_FOLDER": str(PLUGINS_DIR),
+    # The plugin loads through the package's entry point, as in a user's Airflow.
+    "AIRFLOW__CORE__PLUGINS_FOLDER": str(AIRFLOW_HOME / "plugins"),
     "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{AIRFLOW_HOME / 'airflow.db'}",
 })

@@ -49,9 +49,10 @@ def _clean_environ(home: Path, bootstrap: str, port: int) -> dict[str, str]:
 
 def _forget_the_guides_pipeline(settings) -> None:
     admin = kafka_admin.admin_client(settings)
-    existing = set(admin.list_topics(timeout=30).topics)
-    for fut in admin.delete_topics([t for t in TOPICS if t in existing]).values():
-        fut.result(30)
+    existing = [t for t in TOPICS if t in admin.list_topics(timeout=30).topics]
+    if existing:
+        for fut in admin.delete_topics(existing).values():
+            fut.result(30)
     groups = {g.group_id for g in admin.list_consumer_groups().result(30).valid}
     if GROUP in groups:
         for fut in admin.delete_consumer_groups([GROUP]).values():
@@ -97,7 +98,14 @@ def test_the_first_pipeline_guide_runs_as_written(tmp_path_factory, kafka_settin
     def airflow(*args: str):
         res = subprocess.run([str(venv_bin / "airflow"), *args, "-o", "json"], cwd=project, env=airflow_env,
                              capture_output=True, text=True, timeout=300, check=True)
-        return json.loads(res.stdout[res.stdout.index("["):])
+        # The JSON list is the output's last line that parses as one; log lines may come before it.
+        for line in reversed(res.stdout.splitlines()):
+            if line.startswith("["):
+                try:
+                    return json.loads(line)
+                except ValueError:
+                    continue
+        raise AssertionError(f"airflow {' '.join(args)}: no JSON list in {res.stdout[-2000:]!r}")
 
     assert "kafka-eos" in {p["package_name"] for p in airflow("providers", "list")}
     assert "kafka_eos" in {p["name"] for p in airflow("plugins")}

@@ -1,5 +1,5 @@
 """The distribution: the provider's description is what Airflow's ProvidersManager accepts, names
-modules and classes that exist, and is registered as the package's entry point."""
+modules and classes that exist, and is registered as the package's entry point, as its plugin is."""
 
 from __future__ import annotations
 
@@ -34,5 +34,7 @@ def test_the_provider_info_is_valid_for_airflow_and_names_what_exists():
 def test_the_provider_is_the_packages_entry_point():
     (entry,) = [e for e in metadata.entry_points(group="apache_airflow_provider") if e.dist.name == "kafka-eos"]
     assert entry.load() is get_provider_info
+    (plugin,) = [e for e in metadata.entry_points(group="airflow.plugins") if e.dist.name == "kafka-eos"]
+    assert plugin.load().name == "kafka_eos"
     scripts = {e.name: e.value for e in metadata.entry_points(group="console_scripts") if e.dist.name == "kafka-eos"}
     assert scripts == {"kafka-eos": "kafka_eos.cli:main"}

@@ -47,7 +47,7 @@ def pytest_configure(config):
     if (not parallel or os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get(BOOTSTRAP_ENV)
             or os.environ.get(SHARED_BROKER_ENV)):
         return
-    from kafka_eos.local_kafka import LocalBroker
+    from kafka_eos.local.kafka import LocalBroker
 
     broker = LocalBroker.default()
     config.kafka_eos_broker = (broker, not broker.is_running())
@@ -92,7 +92,7 @@ def pytest_unconfigure(config):
 
 @pytest.fixture(scope="session")
 def kafka_settings():
-    from kafka_eos.local_kafka import LocalBroker
+    from kafka_eos.local.kafka import LocalBroker
     from kafka_eos.settings import BOOTSTRAP_ENV, KafkaSettings
 
     if os.environ.get(BOOTSTRAP_ENV):
@@ -230,7 +230,7 @@ def sasl_broker_factory(tmp_path):
     plaintext client is a super user. Returns (plaintext settings, SASL bootstrap)."""
     import shutil
 
-    from kafka_eos.local_kafka import HOST, LocalBroker
+    from kafka_eos.local.kafka import HOST, LocalBroker
     from kafka_eos.settings import KafkaSettings
 
     started = []
@@ -270,8 +270,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def postgres_url():
-    """A throwaway PostgreSQL cluster on 127.0.0.1 (:class:`kafka_eos.local_postgres.LocalPostgres`)."""
-    from kafka_eos.local_postgres import LocalPostgres
+    """A throwaway PostgreSQL cluster on 127.0.0.1 (:class:`kafka_eos.local.postgres.LocalPostgres`)."""
+    from kafka_eos.local.postgres import LocalPostgres
 
     server = LocalPostgres()
     yield server.start()

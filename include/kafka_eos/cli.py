@@ -21,7 +21,7 @@ from importlib import metadata
 
 from kafka_eos.console import Console, elapsed_since, seconds, table
 from kafka_eos.errors import KafkaEosError
-from kafka_eos.local_kafka import LocalBroker, LocalCluster
+from kafka_eos.local.kafka import LocalBroker, LocalCluster
 from kafka_eos.settings import BOOTSTRAP_ENV, CONNECT_TIMEOUT_ENV, KafkaSettings
 from kafka_eos.spec import PipelineSpec, load_spec, spec_paths
 
@@ -100,7 +100,7 @@ def cmd_kafka(args) -> int:
 
 
 def cmd_airflow(args) -> int:
-    from kafka_eos.local_airflow import ADMIN, LocalAirflow
+    from kafka_eos.local.airflow import ADMIN, LocalAirflow
 
     # Only a start needs the cluster to answer: stop and status work without it.
     airflow = LocalAirflow.default(_settings(args) if args.action == "start" else
@@ -150,7 +150,7 @@ def _trigger(airflow, args) -> int:
 
 
 def cmd_spark(args) -> int:
-    from kafka_eos.local_spark import LocalSparkCluster
+    from kafka_eos.local.spark import LocalSparkCluster
 
     cluster = LocalSparkCluster.default()
     if args.action == "start":

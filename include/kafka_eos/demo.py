@@ -24,7 +24,7 @@ from confluent_kafka import KafkaException
 
 from kafka_eos import kafka_admin
 from kafka_eos.errors import KafkaEosError
-from kafka_eos.local_kafka import LocalBroker
+from kafka_eos.local.kafka import LocalBroker
 from kafka_eos.manifest import ManifestStore
 from kafka_eos.paths import PROJECT_ROOT, local_dir
 from kafka_eos.readers import read_committed

@@ -11,7 +11,7 @@ from typing import Any
 from airflow.sdk import BaseHook, Connection
 from airflow.sdk.exceptions import AirflowException, AirflowNotFoundException
 
-from kafka_eos.local_kafka import LocalBroker
+from kafka_eos.local.kafka import LocalBroker
 from kafka_eos.settings import KafkaSettings
 
 #: The librdkafka key that names the cluster; every other extra key is passed through.

@@ -14,7 +14,7 @@ import logging
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from kafka_eos.local_airflow import API_CONN_ID
+from kafka_eos.local.airflow import API_CONN_ID
 
 from kafka_eos_airflow.notifiers import connection_or_none
 

@@ -167,7 +167,7 @@ def airflow_deployment(kafka_settings, free_ports, postgres_url):
     folder beside its dags folder. Started once per session, stopped at its end."""
     from sqlalchemy import create_engine, text
 
-    from kafka_eos.local_airflow import LocalAirflow, connections_environ, write_specs_dag_file
+    from kafka_eos.local.airflow import LocalAirflow, connections_environ, write_specs_dag_file
 
     # PostgreSQL, not SQLite: `airflow backfill create` writes while the scheduler runs, and SQLite
     # answers "database is locked".

@@ -19,7 +19,7 @@ import yaml
 from test_dag_runs import _specs_dir, read_committed, returned, run_dag, write_spec
 
 from kafka_eos import kafka_admin
-from kafka_eos.local_spark import LocalSparkCluster
+from kafka_eos.local.spark import LocalSparkCluster
 from kafka_eos.manifest import ManifestStore
 from kafka_eos.sample_data import produce_orders
 from kafka_eos.sinks.kafka import COMMIT_JOB

@@ -223,7 +223,7 @@ def test_hook_needs_bootstrap_servers(monkeypatch):
 
 
 def test_hook_without_connection_uses_environment_then_local_broker(monkeypatch):
-    from kafka_eos.local_kafka import LocalBroker
+    from kafka_eos.local.kafka import LocalBroker
 
     monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
     monkeypatch.delenv("KAFKA_EOS_CLIENT_CONFIG", raising=False)

@@ -53,7 +53,7 @@ def transforms_from(tmp_path, monkeypatch):
 def private_broker(tmp_path, free_ports):
     """``private_broker(**settings)``: a broker of this test's own (cold, under tmp_path, on free
     ports), with broker settings of its own; stopped at the end of the test."""
-    from kafka_eos.local_kafka import LocalBroker
+    from kafka_eos.local.kafka import LocalBroker
 
     started = []
 

@@ -9,7 +9,7 @@ import pytest
 from kafka_eos.chaos.__main__ import render
 from kafka_eos.chaos.scenarios import cells_of, run_matrix
 from kafka_eos.kafka_admin import broker_config, cluster_metadata, create_topics
-from kafka_eos.local_kafka import LocalCluster
+from kafka_eos.local.kafka import LocalCluster
 from kafka_eos.settings import KafkaSettings
 
 pytestmark = pytest.mark.integration

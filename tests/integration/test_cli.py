@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 def test_kafka_status_prints_the_bootstrap_address(kafka_settings, capsys, monkeypatch):
     monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
-    from kafka_eos.local_kafka import LocalBroker
+    from kafka_eos.local.kafka import LocalBroker
 
     if LocalBroker.default().bootstrap != kafka_settings.bootstrap_servers:
         pytest.skip("tests run against $KAFKA_BOOTSTRAP_SERVERS, not the local broker")

@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from kafka_eos.errors import BrokerError
-from kafka_eos.local_kafka import LocalBroker
+from kafka_eos.local.kafka import LocalBroker
 
 
 def test_port_taken_by_another_process_is_a_clear_error(tmp_path):

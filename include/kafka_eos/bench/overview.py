@@ -24,7 +24,7 @@ import uuid
 from confluent_kafka import Producer
 
 from kafka_eos.kafka_admin import create_topics
-from kafka_eos.local_kafka import LocalBroker
+from kafka_eos.local.kafka import LocalBroker
 from kafka_eos.manifest import COMMITTED, now_iso, run_key
 from kafka_eos.overview.snapshot import CachedOverview, snapshot
 from kafka_eos.paths import local_dir

@@ -35,7 +35,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from kafka_eos.kafka_admin import committed_offsets, create_topics, partition_offsets
-from kafka_eos.local_kafka import LocalBroker
+from kafka_eos.local.kafka import LocalBroker
 from kafka_eos.paths import local_dir
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import parse_spec, spec_document
@@ -213,7 +213,7 @@ def run_event_driven(settings: KafkaSettings, rate: int, seconds: float, commit:
     """Event-driven runs: a local Airflow deployment (scheduler, triggerer, LocalExecutor) with a
     ``schedule: stream`` DAG over new topics, fed at ``rate`` records/s for ``seconds``. Each DAG
     run starts cold (a spark-submit): nothing to warm up."""
-    from kafka_eos.local_airflow import LocalAirflow, connections_environ, write_specs_dag_file
+    from kafka_eos.local.airflow import LocalAirflow, connections_environ, write_specs_dag_file
 
     name = f"bench_event_{uuid.uuid4().hex[:6]}"
     source, sink = _topics(settings, name)

@@ -43,7 +43,7 @@ from pathlib import Path
 from confluent_kafka import Producer
 
 from kafka_eos.kafka_admin import create_topics
-from kafka_eos.local_kafka import LocalBroker
+from kafka_eos.local.kafka import LocalBroker
 from kafka_eos.paths import PROJECT_ROOT, jars_dir, local_dir
 from kafka_eos.sample_data import _poison, make_order
 from kafka_eos.settings import KafkaSettings
@@ -391,7 +391,7 @@ def run_dags(work: Path, settings: KafkaSettings, specs: dict[str, PipelineSpec]
     """An Airflow DAG run (``airflow dags test``: plan, Spark and verify tasks, spark-submit
     included) of each spec, in an Airflow home of the bench's own."""
     from kafka_eos.demo import airflow_env
-    from kafka_eos.local_airflow import write_specs_dag_file
+    from kafka_eos.local.airflow import write_specs_dag_file
 
     home = work / f"airflow-{uuid.uuid4().hex[:6]}"
     for folder in ("specs", "dags"):
@@ -597,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(step("kafka-eos SQL sink, SQLite", run_kafka_eos, work, settings, source, "sql",
                              url=f"sqlite:///{work / 'bench.db'}", label="sql_sqlite"))
             if "postgres" not in skip:
-                from kafka_eos.local_postgres import LocalPostgres
+                from kafka_eos.local.postgres import LocalPostgres
 
                 server = LocalPostgres()
                 try:

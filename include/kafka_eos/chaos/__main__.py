@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kafka_eos.chaos.scenarios import SINKS, Outcome, cells_of, run_matrix
 from kafka_eos.console import table
-from kafka_eos.local_kafka import LocalCluster
+from kafka_eos.local.kafka import LocalCluster
 from kafka_eos.paths import local_dir
 
 HEADER = ("scenario", "sink", "fault", "runs", "s", "lost", "dup", "aborted", "uncommitted", "ckpt", "open txn",

@@ -10,7 +10,7 @@ import time
 
 from kafka_eos.errors import BrokerError
 from kafka_eos.kafka_admin import cluster_metadata
-from kafka_eos.local_kafka import LocalCluster
+from kafka_eos.local.kafka import LocalCluster
 from kafka_eos.settings import KafkaSettings
 
 #: Kafka's internal topics: a transactional id's coordinator leads one partition of the first, a

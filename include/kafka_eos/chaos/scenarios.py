@@ -24,7 +24,7 @@ import yaml
 from kafka_eos import kafka_admin
 from kafka_eos.chaos import brokers
 from kafka_eos.chaos.checks import Counts, Verifier, count, sql_writes, wait_settled
-from kafka_eos.local_kafka import LocalCluster
+from kafka_eos.local.kafka import LocalCluster
 from kafka_eos.sample_data import produce_orders
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec, parse_spec

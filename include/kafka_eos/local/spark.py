@@ -23,7 +23,7 @@ from pathlib import Path
 
 from kafka_eos.errors import KafkaEosError
 from kafka_eos.paths import local_dir
-from kafka_eos.process_groups import stop_group
+from kafka_eos.local.process_groups import stop_group
 
 HOST = "127.0.0.1"
 #: Spark's own default master port; the UI moves off 8080 (Airflow's API server uses it).

@@ -20,7 +20,7 @@ from pathlib import Path
 from kafka_eos.errors import BrokerError
 from kafka_eos.logs import log4j2_properties
 from kafka_eos.paths import jars_dir, local_dir
-from kafka_eos.process_groups import stop_group
+from kafka_eos.local.process_groups import stop_group
 from kafka_eos.settings import KafkaSettings
 
 HOST = "127.0.0.1"

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kafka_eos.errors import KafkaEosError
 from kafka_eos.paths import PROJECT_ROOT
-from kafka_eos.process_groups import stop_group
+from kafka_eos.local.process_groups import stop_group
 
 HOST = "127.0.0.1"
 #: The components, each an ``airflow`` subcommand of its own process.

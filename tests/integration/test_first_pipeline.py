@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from collections import Counter
 from pathlib import Path
 
@@ -66,6 +67,10 @@ def test_the_first_pipeline_guide_runs_as_written(tmp_path_factory, kafka_settin
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(work / "dist"), str(ROOT)],
                    check=True, timeout=600)
     (wheel,) = (work / "dist").glob("kafka_eos-*.whl")
+    packages = {name.rsplit("/", 1)[0] for name in zipfile.ZipFile(wheel).namelist() if name.endswith(".py")}
+    assert {"kafka_eos", "kafka_eos/local", "kafka_eos/health", "kafka_eos/stream", "kafka_eos/backfill",
+            "kafka_eos/overview", "kafka_eos/sinks", "kafka_eos_airflow", "spark_apps", "spark_apps/transforms"} <= packages
+    assert not {"kafka_eos/bench", "kafka_eos/chaos"} & packages  # the repository's, not the runtime's
     shutil.copy(wheel, project)
     shutil.copy(ROOT / "requirements.txt", project)
     _forget_the_guides_pipeline(kafka_settings)

@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 JARS   := .local/jars
 MVN    := mvn -q -B -s jvm/settings.xml -f jvm/pom.xml
 
-.PHONY: demo test test-quick chaos bench bench-stream bench-page wheel install jars postgres chromium compose-tool kafka-start kafka-stop cluster-up cluster-down airflow-up airflow-down clean
+.PHONY: demo test test-quick chaos bench bench-stream bench-page wheel compat install jars postgres chromium compose-tool kafka-start kafka-stop cluster-up cluster-down airflow-up airflow-down clean
 
 demo: install jars
 	$(VENV)/bin/kafka-eos demo
@@ -48,6 +48,25 @@ compose-tool:
 	@command -v docker-compose >/dev/null 2>&1 || docker compose version >/dev/null 2>&1 || { \
 	  echo "installing docker-compose from Debian's packages"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null; }
+
+# The Kafka broker versions docs/versions.md claims: the exactly-once and hung-transaction tests
+# against a broker of each version, started from its own jars (Maven Central) on 127.0.0.1:19400.
+COMPAT_KAFKA ?= 3.9.1 4.1.1
+
+compat: install jars
+	@rm -f .local/compat/results.txt; failed=0; \
+	for v in $(COMPAT_KAFKA); do \
+	  home=.local/compat/$$v; \
+	  test -f $$home/jars/kafka/.resolved || { rm -rf $$home/jars/kafka && \
+	    $(MVN) -P broker -Dkafka.version=$$v dependency:copy-dependencies -DincludeScope=runtime \
+	      -DoutputDirectory=../$$home/jars/kafka && touch $$home/jars/kafka/.resolved; } || exit 1; \
+	  KAFKA_EOS_HOME=$$home KAFKA_EOS_LOCAL_PORT=19400 $(VENV)/bin/kafka-eos kafka start >/dev/null || exit 1; \
+	  KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:19400 $(VENV)/bin/pytest -q -p no:cacheprovider \
+	    tests/integration/test_exactly_once.py tests/integration/test_hung_transactions.py; status=$$?; \
+	  KAFKA_EOS_HOME=$$home KAFKA_EOS_LOCAL_PORT=19400 $(VENV)/bin/kafka-eos kafka stop >/dev/null; \
+	  [ $$status -eq 0 ] && result=passed || { result=FAILED; failed=1; }; \
+	  echo "compat: Kafka $$v: $$result" | tee -a .local/compat/results.txt; \
+	done; cat .local/compat/results.txt; exit $$failed
 
 # The distribution a user installs (docs/first-pipeline.md): dist/kafka_eos-<version>-py3-none-any.whl.
 wheel: install

@@ -146,6 +146,19 @@ def _cli_logging_ends_with_the_test():
     reset_cli_logging()
 
 
+@pytest.fixture(autouse=True)
+def _no_log_handler_on_a_closed_stream():
+    """A library that configures logging when first imported (Airflow adds a handler on the root
+    logger, bound to the ``sys.stdout`` of that moment) may be imported during a test whose
+    captured output is closed when it ends; every later log record would then print a
+    "--- Logging error ---" into the next tests' stderr. Such a handler goes with its stream."""
+    yield
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(getattr(handler, "stream", None), "closed", False):
+            root.removeHandler(handler)
+
+
 @pytest.fixture
 def unique(request) -> str:
     """A short name unique to this test, for its topics, groups and pipelines."""

@@ -19,7 +19,7 @@ demo: install jars
 TEST_WORKERS ?= 2
 
 test: install jars postgres chromium compose-tool
-	@echo "make test: every test, on $(TEST_WORKERS) workers: 25 to 35 minutes on 2 cores (make test-quick: about 2 minutes)"
+	@echo "make test: every test, on $(TEST_WORKERS) workers: 20 to 30 minutes on 2 cores (make test-quick: about a minute)"
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 # The edit loop: the unit tests and the quick integration tests (marked quick) on the shared

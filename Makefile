@@ -101,7 +101,7 @@ chaos: install jars
 	$(PY) -m kafka_eos.chaos $(CHAOS_ARGS)
 
 # Throughput beside plain at-least-once Spark and Kafka's own perf tools, fixed costs, the planner
-# and memory (a table on stdout; .local/bench/throughput.json and throughput.png; about 20 minutes).
+# and memory (a table on stdout; .local/bench/throughput.json and throughput.png; about 25 minutes on 2 cores).
 # BENCH_ARGS: e.g. --records 100000 --sizes 1 --skip airflow,postgres.
 bench: install jars postgres
 	$(PY) -m pip install -q -r requirements-bench.txt

@@ -188,9 +188,11 @@ def test_a_plan_that_skips_deleted_records_alerts_and_goes_on(run_dag, kafka_set
     assert f"<b>{topic}-0</b>: offsets [2, 6) were deleted by retention before they were read" in _html(mail)
 
 
-def _events(trigger, seconds: float, meanwhile=None) -> list[dict]:
-    """The events a long-running trigger yields within ``seconds``; ``meanwhile()`` runs (off the
-    event loop) after the first third of that time."""
+def _events(trigger, seconds: float, meanwhile=None, expect: int | None = None, timeout_s: float = 60.0) -> list[dict]:
+    """The events a long-running trigger yields: ``meanwhile()`` runs (off the event loop) after
+    the first third of ``seconds``; then, with ``expect``, it watches until that many events came
+    (at most ``timeout_s``: a loaded machine makes each look slower); then for the rest of
+    ``seconds``, in which nothing more may come."""
 
     async def collect():
         found: list[dict] = []
@@ -203,6 +205,9 @@ def _events(trigger, seconds: float, meanwhile=None) -> list[dict]:
         await asyncio.sleep(seconds / 3)
         if meanwhile is not None:
             await asyncio.to_thread(meanwhile)
+        deadline = time.monotonic() + timeout_s
+        while expect is not None and len(found) < expect and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
         await asyncio.sleep(seconds * 2 / 3)
         task.cancel()
         return found
@@ -236,11 +241,11 @@ def test_the_asset_watcher_fires_on_committed_records_only_once_per_new_lso(kafk
     # backlog; records added meanwhile (a new LSO) fire once more.
     _produce(kafka_settings, topic, 1, 3)
     for watcher in (trigger, again):  # twice, two instances: it only reads
-        events = _events(watcher, 4.5, meanwhile=lambda: None)
+        events = _events(watcher, 4.5, expect=1)
         assert len(events) == 1, events
         ((row,),) = [e["partitions"] for e in events]
         assert (row["partition"], row["checkpoint"], row["lso"]) == (1, None, 5)
-    events = _events(trigger, 4.5, meanwhile=lambda: _produce(kafka_settings, topic, 1, 2))
+    events = _events(trigger, 4.5, meanwhile=lambda: _produce(kafka_settings, topic, 1, 2), expect=2)
     assert [e["partitions"][0]["lso"] for e in events] == [5, 7]
     assert kafka_admin.committed_offsets(kafka_settings, groups[0], [(topic, 0), (topic, 1)]) == before
     assert [g for g in kafka_admin.admin_client(kafka_settings).list_consumer_groups().result().valid

@@ -160,12 +160,23 @@ def ensure_compacted_topic(settings: KafkaSettings, topic: str, partitions: int 
     used. With ``retention_ms`` it is ``compact,delete``: records older than that go too. With
     ``segment_ms`` its segments roll at least that often (compaction never touches the active one)."""
     md = admin_client(settings).list_topics(timeout=ADMIN_TIMEOUT_S)
-    replication = min(3, len(md.brokers)) or 1
+    _create(settings, {topic: partitions}, default_replication(md), compacted_config(retention_ms, segment_ms), md)
+
+
+def default_replication(md) -> int:
+    """The replication factor kafka-eos gives a topic it creates: 3, or every broker of a smaller
+    cluster (``md``: the cluster's metadata)."""
+    return min(3, len(md.brokers)) or 1
+
+
+def compacted_config(retention_ms: int | None = None, segment_ms: int | None = None) -> dict[str, str]:
+    """A compacted topic's settings: ``compact``, or ``compact,delete`` with ``retention_ms``; its
+    segments rolled at least every ``segment_ms``."""
     config = {"cleanup.policy": "compact"} if retention_ms is None else \
         {"cleanup.policy": "compact,delete", "retention.ms": str(retention_ms)}
     if segment_ms is not None:
         config["segment.ms"] = str(segment_ms)
-    _create(settings, {topic: partitions}, replication, config, md)
+    return config
 
 
 def set_topic_config(settings: KafkaSettings, topic: str, config: Mapping[str, str]) -> None:

@@ -49,7 +49,7 @@ def pipeline_topics(spec: PipelineSpec, settings: KafkaSettings,
 
     md = kafka_admin.cluster_metadata(settings)
     existing = {t: len(m.partitions) for t, m in md.topics.items() if m.error is None}
-    replication = min(3, len(md.brokers)) or 1
+    replication = kafka_admin.default_replication(md)
     durable = {"min.insync.replicas": "2"} if replication >= 3 else {}
     source_partitions = existing.get(spec.source.topics[0]) or partitions or DEFAULT_PARTITIONS
     roles: list[tuple[str, str, int, dict[str, str]]] = [
@@ -58,10 +58,9 @@ def pipeline_topics(spec: PipelineSpec, settings: KafkaSettings,
     data = [(sink.topic, "sink"), (sink.dlq_topic, "dead letters"), (sink.backfill_topic, "backfill"),
             (sink.backfill_dlq_topic, "backfill dead letters")]
     roles += [(t, role, source_partitions, durable) for t, role in data if t]
-    compacted = {**durable, "cleanup.policy": "compact,delete"}
     roles.append((spec.manifest_topic, "manifest", 1,
-                  {**compacted, "retention.ms": str(MANIFEST_RETENTION_MS), "segment.ms": str(MANIFEST_SEGMENT_MS)}))
-    roles.append((AUDIT_TOPIC, "audit", 1, {**compacted, "retention.ms": str(AUDIT_RETENTION_MS)}))
+                  {**durable, **kafka_admin.compacted_config(MANIFEST_RETENTION_MS, MANIFEST_SEGMENT_MS)}))
+    roles.append((AUDIT_TOPIC, "audit", 1, {**durable, **kafka_admin.compacted_config(AUDIT_RETENTION_MS)}))
     seen: set[str] = set()
     plans = []
     for name, role, count, config in roles:

@@ -275,6 +275,39 @@ def sasl_broker_factory(tmp_path):
         shutil.rmtree(broker.home, ignore_errors=True)
 
 
+class SecureBroker:
+    """The session's secured broker (``kafka-eos kafka start --secure``'s settings, on free ports):
+    SASL_SSL with SCRAM-SHA-512, the StandardAuthorizer with nothing allowed without an ACL.
+    ``admin``: the super user's settings (set-up only); :meth:`user` makes a principal that may do
+    nothing until ACLs allow it."""
+
+    def __init__(self, broker) -> None:
+        self.broker = broker
+        self.bootstrap = broker.bootstrap
+        self.admin = broker.settings()
+
+    def user(self, prefix: str = "user"):
+        """A new SCRAM user: (name, its client settings, the path of its settings file)."""
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        path = self.broker.add_user(name)
+        return name, self.broker.settings(name), path
+
+
+@pytest.fixture(scope="session")
+def secure_broker(tmp_path_factory):
+    """One secured broker for the session's tests (each test makes its own users and topics)."""
+    import shutil
+
+    from kafka_eos.local.kafka import LocalBroker
+
+    home = tmp_path_factory.mktemp("kafka-secure")
+    broker = LocalBroker(home=home, port=adjacent_free_ports(2), secure=True)
+    broker.start()
+    yield SecureBroker(broker)
+    broker.stop()
+    shutil.rmtree(home, ignore_errors=True)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -21,7 +21,7 @@ from importlib import metadata
 
 from kafka_eos.console import Console, elapsed_since, seconds, table
 from kafka_eos.errors import KafkaEosError
-from kafka_eos.local.kafka import LocalBroker, LocalCluster
+from kafka_eos.local.kafka import SUPER_USER, LocalBroker, LocalCluster
 from kafka_eos.settings import BOOTSTRAP_ENV, CONNECT_TIMEOUT_ENV, KafkaSettings
 from kafka_eos.spec import PipelineSpec, load_spec, spec_paths
 
@@ -80,6 +80,8 @@ def _print_json(value) -> None:
 
 def cmd_kafka(args) -> int:
     broker, cluster = LocalBroker.default(), LocalCluster.default()
+    if args.secure or args.action == "user":
+        return _secure_broker(args)
     if args.action == "start":
         if args.brokers == 1:
             Console().step(f"starting the local broker (data and logs under {broker.home})")
@@ -96,6 +98,33 @@ def cmd_kafka(args) -> int:
             print(f"not running ({broker.bootstrap}; cluster {cluster.bootstrap})", file=sys.stderr)
             return 3
         print("\n".join(running))
+    return 0
+
+
+def _secure_broker(args) -> int:
+    broker = LocalBroker.secure_default()
+    if args.action == "start":
+        Console().step(f"starting the secured local broker: SASL_SSL (SCRAM-SHA-512), ACLs required "
+                       f"(data, logs, certificates and users under {broker.home})")
+        print(broker.start())
+        print(f"super user {SUPER_USER} (set-up only): KAFKA_EOS_CLIENT_CONFIG_FILE={broker.user_config_file(SUPER_USER)}",
+              file=sys.stderr)
+    elif args.action == "stop":
+        print("stopped" if broker.stop() else "not running")
+    elif args.action == "user":
+        if not args.name:
+            raise KafkaEosError("kafka user: name the user (kafka-eos kafka user NAME)")
+        if not broker.is_running():
+            raise KafkaEosError(f"the secured broker is not running ({broker.bootstrap}): kafka-eos kafka start --secure")
+        path = broker.add_user(args.name)
+        print(path)
+        print(f"user User:{args.name} may do nothing until ACLs allow it: kafka-eos acls PIPELINE "
+              f"--principal User:{args.name} --apply (as {SUPER_USER})", file=sys.stderr)
+    else:
+        if not broker.is_running():
+            print(f"not running ({broker.bootstrap})", file=sys.stderr)
+            return 3
+        print(broker.bootstrap)
     return 0
 
 
@@ -191,6 +220,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_run(args) -> int:
+    from kafka_eos import acls
     from kafka_eos.batch import RunSummary, run_batch
     from kafka_eos.logs import child_stderr_to, spark_log4j_options, spark_log_file
     from kafka_eos.pipeline import prepare_plan, verify
@@ -203,6 +233,8 @@ def cmd_run(args) -> int:
     spec, settings = _spec(args), _settings(args)
     console.step(f"kafka-eos run {spec.name}: Kafka at {settings.bootstrap_servers}, "
                  f"{spec.sink.kind} sink, {spec.sink.commit} commit")
+    # Before anything is written: every permission a run of this pipeline needs.
+    acls.check(spec, settings, spec_ref=args.pipeline)
     refuse_if_streaming(spec, settings)
     run_id = args.run_id or "manual__" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
     plan = prepare_plan(spec, settings, run_id)
@@ -470,6 +502,28 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def cmd_acls(args) -> int:
+    from kafka_eos import acls
+
+    spec = _spec(args, import_transform=False)
+    needed = acls.required_acls(spec, args.role)
+    settings = _settings(args) if args.apply else None
+    principal = args.principal or (acls.principal_of(settings) if settings else None)
+    if args.apply:
+        if not principal:
+            raise KafkaEosError("acls --apply: name the principal the ACLs are for (--principal User:NAME)")
+        acls.apply(settings, needed, principal)
+    if args.json:
+        _print_json({"pipeline": spec.name, "role": args.role, "principal": principal, "applied": args.apply,
+                     "acls": acls.as_json(needed, principal)})
+        return 0
+    print(f"pipeline {spec.name}, role {args.role}: {len(needed)} ACL(s) for {principal or 'its principal'} "
+          f"(ALLOW, any host){'; created' if args.apply else ''}")
+    print(table([(a.resource_type, a.name, a.pattern, a.operation, a.why) for a in needed],
+                ("resource", "name", "pattern", "operation", "needed for")))
+    return 0
+
+
 def cmd_demo(args) -> int:
     from kafka_eos.demo import run_demo
 
@@ -531,9 +585,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     k = command("kafka", cmd_kafka, "the local broker under .local/kafka (start, stop, status); with --brokers 3, a "
                                     "cluster of three under .local/kafka-cluster")
-    k.add_argument("action", choices=["start", "stop", "status"])
+    k.add_argument("action", choices=["start", "stop", "status", "user"])
+    k.add_argument("name", nargs="?", help="user: the SCRAM user to create on the secured broker (its client "
+                                           "settings file is printed; its password is never)")
     k.add_argument("--brokers", type=int, choices=[1, 3], default=1,
                    help="start: one broker (the default), or three with replication factor 3 and min.insync.replicas 2")
+    k.add_argument("--secure", action="store_true",
+                   help="the secured broker under .local/kafka-secure on 127.0.0.1:19094: SASL_SSL with SCRAM-SHA-512, "
+                        "a CA of its own, the StandardAuthorizer (nothing allowed without an ACL), super user admin")
     a = command("airflow", cmd_airflow, "a local Airflow (API and UI, scheduler, dag-processor, triggerer) over "
                                         "the pipelines folder's DAGs, under .local/airflow (start, stop, status; "
                                         "trigger DAG_ID runs a DAG)")
@@ -592,6 +651,14 @@ def build_parser() -> argparse.ArgumentParser:
     command("validate", cmd_validate, "check a pipeline without running it: its spec and transform, its topics, "
                                       "the brokers' transaction timeout, its checkpoints, its database",
             json_flag=True, pipeline=True)
+    ac = command("acls", cmd_acls, "the Kafka ACLs a pipeline's principal needs, computed from its spec "
+                                   "(--apply creates them, as a principal allowed to)", json_flag=True, pipeline=True)
+    ac.add_argument("--principal", help="who the ACLs are for, e.g. User:orders-etl (default: the SASL user of "
+                                        "the client settings)")
+    ac.add_argument("--role", choices=["pipeline", "watchdog", "abort"], default="pipeline",
+                    help="pipeline: its runs (the default); watchdog: the watchdog's and the operator page's "
+                         "read-only set; abort: the runbook's abort")
+    ac.add_argument("--apply", action="store_true", help="create them through the Admin API")
     t = command("txn", None, "open transactions that pin partitions: find them (hanging), abort one (abort)")
     actions = t.add_subparsers(dest="action", required=True, metavar="ACTION")
     h = actions.add_parser("hanging", help="partitions held by an open transaction, and who holds them "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, TypeVar
 
@@ -254,6 +255,16 @@ def partition_offsets(settings: KafkaSettings, tps: Iterable[TP],
     lso = query(OffsetSpec.latest(), IsolationLevel.READ_COMMITTED)
     hw = query(OffsetSpec.latest(), IsolationLevel.READ_UNCOMMITTED)
     return {tp: PartitionOffsets(start[tp], lso[tp], hw[tp]) for tp in tps}
+
+
+#: The group ids of kafka-eos's throwaway readers (assign, never subscribe or commit) start with
+#: this: librdkafka still looks up their coordinator, which Kafka authorizes as DESCRIBE on the group.
+READER_GROUP_PREFIX = "kafka-eos.reader."
+
+
+def reader_group(kind: str) -> str:
+    """A throwaway reader's group id (never joined, never committed to)."""
+    return f"{READER_GROUP_PREFIX}{kind}.{uuid.uuid4()}"
 
 
 def group_client(settings: KafkaSettings, group_id: str) -> Consumer:

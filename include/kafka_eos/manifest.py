@@ -22,8 +22,8 @@ killed attempt hides them.
 from __future__ import annotations
 
 import json
+import logging
 import time
-import uuid
 from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -33,9 +33,11 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from kafka_eos.errors import BrokerError, PlanError
 from kafka_eos.kafka_admin import (ADMIN_TIMEOUT_S, TP, PartitionOffsets, admin_client, ensure_compacted_topic,
-                                  partition_offsets, set_topic_config)
+                                  partition_offsets, reader_group, set_topic_config)
 from kafka_eos.plan import Plan
 from kafka_eos.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # pragma: no cover
     from kafka_eos.spec import PipelineSpec
@@ -181,7 +183,14 @@ class ManifestStore:
         """Before a stream writes a record per batch: the topic exists and its segments roll
         hourly (a manifest created before that setting keeps Kafka's 7 days otherwise)."""
         self.ensure_topic()
-        set_topic_config(self.settings, self.topic, {"segment.ms": str(MANIFEST_SEGMENT_MS)})
+        try:
+            set_topic_config(self.settings, self.topic, {"segment.ms": str(MANIFEST_SEGMENT_MS)})
+        except BrokerError as exc:
+            if "AUTHORIZATION_FAILED" not in str(exc):
+                raise
+            # A least-privilege principal may not alter topics; `kafka-eos topics create` made the
+            # manifest with this setting already.
+            log.warning("cannot set segment.ms of the manifest %s (%s): leaving it as it is", self.topic, exc)
 
     # -- writes -----------------------------------------------------------------------------
     def put(self, key: str, record: dict | None) -> None:
@@ -366,7 +375,7 @@ class ManifestStore:
         high, step = (offsets.lso if committed else offsets.high_watermark), TAIL_STEP
         consumer = Consumer(self.settings.client_config(**{
             # A throwaway group id: the consumer never joins or commits (assign, not subscribe).
-            "group.id": f"kafka-eos.manifest-reader.{uuid.uuid4()}",
+            "group.id": reader_group("manifest"),
             "enable.auto.commit": False,
             "isolation.level": "read_committed" if committed else "read_uncommitted",
             "enable.partition.eof": True,

@@ -44,3 +44,12 @@ def spark_app(name: str = "run_pipeline") -> Path:
     if found is None or found.origin is None:
         raise FileNotFoundError(f"spark_apps.{name}: no such Spark application in the installed kafka-eos")
     return Path(found.origin)
+
+
+def write_private(path: Path, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` (replacing it), readable by its owner only from the moment the
+    file exists: passwords, keys and client settings."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data.encode() if isinstance(data, str) else data)

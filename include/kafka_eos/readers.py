@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, TP, partition_offsets, partitions_of
+from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, TP, partition_offsets, partitions_of, reader_group
 from kafka_eos.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -39,7 +38,7 @@ def committed_messages(settings: KafkaSettings, topic: str) -> Iterator:
     n = partitions_of(settings, [topic])[topic]
     ends = partition_offsets(settings, [(topic, p) for p in range(n)])
     consumer = Consumer(settings.client_config(**{
-        "group.id": f"kafka-eos.reader.{uuid.uuid4()}", "enable.auto.commit": False,
+        "group.id": reader_group("records"), "enable.auto.commit": False,
         "isolation.level": "read_committed", "enable.partition.eof": True}))
     try:
         todo = {p for p in range(n) if ends[(topic, p)].lso > ends[(topic, p)].log_start}
@@ -80,7 +79,7 @@ def first_records(settings: KafkaSettings, offsets: Mapping[TP, int], committed:
         return {}
     consumer = Consumer(settings.client_config(**{
         # A throwaway group id: the consumer never joins or commits (assign, not subscribe).
-        "group.id": f"kafka-eos.reader.{uuid.uuid4()}",
+        "group.id": reader_group("records"),
         "enable.auto.commit": False,
         "isolation.level": "read_committed" if committed else "read_uncommitted",
         "enable.partition.eof": True,

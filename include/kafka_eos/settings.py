@@ -70,7 +70,16 @@ class KafkaSettings:
         opts = {"kafka.bootstrap.servers": self.bootstrap_servers}
         extra = dict(self.extra)
         user, password = extra.pop("sasl.username", None), extra.pop("sasl.password", None)
-        if user is not None:
+        oauth = _oidc(extra)
+        if oauth is not None:
+            # librdkafka's built-in OIDC client-credentials flow, as the Java client's own.
+            opts["kafka.sasl.oauthbearer.token.endpoint.url"] = oauth["token_endpoint_url"]
+            opts["kafka.sasl.login.callback.handler.class"] = JAVA_OIDC_HANDLER
+            fields = [f'clientId="{oauth["client_id"]}"', f'clientSecret="{oauth["client_secret"]}"']
+            if oauth["scope"]:
+                fields.append(f'scope="{oauth["scope"]}"')
+            opts["kafka.sasl.jaas.config"] = f"{JAVA_OAUTH_MODULE} required {' '.join(fields)};"
+        elif user is not None:
             mech = extra.get("sasl.mechanism", "PLAIN").upper()
             module = (
                 "org.apache.kafka.common.security.plain.PlainLoginModule"
@@ -96,6 +105,11 @@ class KafkaSettings:
         for key, name in _KAFKA_PYTHON_NAMES.items():
             if key in self.extra:
                 conf[name] = self.extra[key]
+        oauth = _oidc(self.extra)
+        if oauth is not None:
+            from kafka_eos.oauth import ClientCredentialsTokenProvider
+
+            conf["sasl_oauth_token_provider"] = ClientCredentialsTokenProvider(**oauth)
         return conf
 
     def to_environ(self, config_file: Path) -> dict:
@@ -140,6 +154,32 @@ class KafkaSettings:
             raise KafkaEosError(f"{CONNECT_TIMEOUT_ENV}: {raw_timeout!r} is not a positive number of seconds")
         return cls(bootstrap_servers=servers, extra={str(k): str(v) for k, v in extra.items()},
                    connect_timeout_s=timeout)
+
+
+#: The Java client's OIDC client-credentials login (Kafka 3.4 and later; a JVM started with
+#: ``-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls=<token endpoint>`` on Kafka 4 clients).
+JAVA_OIDC_HANDLER = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler"
+JAVA_OAUTH_MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
+
+
+def _oidc(extra: Mapping[str, str]) -> dict | None:
+    """librdkafka's OIDC settings (``sasl.mechanism=OAUTHBEARER``, ``sasl.oauthbearer.method=oidc``)
+    as the fields of a client-credentials grant; None for any other mechanism."""
+    mechanism = (extra.get("sasl.mechanism") or extra.get("sasl.mechanisms") or "").upper()
+    if mechanism != "OAUTHBEARER":
+        return None
+    if extra.get("sasl.oauthbearer.method", "default").lower() != "oidc":
+        raise KafkaEosError("sasl.mechanism OAUTHBEARER: only sasl.oauthbearer.method=oidc (client credentials) "
+                            "is passed to Spark's and the admin API's clients; set it with "
+                            "sasl.oauthbearer.client.id, .client.secret and .token.endpoint.url")
+    missing = [k for k in ("sasl.oauthbearer.client.id", "sasl.oauthbearer.client.secret",
+                           "sasl.oauthbearer.token.endpoint.url") if not extra.get(k)]
+    if missing:
+        raise KafkaEosError(f"sasl.oauthbearer.method=oidc: {', '.join(missing)} not set")
+    return {"token_endpoint_url": extra["sasl.oauthbearer.token.endpoint.url"],
+            "client_id": extra["sasl.oauthbearer.client.id"],
+            "client_secret": extra["sasl.oauthbearer.client.secret"],
+            "scope": extra.get("sasl.oauthbearer.scope") or None}
 
 
 def _json_object(raw: str | None, where: str) -> dict:

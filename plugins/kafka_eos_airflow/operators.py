@@ -199,11 +199,14 @@ class KafkaEosPlanOperator(_PipelineOperator):
     """
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from kafka_eos import acls
         from kafka_eos.pipeline import compute_plan, prepare_plan
 
         with task_errors():
             options, spec = run_spec(self.pipeline, context)
             settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
+            # Before anything is written: every permission the pipeline's runs need.
+            acls.check(spec, settings)
             side = SideRequest.of(options, context)
             if options.reset_to or (side is None and not options.dry_run):
                 step_aside_for_a_stream(spec, settings)

@@ -1,5 +1,6 @@
-"""A pipeline run against a SASL broker keeps the password out of process lists, environment
-variables that kafka-eos sets, task logs and Airflow's database (XCom included).
+"""A pipeline run on the secured broker (TLS, SCRAM, ACLs) keeps the password out of process lists,
+environment variables that kafka-eos sets, task logs, kafka-eos's log files and Airflow's database
+(XCom and run notes included).
 
 Before: the Spark task put the client settings, password included, into spark-submit's
 environment (``KAFKA_EOS_CLIENT_CONFIG``), and Airflow's Spark hook turns that environment into
@@ -23,14 +24,6 @@ from kafka_eos.settings import KafkaSettings
 pytestmark = pytest.mark.integration
 
 USER = "alice"
-
-
-@pytest.fixture
-def sasl_broker(sasl_broker_factory):
-    """Yields (plaintext settings, SASL bootstrap, password of user alice)."""
-    password = f"pw-{uuid.uuid4().hex}"
-    plain, sasl = sasl_broker_factory({USER: password})
-    return plain, sasl, password
 
 
 class ProcessWatch(threading.Thread):
@@ -57,21 +50,35 @@ class ProcessWatch(threading.Thread):
                 self.cmdlines.add(cmdline)
 
 
-def test_a_sasl_run_keeps_the_password_out_of_argv_env_logs_and_the_database(
-        airflow_db, sasl_broker, pipelines_module, monkeypatch, capfd, caplog, unique):
-    plain, sasl_bootstrap, password = sasl_broker
+def test_a_dag_run_on_the_secured_broker_with_exactly_the_computed_acls_keeps_the_password_secret(
+        airflow_db, secure_broker, pipelines_module, monkeypatch, capfd, caplog, unique):
+    """Plan task, Spark task (Spark's own Kafka reader) and commit, over TLS and SCRAM, as a
+    principal holding exactly what `kafka-eos acls` computes and nothing else."""
+    from kafka_eos import acls
+    from kafka_eos.paths import local_dir
+    from kafka_eos.spec import load_spec
+    from kafka_eos.topics import create_missing, pipeline_topics
+
+    admin = secure_broker.admin
+    user, user_settings, _file = secure_broker.user("dag")
+    password = user_settings.extra["sasl.password"]
     name = f"sasl-{unique}"
     topics = {"orders": f"{name}.orders", "enriched": f"{name}.enriched", "dlq": f"{name}.dlq"}
-    kafka_admin.create_topics(plain, {topics["orders"]: 2, topics["enriched"]: 2, topics["dlq"]: 1})
-    write_spec("orders_enriched", name, topics, {"topic": topics["enriched"], "dlq_topic": topics["dlq"]})
-    produce_orders(plain, topics["orders"])
+    kafka_admin.create_topics(admin, {topics["orders"]: 2})
+    path = write_spec("orders_enriched", name, topics, {"topic": topics["enriched"], "dlq_topic": topics["dlq"],
+                                                        "backfill_topic": f"{name}.backfill"})
+    spec = load_spec(str(path), import_transform=False)
+    create_missing(admin, pipeline_topics(spec, admin))  # what `kafka-eos topics create --yes` does
+    acls.apply(admin, acls.required_acls(spec), f"User:{user}")
+    produce_orders(admin, topics["orders"])
     # The connections live in the environment here (AIRFLOW_CONN_*, the harness's own store); the
     # password is in the Kafka connection's password field, as the docs tell users to keep it.
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EOS_KAFKA", json.dumps({
-        "conn_type": "kafka", "login": USER, "password": password,
-        "extra": {"bootstrap.servers": sasl_bootstrap, "security.protocol": "SASL_PLAINTEXT",
-                  "sasl.mechanism": "PLAIN"}}))
+        "conn_type": "kafka", "login": user, "password": password,
+        "extra": {"bootstrap.servers": secure_broker.bootstrap, "security.protocol": "SASL_SSL",
+                  "sasl.mechanism": "SCRAM-SHA-512", "ssl.ca.location": user_settings.extra["ssl.ca.location"]}}))
+    logs_before = {f: f.stat().st_size for f in (local_dir() / "logs").rglob("*") if f.is_file()}
 
     watch = ProcessWatch()
     watch.start()
@@ -81,8 +88,8 @@ def test_a_sasl_run_keeps_the_password_out_of_argv_env_logs_and_the_database(
         watch.stopped.set()
         watch.join()
 
-    # The run really went through the SASL listener, with the password: the output is there.
-    assert len(read_committed(plain, topics["enriched"])) == len(VALID_ORDERS)
+    # The run really went through the SASL_SSL listener, with the password: the output is there.
+    assert len(read_committed(admin, topics["enriched"])) == len(VALID_ORDERS)
     # The watch saw the Spark job, its command line and its environment ...
     assert any("run_pipeline.py" in c for c in watch.cmdlines) and watch.spark_environ
     # ... and the password in neither (AIRFLOW_CONN_* is the harness's connection store).
@@ -98,6 +105,12 @@ def test_a_sasl_run_keeps_the_password_out_of_argv_env_logs_and_the_database(
     airflow_home = Path(airflow_db).parent
     leaks = [str(f) for f in airflow_home.rglob("*") if f.is_file() and password.encode() in f.read_bytes()]
     assert not leaks
+    # ... and what this run added to kafka-eos's own log files (the Spark job's log included).
+    for f in (local_dir() / "logs").rglob("*"):
+        if f.is_file():
+            with f.open("rb") as fh:
+                fh.seek(logs_before.get(f, 0))
+                assert password.encode() not in fh.read(), f
     # The client settings file is gone with the task.
     assert not Path(watch.spark_environ["KAFKA_EOS_CLIENT_CONFIG_FILE"]).exists()
 

@@ -6,13 +6,12 @@ runs; an error is one line naming the field."""
 from __future__ import annotations
 
 import json
-import uuid
 from datetime import datetime, timezone
 
 from confluent_kafka import Consumer, TopicPartition
 
 from kafka_eos.errors import SpecError
-from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, TP, PartitionOffsets, partition_offsets
+from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, TP, PartitionOffsets, partition_offsets, reader_group
 from kafka_eos.pipeline import source_partitions
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
@@ -44,7 +43,7 @@ def offsets_for_time(settings: KafkaSettings, tps: list[TP], ts: datetime) -> di
     offsets-for-times, read_committed); None where no record is that late."""
     consumer = Consumer(settings.client_config(**{
         # A throwaway group id: the consumer never joins or commits.
-        "group.id": f"kafka-eos.positions.{uuid.uuid4()}", "enable.auto.commit": False,
+        "group.id": reader_group("positions"), "enable.auto.commit": False,
         "isolation.level": "read_committed"}))
     try:
         ms = int(ts.timestamp() * 1000)

@@ -8,7 +8,9 @@ a Kafka distribution's scripts call: ``kafka.tools.StorageTool`` to format, ``ka
 from __future__ import annotations
 
 import base64
+import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -19,7 +21,7 @@ from pathlib import Path
 
 from kafka_eos.errors import BrokerError
 from kafka_eos.logs import log4j2_properties
-from kafka_eos.paths import jars_dir, local_dir
+from kafka_eos.paths import jars_dir, local_dir, write_private
 from kafka_eos.local.process_groups import stop_group
 from kafka_eos.settings import KafkaSettings
 
@@ -28,6 +30,12 @@ HOST = "127.0.0.1"
 DEFAULT_PORT = int(os.environ.get("KAFKA_EOS_LOCAL_PORT", "19092"))
 #: The cluster's first client port; node i listens on +2(i-1), its controller one above.
 DEFAULT_CLUSTER_PORT = int(os.environ.get("KAFKA_EOS_CLUSTER_PORT", "19192"))
+#: The secured broker's client port (SASL_SSL); its controller listens one above.
+DEFAULT_SECURE_PORT = int(os.environ.get("KAFKA_EOS_SECURE_PORT", "19094"))
+#: The secured broker's super user, for set-up only (users, topics, ACLs).
+SUPER_USER = "admin"
+#: The SASL mechanism of the secured broker's users.
+SCRAM = "SCRAM-SHA-512"
 #: How long a cold start may take: JVM start, storage load and controller election on 2 cores.
 START_TIMEOUT_S = 90.0
 #: How long a clean shutdown may take before the broker is killed.
@@ -82,6 +90,10 @@ class LocalBroker:
     :param replicas: replicas of internal topics and of new topics (the cluster's size).
     :param cluster_id: the id every node of a cluster formats its storage with; empty: a new one.
     :param heap: the JVM's maximum heap.
+    :param secure: the secured broker (``kafka-eos kafka start --secure``): one SASL_SSL listener
+        (SCRAM-SHA-512 users; a CA and server certificate of its own under ``home/tls``), the
+        StandardAuthorizer with nothing allowed that no ACL allows, the super user ``admin``
+        for set-up only, and a controller listener that takes only the broker's own certificate.
     """
 
     home: Path
@@ -93,10 +105,62 @@ class LocalBroker:
     cluster_id: str = ""
     # 1 GiB is plenty for a test broker and leaves room for Spark and Airflow.
     heap: str = "1g"
+    secure: bool = False
 
     @classmethod
     def default(cls) -> "LocalBroker":
         return cls(home=local_dir() / "kafka")
+
+    @classmethod
+    def secure_default(cls) -> "LocalBroker":
+        return cls(home=local_dir() / "kafka-secure", port=DEFAULT_SECURE_PORT, secure=True)
+
+    @property
+    def users_dir(self) -> Path:
+        """Where a secured broker keeps each user's client settings (one JSON file per user,
+        readable by its owner only: the ``KAFKA_EOS_CLIENT_CONFIG_FILE`` of that user)."""
+        return self.home / "users"
+
+    def user_config_file(self, user: str) -> Path:
+        return self.users_dir / f"{user}.json"
+
+    def settings(self, user: str | None = None) -> KafkaSettings:
+        """Client settings for this broker; on a secured one, those of ``user`` (the super user
+        when None)."""
+        if not self.secure:
+            return KafkaSettings(self.bootstrap)
+        path = self.user_config_file(user or SUPER_USER)
+        try:
+            extra = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise BrokerError(f"no user {user or SUPER_USER!r} on the secured broker ({path} is missing): "
+                              f"`kafka-eos kafka user {user}` makes one") from None
+        return KafkaSettings(self.bootstrap, extra=extra)
+
+    def add_user(self, user: str) -> Path:
+        """Create (or give a new password to) the SCRAM user ``user`` on this running secured
+        broker, through the super user; its client settings go to :meth:`user_config_file`.
+        The user may do nothing until ACLs allow it (``kafka-eos acls ... --apply``)."""
+        from confluent_kafka.admin import (AdminClient, ScramCredentialInfo, ScramMechanism,
+                                           UserScramCredentialUpsertion)
+
+        password = secrets.token_urlsafe(24)
+        admin = AdminClient(self.settings().client_config())
+        upsert = UserScramCredentialUpsertion(user, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192),
+                                              password.encode())
+        for future in admin.alter_user_scram_credentials([upsert]).values():
+            future.result(timeout=30)
+        return self._write_user(user, password)
+
+    def _write_user(self, user: str, password: str) -> Path:
+        from kafka_eos.local.tls import ensure_tls_files
+
+        self.users_dir.mkdir(parents=True, exist_ok=True)
+        config = {"security.protocol": "SASL_SSL", "sasl.mechanism": SCRAM, "sasl.username": user,
+                  "sasl.password": password, "ssl.ca.location": str(ensure_tls_files(self.home / "tls").ca)}
+        path = self.user_config_file(user)
+        write_private(path, json.dumps(config, indent=2) + "\n")
+        return path
 
     @property
     def bootstrap(self) -> str:
@@ -133,12 +197,15 @@ class LocalBroker:
         :returns: the bootstrap address.
         :raises BrokerError: jars missing, port taken by another process, or no answer in time.
         """
+        if self.secure:
+            self._super_password()  # its client settings file, made on first use
+        settings = self.settings() if self.secure else None
         if self.is_running():
-            _wait_ready(self.bootstrap, START_TIMEOUT_S, cluster=bootstrap)
+            _wait_ready(self.bootstrap, START_TIMEOUT_S, cluster=bootstrap, settings=settings)
             return self.bootstrap
         proc = self.launch()
         try:
-            _wait_ready(self.bootstrap, START_TIMEOUT_S, proc, self.log_file, cluster=bootstrap)
+            _wait_ready(self.bootstrap, START_TIMEOUT_S, proc, self.log_file, cluster=bootstrap, settings=settings)
         except BrokerError:
             self.stop()
             raise
@@ -159,20 +226,31 @@ class LocalBroker:
         data_dir = self.home / "data"
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         props = self.home / "server.properties"
-        props.write_text(_SERVER_PROPERTIES.format(
+        secured = self._secured_settings() if self.secure else []
+        # Written readable by its owner only: a secured broker's holds the super user's password.
+        write_private(props, _SERVER_PROPERTIES.format(
             host=HOST, port=self.port, controller_port=self.port + 1, data_dir=data_dir, node_id=self.node_id,
             voters=self.voters or f"{self.node_id}@{HOST}:{self.port + 1}", replicas=self.replicas,
             min_isr=max(1, self.replicas - 1))
-            + "".join(f"{key}={value}\n" for key, value in self.overrides))
+            + "".join(f"{key}={value}\n" for key, value in [*secured, *self.overrides]))
         log4j = self.home / "log4j2.properties"
         log4j.write_text(log4j2_properties(self.log_file, "INFO", _LOG_LEVELS))
         java = ["java", f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
         if not (data_dir / "meta.properties").exists():
             cluster_id = self.cluster_id or new_cluster_id()
-            fmt = subprocess.run(
-                [*java, "kafka.tools.StorageTool", "format", "--cluster-id", cluster_id,
-                 "--config", str(props), "--ignore-formatted"],
-                capture_output=True, text=True)
+            args = ["kafka.tools.StorageTool", "format", "--cluster-id", cluster_id,
+                    "--config", str(props), "--ignore-formatted"]
+            if self.secure:
+                # The super user's SCRAM credential is written into the metadata at format time
+                # (before any listener could authenticate anyone). Its password goes through a
+                # Java argument file, readable by its owner only, never the process list.
+                args += ["--add-scram", f"{SCRAM}=[name={SUPER_USER},password={self._super_password()}]"]
+            argfile = self.home / "format.args"
+            write_private(argfile, "\n".join(_java_arg(a) for a in [*java[1:], *args]) + "\n")
+            try:
+                fmt = subprocess.run(["java", f"@{argfile}"], capture_output=True, text=True)
+            finally:
+                argfile.unlink(missing_ok=True)
             if fmt.returncode != 0:
                 raise BrokerError(f"formatting {data_dir} failed: {fmt.stderr.strip() or fmt.stdout.strip()}")
         with open(self.home / "logs" / "stdout.log", "ab") as out:
@@ -182,6 +260,36 @@ class LocalBroker:
                 start_new_session=True)
         self.pid_file.write_text(str(proc.pid))
         return proc
+
+    def _super_password(self) -> str:
+        """The super user's password, made on first use and kept in its client settings file."""
+        path = self.user_config_file(SUPER_USER)
+        if not path.exists():
+            self._write_user(SUPER_USER, secrets.token_urlsafe(24))
+        return json.loads(path.read_text())["sasl.password"]
+
+    def _secured_settings(self) -> list[tuple[str, str]]:
+        from kafka_eos.local.tls import ensure_tls_files
+
+        tls = ensure_tls_files(self.home / "tls")
+        scram_module = "org.apache.kafka.common.security.scram.ScramLoginModule"
+        return [
+            ("listeners", f"SASL_SSL://{HOST}:{self.port},CONTROLLER://{HOST}:{self.port + 1}"),
+            ("advertised.listeners", f"SASL_SSL://{HOST}:{self.port}"),
+            ("listener.security.protocol.map", "SASL_SSL:SASL_SSL,CONTROLLER:SSL"),
+            ("inter.broker.listener.name", "SASL_SSL"),
+            ("sasl.enabled.mechanisms", SCRAM),
+            ("sasl.mechanism.inter.broker.protocol", SCRAM),
+            ("listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config",
+             f'{scram_module} required username="{SUPER_USER}" password="{self._super_password()}";'),
+            ("ssl.keystore.type", "PEM"), ("ssl.keystore.location", str(tls.keystore)),
+            ("ssl.truststore.type", "PEM"), ("ssl.truststore.location", str(tls.ca)),
+            # The controller listener takes only a client certificate the CA signed: the broker's own.
+            ("listener.name.controller.ssl.client.auth", "required"),
+            ("authorizer.class.name", "org.apache.kafka.metadata.authorizer.StandardAuthorizer"),
+            ("allow.everyone.if.no.acl.found", "false"),
+            ("super.users", f"User:{SUPER_USER};{tls.principal}"),
+        ]
 
     def stop(self) -> bool:
         """Stop the broker (SIGTERM, then SIGKILL after a grace period).
@@ -284,6 +392,11 @@ def _classpath() -> str:
     return str(folder / "*")
 
 
+def _java_arg(arg: str) -> str:
+    """``arg`` as one argument of a Java argument file (quoted; backslashes and quotes escaped)."""
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def _port_open(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.5)
@@ -291,7 +404,8 @@ def _port_open(port: int) -> bool:
 
 
 def _wait_ready(bootstrap: str, timeout_s: float, proc: subprocess.Popen | None = None,
-                log_file: Path | None = None, cluster: str | None = None) -> None:
+                log_file: Path | None = None, cluster: str | None = None,
+                settings: KafkaSettings | None = None) -> None:
     """Wait until the port accepts connections, then until the broker serves metadata, then
     until every partition's leader (of the ``cluster`` the node is part of) answers."""
     # Imported here: the DAG files import this module at parse time, where no Kafka client loads.
@@ -307,7 +421,7 @@ def _wait_ready(bootstrap: str, timeout_s: float, proc: subprocess.Popen | None 
         if time.monotonic() > deadline:
             raise BrokerError(f"broker at {bootstrap} did not listen within {timeout_s:.0f}s; see {log_file}")
         time.sleep(0.2)
-    settings = KafkaSettings(cluster or bootstrap)
+    settings = settings or KafkaSettings(cluster or bootstrap)
     last_error = "no brokers in metadata"
     while time.monotonic() < deadline:
         try:

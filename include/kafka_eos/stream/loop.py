@@ -160,6 +160,9 @@ class StreamRunner:
 
     # -- the loop -------------------------------------------------------------------------
     def _setup(self) -> None:
+        from kafka_eos import acls
+
+        acls.check(self.spec, self.settings)  # before anything is written
         if not self.force:
             window = self.spec.sink.transaction_timeout_s
             running = batch_in_flight(self.spec, self.settings, window)

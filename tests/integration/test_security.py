@@ -1,0 +1,227 @@
+"""Every path on the secured broker (TLS, SCRAM-SHA-512, StandardAuthorizer, nothing allowed without
+an ACL), as principals that hold exactly what `kafka-eos acls` computes: runs in both commit scopes,
+a SQL sink, a stream, `txn hanging` and the operator page's read. Without any one of the ACLs a run
+fails before it writes anything, naming the permission and the command that grants it.
+(The DAG run through Airflow on this broker: tests/dags/test_secrets.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from confluent_kafka import Producer
+from confluent_kafka.admin import AclBindingFilter, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
+
+from kafka_eos import acls, kafka_admin
+from kafka_eos.cli import EXIT_FOUND, main
+from kafka_eos.paths import pipelines_dir
+from kafka_eos.sample_data import produce_orders
+from kafka_eos.spec import load_spec
+from kafka_eos.topics import create_missing, pipeline_topics
+
+pytestmark = pytest.mark.integration
+
+ORDERS = 60
+
+
+@pytest.fixture(scope="module")
+def secured(secure_broker):
+    """The session's secured broker (this module's tests run on one worker, which starts it once)."""
+    return secure_broker
+
+
+def as_principal(monkeypatch, secured, config_file: Path) -> None:
+    """Let the CLI connect to the secured broker with the settings in ``config_file``."""
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", secured.bootstrap)
+    monkeypatch.setenv("KAFKA_EOS_CLIENT_CONFIG_FILE", str(config_file))
+    monkeypatch.delenv("KAFKA_EOS_CLIENT_CONFIG", raising=False)
+
+
+def new_pipeline(secured, tmp_path: Path, name: str, bundled: str, **sink) -> tuple[Path, object]:
+    """A copy of a bundled pipeline with topics, group and manifest of its own, its topics made by
+    the super user (what `kafka-eos topics create --yes` does) and committed orders on its source."""
+    raw = yaml.safe_load((pipelines_dir() / f"{bundled}.yaml").read_text())
+    raw.update(name=name, manifest_topic=f"{name}.manifest")
+    raw["source"].update(topics=[f"{name}.orders"], group_id=f"kafka-eos.{name}")
+    if raw["sink"]["kind"] == "kafka":
+        raw["sink"].update(topic=f"{name}.out", dlq_topic=f"{name}.dlq", backfill_topic=f"{name}.backfill")
+    else:
+        raw["sink"].update(url=f"sqlite:///{tmp_path / name}.db")
+    raw["sink"].update(sink)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    spec = load_spec(str(path))
+    create_missing(secured.admin, pipeline_topics(spec, secured.admin, partitions=2))
+    produce_orders(secured.admin, spec.source.topics[0], ORDERS)
+    return path, spec
+
+
+def grant(secured, spec_path: Path, user: str, role: str = "pipeline") -> list[dict]:
+    """`kafka-eos acls PIPELINE --principal User:user --apply --json`, as the super user; returns
+    the ACLs it printed."""
+    code, out = _cli_json(["acls", str(spec_path), "--principal", f"User:{user}", "--role", role, "--apply",
+                           "--json"], secured.admin)
+    assert code == 0
+    return out["acls"]
+
+
+def _cli_json(argv: list[str], settings) -> tuple[int, dict]:
+    import contextlib
+    import io
+    import os
+
+    env = {"KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "KAFKA_EOS_CLIENT_CONFIG": json.dumps(dict(settings.extra))}
+    old = {k: os.environ.get(k) for k in (*env, "KAFKA_EOS_CLIENT_CONFIG_FILE")}
+    os.environ.update(env)
+    os.environ.pop("KAFKA_EOS_CLIENT_CONFIG_FILE", None)
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            code = main(argv)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return code, (json.loads(buf.getvalue()) if buf.getvalue().strip() else {})
+
+
+def end_offsets(settings, topics: list[str]) -> dict:
+    tps = [(t, p) for t in topics for p in range(2 if not t.endswith(".manifest") else 1)]
+    return {tp: o.high_watermark for tp, o in kafka_admin.partition_offsets(settings, tps).items()}
+
+
+def test_both_commit_scopes_a_sql_sink_and_a_stream_run_with_exactly_the_printed_acls(
+        secured, spark, tmp_path, unique, monkeypatch, capsys):
+    per_partition, pp_spec = new_pipeline(secured, tmp_path, f"pp-{unique}", "orders_enriched")
+    atomic, at_spec = new_pipeline(secured, tmp_path, f"at-{unique}", "orders_enriched", commit="atomic")
+    sql, sql_spec = new_pipeline(secured, tmp_path, f"sql-{unique}", "revenue_per_minute")
+    user, settings, config_file = secured.user("etl")
+    for path in (per_partition, atomic, sql):
+        printed = grant(secured, path, user)
+        spec = load_spec(str(path))
+        # What was printed is what was created, and it is the computed set.
+        assert [(a["resource_type"], a["name"], a["pattern"], a["operation"]) for a in printed] == \
+            [(a.resource_type, a.name, a.pattern, a.operation) for a in acls.required_acls(spec)]
+    as_principal(monkeypatch, secured, config_file)
+
+    for path, spec in ((per_partition, pp_spec), (atomic, at_spec)):
+        assert main(["run", str(path)]) == 0
+        assert main(["run", str(path)]) == 0  # caught up: nothing to do, nothing written twice
+        assert_exactly_once(secured.admin, spec)
+
+    assert main(["run", str(sql)]) == 0
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(sql_spec.sink.url)
+    with engine.connect() as conn:
+        counted = conn.execute(sqlalchemy.text(f"select sum(order_count) from {sql_spec.sink.table}")).scalar()
+        dead = conn.execute(sqlalchemy.text(f"select count(*) from {sql_spec.sink.dead_letters_table}")).scalar()
+    engine.dispose()
+    assert counted + dead == len(_read(secured.admin, sql_spec.source.topics[0]))
+
+    # A stream of the per-partition pipeline picks up what arrives next, as the same principal.
+    produce_orders(secured.admin, pp_spec.source.topics[0], 20, first_seq=ORDERS)
+    assert main(["stream", str(per_partition), "--until-caught-up", "--interval", "0.5"]) == 0
+    assert_exactly_once(secured.admin, pp_spec)
+
+    # The watchdog's read-only principal: `txn hanging` names the pipeline's open transaction, and
+    # the operator page reads every figure.
+    watcher, watch_settings, watch_file = secured.user("watch")
+    grant(secured, per_partition, watcher, role="watchdog")
+    holder = Producer(secured.admin.client_config(**{"transactional.id": pp_spec.transactional_id(
+        pp_spec.source.topics[0], 0), "transaction.timeout.ms": 600000}))
+    holder.init_transactions(30)
+    holder.begin_transaction()
+    holder.produce(pp_spec.source.topics[0], value=b"open", partition=0)
+    holder.flush(30)
+    try:
+        as_principal(monkeypatch, secured, watch_file)
+        monkeypatch.setenv("KAFKA_EOS_PIPELINES_DIR", str(tmp_path))  # the pipelines it attributes to
+        capsys.readouterr()
+        assert main(["txn", "hanging", "--topic", pp_spec.source.topics[0], "--older-than", "0", "--json"]) \
+            == EXIT_FOUND
+        held = [s for s in json.loads(capsys.readouterr().out)["stalled"] if s["partition"] == 0]
+        assert held and held[0]["culprit"]["transactional_id"] == pp_spec.transactional_id(pp_spec.source.topics[0], 0)
+        assert held[0]["culprit"]["pipeline"] == pp_spec.name
+
+        from kafka_eos.overview.snapshot import snapshot
+
+        [row] = snapshot(watch_settings, [pp_spec])
+        assert row["error"] is None
+        assert {(p["topic"], p["partition"]) for p in row["partitions"]} == \
+            {(pp_spec.source.topics[0], 0), (pp_spec.source.topics[0], 1)}
+        assert row["runs"] and row["pinned"]
+    finally:
+        holder.abort_transaction(30)
+
+
+def _read(settings, topic: str) -> list[bytes]:
+    """Every committed record value of ``topic`` (2 partitions, or 1)."""
+    from confluent_kafka import Consumer, TopicPartition
+    import uuid
+
+    tps = [(topic, p) for p in range(kafka_admin.partitions_of(settings, [topic])[topic])]
+    consumer = Consumer(settings.client_config(**{
+        "group.id": f"test-{uuid.uuid4()}", "enable.auto.commit": False, "isolation.level": "read_committed",
+        "enable.partition.eof": True}))
+    consumer.assign([TopicPartition(t, p, 0) for t, p in tps])
+    out, eof = [], set()
+    deadline = time.monotonic() + 30
+    while len(eof) < len(tps) and time.monotonic() < deadline:
+        msg = consumer.poll(1)
+        if msg is None:
+            continue
+        if msg.error():
+            eof.add(msg.partition())
+            continue
+        out.append(msg.value())
+    consumer.close()
+    return out
+
+
+def assert_exactly_once(settings, spec) -> None:
+    """Each committed source record is in the output or the dead letters, once."""
+    source = _read(settings, spec.source.topics[0])
+    out = [json.loads(v)["order_id"] for v in _read(settings, spec.sink.topic)]
+    dead = _read(settings, spec.sink.dlq_topic)
+    assert len(out) == len(set(out)), "an output record written twice"
+    assert len(out) + len(dead) == len(source), (len(out), len(dead), len(source))
+
+
+def test_without_any_one_acl_a_run_fails_before_it_writes_and_names_the_missing_permission(
+        secured, tmp_path, unique, monkeypatch, capsys):
+    path, spec = new_pipeline(secured, tmp_path, f"minus-{unique}", "orders_enriched")
+    user, settings, config_file = secured.user("minus")
+    printed = grant(secured, path, user)
+    needed = acls.required_acls(spec)
+    assert len(printed) == len(needed) == 14
+    outputs = [spec.sink.topic, spec.sink.dlq_topic, spec.manifest_topic]
+    before = end_offsets(secured.admin, outputs)
+    as_principal(monkeypatch, secured, config_file)
+    admin = kafka_admin.admin_client(secured.admin)
+    for acl in needed:
+        binding = AclBindingFilter(
+            ResourceType["BROKER" if acl.resource_type == "CLUSTER" else acl.resource_type], acl.name,
+            ResourcePatternType[acl.pattern], f"User:{user}", "*", AclOperation[acl.operation],
+            AclPermissionType.ALLOW)
+        for future in admin.delete_acls([binding]).values():
+            assert len(future.result(30)) == 1, acl
+        try:
+            capsys.readouterr()
+            assert main(["run", str(path)]) != 0, acl
+            [err] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("kafka-eos:")]
+            assert f"lacks {acl.describe()}" in err, (acl, err)
+            assert f"kafka-eos acls {path} --principal User:{user} --apply" in err
+        finally:
+            acls.apply(secured.admin, [acl], f"User:{user}")
+        # Nothing was written: not a record, not a plan, not a checkpoint.
+        assert end_offsets(secured.admin, outputs) == before, acl
+        assert not [o for o in kafka_admin.committed_offsets(
+            secured.admin, spec.source.group_id, [(spec.source.topics[0], p) for p in range(2)]).values()
+            if o is not None]

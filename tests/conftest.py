@@ -170,10 +170,11 @@ def unique(request) -> str:
 #: A producer that opens a transaction on the given partitions, writes one record to each, says
 #: so, and waits to be killed. Its transaction timeout is long (10 min): only an abort ends it.
 _OPEN_AND_WAIT = """
-import sys, time
+import json, os, sys, time
 from confluent_kafka import Producer
 bootstrap, txid, *tps = sys.argv[1:]
-p = Producer({"bootstrap.servers": bootstrap, "transactional.id": txid, "transaction.timeout.ms": 600000})
+extra = json.loads(open(os.environ["CLIENT_CONFIG_FILE"]).read()) if os.environ.get("CLIENT_CONFIG_FILE") else {}
+p = Producer({**extra, "bootstrap.servers": bootstrap, "transactional.id": txid, "transaction.timeout.ms": 600000})
 p.init_transactions(30)
 p.begin_transaction()
 for tp in tps:
@@ -187,18 +188,27 @@ time.sleep(3600)
 
 @pytest.fixture
 def killed_transaction(tmp_path, kafka_settings):
-    """``killed_transaction(txid, (topic, partition), ..., bootstrap=None)``: a transaction opened on
-    those partitions by another process (on the session's broker unless ``bootstrap``), which is
-    then SIGKILLed: a real hung transaction."""
+    """``killed_transaction(txid, (topic, partition), ..., settings=None)``: a transaction opened on
+    those partitions by another process (on the session's broker unless ``settings`` name another,
+    with their security settings), which is then SIGKILLed: a real hung transaction."""
+    import json
     import signal
     import subprocess
+
+    from kafka_eos.paths import write_private
 
     script = tmp_path / "open_and_wait.py"
     script.write_text(_OPEN_AND_WAIT)
 
-    def open_and_kill(txid: str, *tps: tuple[str, int], bootstrap: str | None = None) -> None:
-        proc = subprocess.Popen([sys.executable, str(script), bootstrap or kafka_settings.bootstrap_servers, txid,
-                                 *(f"{t}:{p}" for t, p in tps)], stdout=subprocess.PIPE, text=True)
+    def open_and_kill(txid: str, *tps: tuple[str, int], settings=None) -> None:
+        settings = settings or kafka_settings
+        env = dict(os.environ)
+        if settings.extra:
+            config = tmp_path / f"client-{uuid.uuid4().hex}.json"
+            write_private(config, json.dumps(dict(settings.extra)))
+            env["CLIENT_CONFIG_FILE"] = str(config)
+        proc = subprocess.Popen([sys.executable, str(script), settings.bootstrap_servers, txid,
+                                 *(f"{t}:{p}" for t, p in tps)], stdout=subprocess.PIPE, text=True, env=env)
         try:
             assert proc.stdout.readline().strip() == "open"
         finally:
@@ -233,46 +243,6 @@ def adjacent_free_ports(n: int) -> int:
 def free_ports():
     """``free_ports(n)``: see :func:`adjacent_free_ports`."""
     return adjacent_free_ports
-
-
-@pytest.fixture
-def sasl_broker_factory(tmp_path):
-    """``sasl_broker_factory(users, authorizer=False)``: a broker of this test's own with a
-    SASL/PLAIN listener for ``users`` (name -> password) beside the plaintext one that the broker's
-    start-up check and the test's setup use. With ``authorizer``, ACLs apply to SASL users and the
-    plaintext client is a super user. Returns (plaintext settings, SASL bootstrap)."""
-    import shutil
-
-    from kafka_eos.local.kafka import HOST, LocalBroker
-    from kafka_eos.settings import KafkaSettings
-
-    started = []
-
-    def start(users: dict[str, str], authorizer: bool = False):
-        port = adjacent_free_ports(3)
-        sasl = f"{HOST}:{port + 2}"
-        accounts = " ".join(f'user_{name}="{password}"' for name, password in users.items())
-        overrides = [
-            ("listeners", f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{port + 1},SASL_PLAINTEXT://{sasl}"),
-            ("advertised.listeners", f"PLAINTEXT://{HOST}:{port},SASL_PLAINTEXT://{sasl}"),
-            ("listener.security.protocol.map",
-             "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT"),
-            ("sasl.enabled.mechanisms", "PLAIN"),
-            ("listener.name.sasl_plaintext.plain.sasl.jaas.config",
-             f"org.apache.kafka.common.security.plain.PlainLoginModule required {accounts};"),
-        ]
-        if authorizer:
-            overrides += [("authorizer.class.name", "org.apache.kafka.metadata.authorizer.StandardAuthorizer"),
-                          ("super.users", "User:ANONYMOUS")]
-        broker = LocalBroker(home=tmp_path / f"kafka-sasl-{len(started)}", port=port, overrides=tuple(overrides))
-        started.append(broker)
-        broker.start()
-        return KafkaSettings(broker.bootstrap), sasl
-
-    yield start
-    for broker in started:
-        broker.stop()
-        shutil.rmtree(broker.home, ignore_errors=True)
 
 
 class SecureBroker:

@@ -79,7 +79,8 @@ def required_acls(spec: PipelineSpec, role: str = "pipeline") -> list[Acl]:
     if role == "pipeline":
         for topic in spec.source.topics:
             add("TOPIC", topic, "READ", "source: read committed records, their offsets and open transactions")
-        add("TOPIC", spec.manifest_topic, "READ", "run manifest: plans and checkpoints of earlier runs; a stream's lease")
+        add("TOPIC", spec.manifest_topic, "READ",
+            "run manifest: plans and checkpoints of earlier runs; a stream's lease")
         add("TOPIC", spec.manifest_topic, "WRITE", "run manifest: each run's plan and result")
         places = [(sink.topic, "sink: results"), (sink.dlq_topic, "dead letters"),
                   (sink.backfill_topic, "replays and backfills: results"),
@@ -149,8 +150,9 @@ def apply(settings: KafkaSettings, acls: list[Acl], principal: str, host: str = 
     from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, admin_client
 
     # confluent-kafka calls the cluster resource BROKER.
-    bindings = [AclBinding(ResourceType["BROKER" if a.resource_type == "CLUSTER" else a.resource_type], a.name, ResourcePatternType[a.pattern], principal, host,
-                           AclOperation[a.operation], AclPermissionType.ALLOW) for a in acls]
+    bindings = [AclBinding(ResourceType["BROKER" if a.resource_type == "CLUSTER" else a.resource_type], a.name,
+                           ResourcePatternType[a.pattern], principal, host, AclOperation[a.operation],
+                           AclPermissionType.ALLOW) for a in acls]
     admin = admin_client(settings)  # kept alive until every answer is in
     for binding, future in admin.create_acls(bindings).items():
         try:
@@ -222,10 +224,13 @@ def _missing(settings: KafkaSettings, acls: list[Acl]) -> list[Acl]:
     return missing
 
 
-def _names(operations) -> set[str]:
+def _names(operations) -> set[str] | None:
     """AclOperation values as names; READ/WRITE (and the rest) imply DESCRIBE, as Kafka's
-    authorizer has it, so the set is what the principal may do."""
-    names = {op.name for op in operations or ()}
+    authorizer has it, so the set is what the principal may do. None: the cluster did not say
+    (then the run finds out itself)."""
+    if operations is None:
+        return None
+    names = {op.name for op in operations}
     if names & {"READ", "WRITE", "DELETE", "ALTER"}:
         names.add("DESCRIBE")
     if "ALTER_CONFIGS" in names:
@@ -235,7 +240,7 @@ def _names(operations) -> set[str]:
     return names
 
 
-def _group_operations(admin, group: str) -> set[str]:
+def _group_operations(admin, group: str) -> set[str] | None:
     from confluent_kafka import KafkaException
 
     from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S

@@ -107,15 +107,16 @@ def _secure_broker(args) -> int:
         Console().step(f"starting the secured local broker: SASL_SSL (SCRAM-SHA-512), ACLs required "
                        f"(data, logs, certificates and users under {broker.home})")
         print(broker.start())
-        print(f"super user {SUPER_USER} (set-up only): KAFKA_EOS_CLIENT_CONFIG_FILE={broker.user_config_file(SUPER_USER)}",
-              file=sys.stderr)
+        print(f"super user {SUPER_USER} (set-up only): "
+              f"KAFKA_EOS_CLIENT_CONFIG_FILE={broker.user_config_file(SUPER_USER)}", file=sys.stderr)
     elif args.action == "stop":
         print("stopped" if broker.stop() else "not running")
     elif args.action == "user":
         if not args.name:
             raise KafkaEosError("kafka user: name the user (kafka-eos kafka user NAME)")
         if not broker.is_running():
-            raise KafkaEosError(f"the secured broker is not running ({broker.bootstrap}): kafka-eos kafka start --secure")
+            raise KafkaEosError(f"the secured broker is not running ({broker.bootstrap}): "
+                                "kafka-eos kafka start --secure")
         path = broker.add_user(args.name)
         print(path)
         print(f"user User:{args.name} may do nothing until ACLs allow it: kafka-eos acls PIPELINE "
@@ -520,7 +521,7 @@ def cmd_acls(args) -> int:
     print(f"pipeline {spec.name}, role {args.role}: {len(needed)} ACL(s) for {principal or 'its principal'} "
           f"(ALLOW, any host){'; created' if args.apply else ''}")
     print(table([(a.resource_type, a.name, a.pattern, a.operation, a.why) for a in needed],
-                ("resource", "name", "pattern", "operation", "needed for")))
+                ("resource", "name", "pattern", "operation", "needed for"), left=5))
     return 0
 
 

@@ -60,13 +60,14 @@ class Console:
             thread.join(timeout=2)
 
 
-def table(rows: Sequence[Sequence[object]], header: Sequence[str], indent: str = "  ") -> str:
-    """A plain text table: the first column left-aligned, the others right-aligned."""
+def table(rows: Sequence[Sequence[object]], header: Sequence[str], indent: str = "  ", left: int = 1) -> str:
+    """A plain text table: the first ``left`` columns (names, text) left-aligned, the others
+    (figures) right-aligned."""
     cells = [[str(h) for h in header]] + [["-" if c is None else str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     lines = []
     for row in cells:
-        parts = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+        parts = [c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
         lines.append(indent + "  ".join(parts).rstrip())
     return "\n".join(lines)
 

@@ -130,7 +130,7 @@ def test_a_producer_set_timestamp_does_not_age_a_transaction_its_coordinator_sta
         producer.abort_transaction(30)
 
 
-def test_a_producer_no_coordinator_lists_to_this_client_is_never_ended_by_a_marker(sasl_broker_factory,
+def test_a_producer_no_coordinator_lists_to_this_client_is_never_ended_by_a_marker(secure_broker,
                                                                                     killed_transaction, unique):
     """The operator's principal may do anything but DESCRIBE transactional ids: ListTransactions
     hides the id, so the open transaction (still tracked, on two partitions) is unlisted; a marker
@@ -138,22 +138,20 @@ def test_a_producer_no_coordinator_lists_to_this_client_is_never_ended_by_a_mark
     from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, ResourcePatternType,
                                        ResourceType)
 
-    from kafka_eos.settings import KafkaSettings
-
-    password = f"pw-{unique}"
-    plain, sasl = sasl_broker_factory({"operator": password}, authorizer=True)
+    plain = secure_broker.admin  # the super user, for set-up and checks
+    user, operator, _file = secure_broker.user("operator")
     topic = f"hidden-{unique}"
     kafka_admin.create_topics(plain, {topic: 2})
-    acls = [AclBinding(ResourceType.TOPIC, "*", ResourcePatternType.LITERAL, "User:operator", "*",
+    acls = [AclBinding(ResourceType.TOPIC, "*", ResourcePatternType.LITERAL, f"User:{user}", "*",
                        AclOperation.ALL, AclPermissionType.ALLOW),
-            AclBinding(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL, "User:operator", "*",
+            AclBinding(ResourceType.GROUP, "*", ResourcePatternType.LITERAL, f"User:{user}", "*",
+                       AclOperation.ALL, AclPermissionType.ALLOW),
+            AclBinding(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL, f"User:{user}", "*",
                        AclOperation.ALL, AclPermissionType.ALLOW)]
     acl_admin = kafka_admin.admin_client(plain)  # kept alive while its futures are read
     for fut in acl_admin.create_acls(acls).values():
         fut.result(30)
-    killed_transaction(f"stranger-{unique}", (topic, 0), (topic, 1), bootstrap=plain.bootstrap_servers)
-    operator = KafkaSettings(sasl, extra={"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
-                                          "sasl.username": "operator", "sasl.password": password})
+    killed_transaction(f"stranger-{unique}", (topic, 0), (topic, 1), settings=plain)
 
     with pytest.raises(AbortRefused, match=rf"^{topic}-0: the transaction at offset 0 \(producer \d+\) is listed by "
                                            r"no coordinator, yet open for only \d+s: .* --force does not lift this$"):

@@ -127,29 +127,25 @@ def test_live_short_and_committed_transactions_are_not_reported(kafka_settings, 
     assert find_stalls(kafka_settings, tps, older_than_s=0) == []  # committed: cleared
 
 
-def test_without_admin_permission_the_held_partition_is_still_reported(sasl_broker_factory, killed_transaction,
+def test_without_admin_permission_the_held_partition_is_still_reported(secure_broker, killed_transaction,
                                                                        capsys, monkeypatch, unique):
     """A client allowed only to DESCRIBE the topic (offsets, metadata) sees the held partition;
     the holder cannot be named, and the report says why."""
     from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, ResourcePatternType,
                                        ResourceType)
 
-    from kafka_eos.settings import KafkaSettings
-
-    password = f"pw-{unique}"
-    plain, sasl = sasl_broker_factory({"limited": password}, authorizer=True)
+    plain = secure_broker.admin  # the super user, for set-up
+    user, limited, _file = secure_broker.user("limited")
     topic = f"held-{unique}"
     kafka_admin.create_topics(plain, {topic: 1})
     admin = kafka_admin.admin_client(plain)
-    for fut in admin.create_acls([AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, "User:limited",
+    for fut in admin.create_acls([AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, f"User:{user}",
                                              "*", AclOperation.DESCRIBE, AclPermissionType.ALLOW)]).values():
         fut.result(30)
     produce(plain, topic, 0, 2, "committed")
-    killed_transaction(f"stranger-{unique}", (topic, 0), bootstrap=plain.bootstrap_servers)
+    killed_transaction(f"stranger-{unique}", (topic, 0), settings=plain)
     produce(plain, topic, 0, 3, "behind")
 
-    limited = KafkaSettings(sasl, extra={"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
-                                         "sasl.username": "limited", "sasl.password": password})
     (stall,) = attribute(limited, find_stalls(limited, [(topic, 0)], older_than_s=0))
     assert (stall.lso, stall.high_watermark, stall.culprit) == (2, 6, None)
     assert stall.stuck_s is None  # not permitted to read the record at the LSO either

@@ -157,8 +157,22 @@ def test_both_commit_scopes_a_sql_sink_and_a_stream_run_with_exactly_the_printed
         assert {(p["topic"], p["partition"]) for p in row["partitions"]} == \
             {(pp_spec.source.topics[0], 0), (pp_spec.source.topics[0], 1)}
         assert row["runs"] and row["pinned"]
+
+        # The runbook's abort, as the on-call principal with the abort role's set: the pipeline's
+        # transactional id is fenced, the partition is readable again, the attempt audited.
+        oncall, _settings, oncall_file = secured.user("oncall")
+        grant(secured, per_partition, oncall, role="abort")
+        as_principal(monkeypatch, secured, oncall_file)
+        start = held[0]["lso"]
+        assert main(["txn", "abort", "--topic", pp_spec.source.topics[0], "--partition", "0",
+                     "--start-offset", str(start), "--force", "--yes"]) == 0
+        offsets = kafka_admin.partition_offsets(secured.admin, [(pp_spec.source.topics[0], 0)])
+        assert offsets[(pp_spec.source.topics[0], 0)].lso == offsets[(pp_spec.source.topics[0], 0)].high_watermark
     finally:
-        holder.abort_transaction(30)
+        try:
+            holder.abort_transaction(30)
+        except Exception:  # noqa: BLE001 - fenced by the abort above: nothing left to end
+            pass
 
 
 def _read(settings, topic: str) -> list[bytes]:

@@ -78,7 +78,8 @@ def test_a_dag_run_on_the_secured_broker_with_exactly_the_computed_acls_keeps_th
         "conn_type": "kafka", "login": user, "password": password,
         "extra": {"bootstrap.servers": secure_broker.bootstrap, "security.protocol": "SASL_SSL",
                   "sasl.mechanism": "SCRAM-SHA-512", "ssl.ca.location": user_settings.extra["ssl.ca.location"]}}))
-    logs_before = {f: f.stat().st_size for f in (local_dir() / "logs").rglob("*") if f.is_file()}
+    log_dirs = [local_dir() / "logs", secure_broker.broker.home / "logs"]  # kafka-eos's, Spark's, the broker's
+    logs_before = {f: f.stat().st_size for d in log_dirs for f in d.rglob("*") if f.is_file()}
 
     watch = ProcessWatch()
     watch.start()
@@ -105,8 +106,8 @@ def test_a_dag_run_on_the_secured_broker_with_exactly_the_computed_acls_keeps_th
     airflow_home = Path(airflow_db).parent
     leaks = [str(f) for f in airflow_home.rglob("*") if f.is_file() and password.encode() in f.read_bytes()]
     assert not leaks
-    # ... and what this run added to kafka-eos's own log files (the Spark job's log included).
-    for f in (local_dir() / "logs").rglob("*"):
+    # ... and what this run added to the log files of kafka-eos, Spark and the broker.
+    for f in (f for d in log_dirs for f in d.rglob("*")):
         if f.is_file():
             with f.open("rb") as fh:
                 fh.seek(logs_before.get(f, 0))

@@ -2,9 +2,9 @@
 
 The spec (fields, the transform imports, no other spec owns its group or manifest) is checked by
 loading it; then, against the cluster: its topics exist (sources, sink, dead letters, backfill;
-the manifest and audit topics are created on first use), the brokers accept its transaction
-timeout, its checkpoints are still readable (not behind the log start), and a SQL sink's database
-answers. Nothing is written anywhere.
+the manifest and audit topics are created on first use), the principal holds the ACLs a run
+needs, the brokers accept its transaction timeout, its checkpoints are still readable (not behind
+the log start), and a SQL sink's database answers. Nothing is written anywhere.
 """
 
 from __future__ import annotations
@@ -43,10 +43,22 @@ def validate(spec: PipelineSpec, settings: KafkaSettings, ref: str | None = None
                                 f"{plan.role}: missing (`kafka-eos topics create {ref or spec.name} --yes` creates it)"))
     if spec.sink.kind == "kafka":
         checks.append(_transaction_timeout(spec, settings))
+    checks.append(_permissions(spec, settings, ref))
     checks += _checkpoints(spec, settings, [p for p in plans if p.role == "source" and not p.missing])
     if spec.sink.kind == "sql":
         checks.append(_database(spec))
     return checks
+
+
+def _permissions(spec: PipelineSpec, settings: KafkaSettings, ref: str | None) -> Check:
+    from kafka_eos.acls import PermissionMissing, check, required_acls
+
+    try:
+        check(spec, settings, spec_ref=ref)
+    except PermissionMissing as e:
+        return Check(False, "permissions", str(e))
+    return Check(True, "permissions", f"the {len(required_acls(spec))} ACLs a run needs (kafka-eos acls "
+                                      f"{ref or spec.name})")
 
 
 def _transaction_timeout(spec: PipelineSpec, settings: KafkaSettings) -> Check:

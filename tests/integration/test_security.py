@@ -232,6 +232,9 @@ def test_without_any_one_acl_a_run_fails_before_it_writes_and_names_the_missing_
             [err] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("kafka-eos:")]
             assert f"lacks {acl.describe()}" in err, (acl, err)
             assert f"kafka-eos acls {path} --principal User:{user} --apply" in err
+            if acl is needed[0]:  # `kafka-eos validate` names it too, without running
+                assert main(["validate", str(path)]) != 0
+                assert f"FAIL  permissions: User:{user} lacks {acl.describe()}" in capsys.readouterr().out
         finally:
             acls.apply(secured.admin, [acl], f"User:{user}")
         # Nothing was written: not a record, not a plan, not a checkpoint.

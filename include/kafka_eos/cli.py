@@ -112,8 +112,9 @@ def _secure_broker(args) -> int:
     elif args.action == "stop":
         print("stopped" if broker.stop() else "not running")
     elif args.action == "user":
-        if not args.name:
-            raise KafkaEosError("kafka user: name the user (kafka-eos kafka user NAME)")
+        if not args.name or args.name == SUPER_USER:
+            raise KafkaEosError(f"kafka user: name a user other than the super user {SUPER_USER!r} "
+                                "(kafka-eos kafka user NAME)")
         if not broker.is_running():
             raise KafkaEosError(f"the secured broker is not running ({broker.bootstrap}): "
                                 "kafka-eos kafka start --secure")

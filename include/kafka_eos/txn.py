@@ -195,18 +195,37 @@ class TransactionalCommit:
                 self.close()
 
     def _run(self, records, manifest) -> CommitResult:
-        # 1. Fence older attempts (once per producer: a long-lived commit keeps its epoch).
-        self.open()
+        """The commit protocol's steps (docs/architecture.md, "Commit protocol")."""
+        self.open()  # 1. fence older attempts (once per producer: a long-lived commit keeps its epoch)
         self._delivery_error, self._begun = None, None
+        if self._already_committed():  # 2. check the checkpoint, now that no older attempt can commit
+            return CommitResult("noop")
+        self._call("begin_transaction", self._producer.begin_transaction)
+        self._begun = time.monotonic()
+        out, dead = self._produce_records(records)  # 3. produce, every record acknowledged
+        fault_point("before_offsets")
+        self._send_offsets()  # 3b. the consumed offsets, into the same transaction
+        for topic, key, record in manifest(out, dead):  # 3c. the manifest record(s), inside it too
+            self._produce(topic, key, json.dumps(record, sort_keys=True), None)
+        # 3d. Commit. A retriable failure here is retried by _call; commit is idempotent.
+        fault_point("before_commit")
+        self._call("commit_transaction", lambda: self._producer.commit_transaction(CALL_TIMEOUT_S))
+        fault_point("after_commit")
+        return CommitResult("committed", out, dead)
 
-        # 2. Check the checkpoint, now that no older attempt can commit any more.
-        tps = [r.tp for r in self.ranges]
-        committed = self._committed(tps)
+    def _already_committed(self) -> bool:
+        """Step 2: True when this commit's ranges are already committed (a retry after a landed
+        commit: a no-op).
+
+        :raises CheckpointLost: a checkpoint the plan expected is gone.
+        :raises CheckpointConflict: a checkpoint is neither the plan's expected one nor its end.
+        """
+        committed = self._committed([r.tp for r in self.ranges])
         # Refresh ranges (idle partitions, checkpoint committed again unchanged) cannot tell a
         # landed commit from a pending one; the ranges that move decide, when there are any.
         deciding = [r for r in self.ranges if r.expected != r.until]
         if deciding and all(committed[r.tp] == r.until for r in deciding):
-            return CommitResult("noop")
+            return True
         for r in self.ranges:
             if committed[r.tp] is None and r.expected is not None:
                 raise CheckpointLost(
@@ -217,10 +236,15 @@ class TransactionalCommit:
                 raise CheckpointConflict(
                     f"{r.topic}-{r.partition}: group {self.group_id!r} is at {committed[r.tp]}, the plan "
                     f"expected {r.expected} (ends at {r.until}): a concurrent or stale plan")
+        return False
 
-        # 3. Produce, then offsets and manifest into the same transaction, then commit.
-        self._call("begin_transaction", self._producer.begin_transaction)
-        self._begun = time.monotonic()
+    def _produce_records(self, records) -> tuple[int, int]:
+        """Step 3: produce ``records`` into the open transaction and wait until every one is
+        acknowledged (or the first delivery error), before any offset goes in.
+
+        :returns: (records out, dead letters).
+        :raises TransactionFailed: a record could not be produced or delivered (aborted).
+        """
         out = dead = 0
         try:
             for topic, key, value, headers in records:
@@ -241,14 +265,15 @@ class TransactionalCommit:
         except Exception:
             self._abort()
             raise
-        # 3a. Every record acknowledged (or the first delivery error) before offsets go in.
         self._call("flush", lambda: self._flush())
         if self._delivery_error is not None:
             err, where = self._delivery_error
             raise self._failure(f"delivery to {where}", err)
-        fault_point("before_offsets")
-        # 3b. The consumed offsets: the next offset to read is each range's end.
-        # With the commit time in the metadata: the planner refreshes idle checkpoints by it.
+        return out, dead
+
+    def _send_offsets(self) -> None:
+        """Step 3b: the consumed offsets (the next offset to read is each range's end), with the
+        commit time in their metadata (the planner refreshes idle checkpoints by it)."""
         metadata = offset_metadata(planned_ms=self.planned_ms)
         offsets = [TopicPartition(r.topic, r.partition, r.until, metadata) for r in self.ranges]
         if self._group_md is None:
@@ -256,14 +281,6 @@ class TransactionalCommit:
         group_md = self._group_md
         self._call("send_offsets_to_transaction",
                    lambda: self._producer.send_offsets_to_transaction(offsets, group_md, CALL_TIMEOUT_S))
-        # 3c. The manifest record(s), inside the transaction.
-        for topic, key, record in manifest(out, dead):
-            self._produce(topic, key, json.dumps(record, sort_keys=True), None)
-        # 3d. Commit. A retriable failure here is retried by _call; commit is idempotent.
-        fault_point("before_commit")
-        self._call("commit_transaction", lambda: self._producer.commit_transaction(CALL_TIMEOUT_S))
-        fault_point("after_commit")
-        return CommitResult("committed", out, dead)
 
     def open(self) -> None:
         """Steps 1 and 1b, when this commit has no producer yet: a commit used for many

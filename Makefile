@@ -51,7 +51,7 @@ compose-tool:
 
 # The Kafka broker versions docs/versions.md claims: the exactly-once and hung-transaction tests
 # against a broker of each version, started from its own jars (Maven Central) on 127.0.0.1:19400.
-COMPAT_KAFKA ?= 3.3.2 4.1.1
+COMPAT_KAFKA ?= 3.3.2 4.4.0
 
 compat: install jars
 	@rm -f .local/compat/results.txt; failed=0; \

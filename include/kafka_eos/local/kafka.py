@@ -133,8 +133,9 @@ class LocalBroker:
         try:
             extra = json.loads(path.read_text())
         except FileNotFoundError:
-            raise BrokerError(f"no user {user or SUPER_USER!r} on the secured broker ({path} is missing): "
-                              f"`kafka-eos kafka user {user}` makes one") from None
+            how = f"`kafka-eos kafka user {user}` makes one" if user else "`kafka-eos kafka start --secure` makes it"
+            raise BrokerError(f"no user {user or SUPER_USER!r} on the secured broker ({path} is missing): {how}") \
+                from None
         return KafkaSettings(self.bootstrap, extra=extra)
 
     def add_user(self, user: str) -> Path:

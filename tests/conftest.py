@@ -58,18 +58,15 @@ def pytest_configure(config):
 @functools.cache
 def _shared_scope(path: str) -> str | None:
     """The work unit a test module's tests belong to in a parallel session: ``airflow-deployment``
-    for every module on the session's Airflow deployment (one deployment, on one worker),
-    ``secure-broker`` for every module on the secured broker (likewise), the module itself for one
-    with a module-scoped fixture (a Spark or Kafka cluster of its own), else None (each test on
-    its own)."""
+    for every module on the session's Airflow deployment (one deployment, on one worker), the
+    module itself for one with a module-scoped fixture (a Spark or Kafka cluster of its own), else
+    None (each test on its own)."""
     try:
         text = (ROOT / path).read_text()
     except OSError:
         return None
     if "airflow_deployment" in text:
         return "airflow-deployment"
-    if "secure_broker" in text:
-        return "secure-broker"  # one secured broker per session, not one per worker
     return path if 'scope="module"' in text else None
 
 

@@ -218,7 +218,7 @@ def _missing(settings: KafkaSettings, acls: list[Acl]) -> list[Acl]:
 
     missing = []
     for acl in acls:
-        ops = allowed.get((acl.resource_type, name_of(acl) if acl.resource_type != "TOPIC" else acl.name))
+        ops = allowed.get((acl.resource_type, name_of(acl)))
         if ops is not None and acl.operation not in ops:
             missing.append(acl)
     return missing

@@ -8,7 +8,6 @@ fails before it writes anything, naming the permission and the command that gran
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from confluent_kafka.admin import AclBindingFilter, AclOperation, AclPermissionT
 from kafka_eos import acls, kafka_admin
 from kafka_eos.cli import EXIT_FOUND, main
 from kafka_eos.paths import pipelines_dir
+from kafka_eos.readers import read_committed
 from kafka_eos.sample_data import produce_orders
 from kafka_eos.spec import load_spec
 from kafka_eos.topics import create_missing, pipeline_topics
@@ -60,35 +60,20 @@ def new_pipeline(secured, tmp_path: Path, name: str, bundled: str, **sink) -> tu
     return path, spec
 
 
-def grant(secured, spec_path: Path, user: str, role: str = "pipeline") -> list[dict]:
+def grant(monkeypatch, secured, spec_path: Path, user: str, role: str = "pipeline") -> list[dict]:
     """`kafka-eos acls PIPELINE --principal User:user --apply --json`, as the super user; returns
     the ACLs it printed."""
-    code, out = _cli_json(["acls", str(spec_path), "--principal", f"User:{user}", "--role", role, "--apply",
-                           "--json"], secured.admin)
-    assert code == 0
-    return out["acls"]
-
-
-def _cli_json(argv: list[str], settings) -> tuple[int, dict]:
     import contextlib
     import io
-    import os
 
-    env = {"KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "KAFKA_EOS_CLIENT_CONFIG": json.dumps(dict(settings.extra))}
-    old = {k: os.environ.get(k) for k in (*env, "KAFKA_EOS_CLIENT_CONFIG_FILE")}
-    os.environ.update(env)
-    os.environ.pop("KAFKA_EOS_CLIENT_CONFIG_FILE", None)
-    buf = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(buf):
-            code = main(argv)
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    return code, (json.loads(buf.getvalue()) if buf.getvalue().strip() else {})
+    out = io.StringIO()
+    with monkeypatch.context() as m, contextlib.redirect_stdout(out):
+        m.setenv("KAFKA_BOOTSTRAP_SERVERS", secured.bootstrap)
+        m.setenv("KAFKA_EOS_CLIENT_CONFIG", json.dumps(dict(secured.admin.extra)))
+        m.delenv("KAFKA_EOS_CLIENT_CONFIG_FILE", raising=False)
+        code = main(["acls", str(spec_path), "--principal", f"User:{user}", "--role", role, "--apply", "--json"])
+    assert code == 0
+    return json.loads(out.getvalue())["acls"]
 
 
 def end_offsets(settings, topics: list[str]) -> dict:
@@ -103,7 +88,7 @@ def test_both_commit_scopes_a_sql_sink_and_a_stream_run_with_exactly_the_printed
     sql, sql_spec = new_pipeline(secured, tmp_path, f"sql-{unique}", "revenue_per_minute")
     user, settings, config_file = secured.user("etl")
     for path in (per_partition, atomic, sql):
-        printed = grant(secured, path, user)
+        printed = grant(monkeypatch, secured, path, user)
         spec = load_spec(str(path))
         # What was printed is what was created, and it is the computed set.
         assert [(a["resource_type"], a["name"], a["pattern"], a["operation"]) for a in printed] == \
@@ -133,7 +118,7 @@ def test_both_commit_scopes_a_sql_sink_and_a_stream_run_with_exactly_the_printed
     # The watchdog's read-only principal: `txn hanging` names the pipeline's open transaction, and
     # the operator page reads every figure.
     watcher, watch_settings, watch_file = secured.user("watch")
-    grant(secured, per_partition, watcher, role="watchdog")
+    grant(monkeypatch, secured, per_partition, watcher, role="watchdog")
     holder = Producer(secured.admin.client_config(**{"transactional.id": pp_spec.transactional_id(
         pp_spec.source.topics[0], 0), "transaction.timeout.ms": 600000}))
     holder.init_transactions(30)
@@ -161,7 +146,7 @@ def test_both_commit_scopes_a_sql_sink_and_a_stream_run_with_exactly_the_printed
         # The runbook's abort, as the on-call principal with the abort role's set: the pipeline's
         # transactional id is fenced, the partition is readable again, the attempt audited.
         oncall, _settings, oncall_file = secured.user("oncall")
-        grant(secured, per_partition, oncall, role="abort")
+        grant(monkeypatch, secured, per_partition, oncall, role="abort")
         as_principal(monkeypatch, secured, oncall_file)
         start = held[0]["lso"]
         assert main(["txn", "abort", "--topic", pp_spec.source.topics[0], "--partition", "0",
@@ -176,27 +161,8 @@ def test_both_commit_scopes_a_sql_sink_and_a_stream_run_with_exactly_the_printed
 
 
 def _read(settings, topic: str) -> list[bytes]:
-    """Every committed record value of ``topic`` (2 partitions, or 1)."""
-    from confluent_kafka import Consumer, TopicPartition
-    import uuid
-
-    tps = [(topic, p) for p in range(kafka_admin.partitions_of(settings, [topic])[topic])]
-    consumer = Consumer(settings.client_config(**{
-        "group.id": f"test-{uuid.uuid4()}", "enable.auto.commit": False, "isolation.level": "read_committed",
-        "enable.partition.eof": True}))
-    consumer.assign([TopicPartition(t, p, 0) for t, p in tps])
-    out, eof = [], set()
-    deadline = time.monotonic() + 30
-    while len(eof) < len(tps) and time.monotonic() < deadline:
-        msg = consumer.poll(1)
-        if msg is None:
-            continue
-        if msg.error():
-            eof.add(msg.partition())
-            continue
-        out.append(msg.value())
-    consumer.close()
-    return out
+    """Every committed record value of ``topic``."""
+    return [m.value for m in read_committed(settings, topic)]
 
 
 def assert_exactly_once(settings, spec) -> None:
@@ -212,7 +178,7 @@ def test_without_any_one_acl_a_run_fails_before_it_writes_and_names_the_missing_
         secured, tmp_path, unique, monkeypatch, capsys):
     path, spec = new_pipeline(secured, tmp_path, f"minus-{unique}", "orders_enriched")
     user, settings, config_file = secured.user("minus")
-    printed = grant(secured, path, user)
+    printed = grant(monkeypatch, secured, path, user)
     needed = acls.required_acls(spec)
     assert len(printed) == len(needed) == 14
     outputs = [spec.sink.topic, spec.sink.dlq_topic, spec.manifest_topic]

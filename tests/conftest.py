@@ -24,11 +24,6 @@ import pytest
 logging.getLogger("py4j").setLevel(logging.WARNING)
 # Every Spark of the tests (in-process and spark-submit children) stays on loopback.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-# The tests start many short-lived Spark drivers (spark-submit from DAG runs, `kafka-eos run`,
-# streams): the JIT's first tier only and the serial collector start one about 20% sooner
-# (measured: a 10-record `kafka-eos run` 24.7 s -> 19.7 s; the in-process tests take as long).
-# Only spark-class reads it: brokers, and production runs, are not affected.
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,10 +34,17 @@ SHARED_BROKER_ENV = "KAFKA_EOS_TEST_BOOTSTRAP"
 
 
 def pytest_configure(config):
-    """In the controlling process of a parallel session: start the one broker the workers share
-    (each worker starting its own would race for the same port and data folder)."""
+    """In the controlling process of a parallel session (or the one process of a serial one): the
+    JVM settings of every Spark driver the tests start (:mod:`spark_startup`), and the one broker
+    the workers share (each worker starting its own would race for the same port and data folder).
+    The workers, started after this, inherit both through the environment."""
     from kafka_eos.settings import BOOTSTRAP_ENV
 
+    if "SPARK_SUBMIT_OPTS" not in os.environ:
+        from kafka_eos.paths import local_dir
+        from spark_startup import spark_submit_opts
+
+        os.environ["SPARK_SUBMIT_OPTS"] = spark_submit_opts(local_dir() / "spark-cds")
     parallel = bool(getattr(config.option, "numprocesses", None))
     if (not parallel or os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get(BOOTSTRAP_ENV)
             or os.environ.get(SHARED_BROKER_ENV)):

@@ -93,7 +93,7 @@ def checkpoint_record(run_id: str, group_id: str, topic: str, partition: int, of
 
 
 def plan_record(plan: Plan) -> dict:
-    return {"status": PLANNED, "plan": json.loads(plan.to_json()), "updated_at": now_iso()}
+    return {"status": PLANNED, "plan": plan.as_dict(), "updated_at": now_iso()}
 
 
 def now_iso() -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Collection, Mapping
 
@@ -81,8 +81,14 @@ class Plan:
     def is_empty(self) -> bool:
         return not self.active
 
+    def as_dict(self) -> dict:
+        """The plan as plain JSON values (what :meth:`to_json` writes). Built field by field: the
+        manifest writes one per run, and ``dataclasses.asdict``'s deep copy costs ten times more."""
+        return {**vars(self), "ranges": [dict(vars(r)) for r in self.ranges],
+                "skipped": [dict(vars(s)) for s in self.skipped]}
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        return json.dumps(self.as_dict(), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str, where: str = "plan") -> "Plan":

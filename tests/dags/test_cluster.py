@@ -10,6 +10,7 @@ per_partition transaction, and what happened to the executor that was killed mid
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from pathlib import Path
 from types import SimpleNamespace
@@ -45,24 +46,26 @@ def spark_cluster(tmp_path_factory, free_ports):
 @pytest.fixture
 def on_cluster(monkeypatch, airflow_db, kafka_connection, spark_cluster, tmp_path):
     """``spark_default`` points at the cluster; every application logs its events under
-    ``events`` (a ``spark-defaults.conf`` in ``SPARK_CONF_DIR``, which ``spark_defaults(extra)``
-    rewrites with extra settings)."""
+    ``events`` (Spark settings as ``-Dspark.…`` system properties of the driver, which SparkConf
+    reads like a ``spark-defaults.conf``; ``spark_defaults(extra)`` sets them again with extra
+    settings). Not a ``SPARK_CONF_DIR``: it would change the driver's class path, and the drivers
+    would start without the session's class-data archive (tests/spark_startup.py)."""
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({
         "conn_type": "spark", "host": "spark://127.0.0.1", "port": spark_cluster.port}))
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")  # the driver, in the task's spark-submit
-    conf_dir, events = tmp_path / "spark-conf", tmp_path / "events"
-    conf_dir.mkdir()
+    events = tmp_path / "events"
     events.mkdir()
+    jvm_opts = os.environ.get("SPARK_SUBMIT_OPTS", "")
 
     def spark_defaults(extra: dict[str, str] | None = None) -> None:
         conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": events.as_uri(),
                 "spark.eventLog.compress": "false",
                 # One file per application (Spark 4 rolls event logs into a folder by default).
                 "spark.eventLog.rolling.enabled": "false", **(extra or {})}
-        (conf_dir / "spark-defaults.conf").write_text("".join(f"{k} {v}\n" for k, v in conf.items()))
+        assert not any(" " in f"{k}{v}" for k, v in conf.items()), "SPARK_SUBMIT_OPTS is split on spaces"
+        monkeypatch.setenv("SPARK_SUBMIT_OPTS", " ".join([jvm_opts, *(f"-D{k}={v}" for k, v in conf.items())]))
 
     spark_defaults()
-    monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
     return SimpleNamespace(events=events, spark_defaults=spark_defaults, cluster=spark_cluster)
 
 

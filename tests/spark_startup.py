@@ -96,7 +96,11 @@ def class_data_archive(folder: Path) -> Path | None:
 
 def spark_submit_opts(folder: Path) -> str:
     """``SPARK_SUBMIT_OPTS`` for the session's Spark drivers (the archive's, where it can be made)."""
-    archive = class_data_archive(folder)
+    try:
+        archive = class_data_archive(folder)
+    except Exception as exc:  # noqa: BLE001 - no jars yet, no pyspark: the drivers just start slower
+        print(f"spark class-data archive not made ({exc}); Spark drivers start without it", file=sys.stderr)
+        archive = None
     if archive is None:
         return BASE_OPTS
     # -Xlog:cds=off: a driver whose class path differs from the probe's says nothing, starts without it.

@@ -18,6 +18,7 @@ from confluent_kafka import Producer
 from test_backfill import _wait
 from test_dag_runs import MALFORMED, VALID_ORDERS, produce_orders, read_committed
 from test_sensors import SENSOR_DAG
+from waiting import wait_until
 
 from kafka_eos import kafka_admin
 
@@ -123,7 +124,15 @@ def test_the_hung_transaction_sensor_defers_to_the_real_triggerer(airflow_deploy
     run = _trigger_and_wait(airflow, dag_id, {})
 
     assert run["state"] == "failed" and _task_states(airflow, dag_id, run) == {"watch": "failed"}
-    log = _log(airflow, dag_id, run, "watch").splitlines()
+
+    def resumed_and_failed():
+        # The run's state can turn failed a moment before the resumed task's last lines reach its
+        # log (seen once in a loaded run): wait for them.
+        log = _log(airflow, dag_id, run, "watch").splitlines()
+        fired = log.index("Trigger fired event") if "Trigger fired event" in log else len(log)
+        return log if any(line.startswith("HungTransactionsFound: ") for line in log[fired:]) else None
+
+    log = wait_until("the resumed task's failure in its log", resumed_and_failed, 60, every_s=1.0)
     # The task handed its wait to the triggerer, whose trigger fired; the task resumed and failed
     # naming the open transaction.
     deferred = log.index("Pausing task as DEFERRED.")

@@ -56,12 +56,15 @@ def on_cluster(monkeypatch, airflow_db, kafka_connection, spark_cluster, tmp_pat
     events = tmp_path / "events"
     events.mkdir()
     jvm_opts = os.environ.get("SPARK_SUBMIT_OPTS", "")
+    # The executors the workers launch have the drivers' class path: the same archive serves them.
+    archive = [o for o in jvm_opts.split() if o.startswith("-XX:SharedArchiveFile=")]
 
     def spark_defaults(extra: dict[str, str] | None = None) -> None:
         conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": events.as_uri(),
                 "spark.eventLog.compress": "false",
                 # One file per application (Spark 4 rolls event logs into a folder by default).
-                "spark.eventLog.rolling.enabled": "false", **(extra or {})}
+                "spark.eventLog.rolling.enabled": "false",
+                **({"spark.executor.extraJavaOptions": archive[0]} if archive else {}), **(extra or {})}
         assert not any(" " in f"{k}{v}" for k, v in conf.items()), "SPARK_SUBMIT_OPTS is split on spaces"
         monkeypatch.setenv("SPARK_SUBMIT_OPTS", " ".join([jvm_opts, *(f"-D{k}={v}" for k, v in conf.items())]))
 

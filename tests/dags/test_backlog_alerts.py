@@ -188,11 +188,13 @@ def test_a_plan_that_skips_deleted_records_alerts_and_goes_on(run_dag, kafka_set
     assert f"<b>{topic}-0</b>: offsets [2, 6) were deleted by retention before they were read" in _html(mail)
 
 
-def _events(trigger, seconds: float, meanwhile=None, expect: int | None = None, timeout_s: float = 60.0) -> list[dict]:
+def _events(trigger, seconds: float, meanwhile=None, expect: int | None = None, timeout_s: float = 60.0,
+            before_meanwhile: int = 0) -> list[dict]:
     """The events a long-running trigger yields: ``meanwhile()`` runs (off the event loop) after
-    the first third of ``seconds``; then, with ``expect``, it watches until that many events came
-    (at most ``timeout_s``: a loaded machine makes each look slower); then for the rest of
-    ``seconds``, in which nothing more may come."""
+    the first third of ``seconds`` and once ``before_meanwhile`` events came (a loaded machine can
+    make the trigger's first look later than that third); then, with ``expect``, it watches until
+    that many events came (at most ``timeout_s``: a loaded machine makes each look slower); then
+    for the rest of ``seconds``, in which nothing more may come."""
 
     async def collect():
         found: list[dict] = []
@@ -203,6 +205,9 @@ def _events(trigger, seconds: float, meanwhile=None, expect: int | None = None, 
 
         task = asyncio.create_task(watch())
         await asyncio.sleep(seconds / 3)
+        deadline = time.monotonic() + timeout_s
+        while len(found) < before_meanwhile and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
         if meanwhile is not None:
             await asyncio.to_thread(meanwhile)
         deadline = time.monotonic() + timeout_s
@@ -245,7 +250,8 @@ def test_the_asset_watcher_fires_on_committed_records_only_once_per_new_lso(kafk
         assert len(events) == 1, events
         ((row,),) = [e["partitions"] for e in events]
         assert (row["partition"], row["checkpoint"], row["lso"]) == (1, None, 5)
-    events = _events(trigger, 4.5, meanwhile=lambda: _produce(kafka_settings, topic, 1, 2), expect=2)
+    events = _events(trigger, 4.5, meanwhile=lambda: _produce(kafka_settings, topic, 1, 2), expect=2,
+                     before_meanwhile=1)
     assert [e["partitions"][0]["lso"] for e in events] == [5, 7]
     assert kafka_admin.committed_offsets(kafka_settings, groups[0], [(topic, 0), (topic, 1)]) == before
     assert [g for g in kafka_admin.admin_client(kafka_settings).list_consumer_groups().result().valid

@@ -15,7 +15,7 @@ demo: install jars
 
 # Three workers (pytest-xdist) on two cores: sampled over a whole run, two workers left the CPU
 # idle 29% of the time (tests waiting on a broker, a JVM, Airflow's scheduler, a timeout); three
-# keep it 86% busy. They share one broker; the tests on the Airflow deployment, and those of a
+# keep it 82-86% busy. They share one broker; the tests on the Airflow deployment, and those of a
 # module with a cluster of its own, each stay on one worker (tests/conftest.py).
 TEST_WORKERS ?= 3
 

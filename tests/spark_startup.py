@@ -73,7 +73,7 @@ def class_data_archive(folder: Path) -> Path | None:
         return archive
     folder.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="spark-cds-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="probe-", dir=folder) as tmp:  # os.replace stays on one filesystem
         probe, partial = Path(tmp) / "probe.py", Path(tmp) / "spark.jsa"
         probe.write_text(_PROBE)
         env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,

@@ -203,16 +203,18 @@ def _events(trigger, seconds: float, meanwhile=None, expect: int | None = None, 
             async for event in trigger.run():
                 found.append(event.payload)
 
+        async def until(count: int) -> None:
+            deadline = time.monotonic() + timeout_s
+            while len(found) < count and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+
         task = asyncio.create_task(watch())
         await asyncio.sleep(seconds / 3)
-        deadline = time.monotonic() + timeout_s
-        while len(found) < before_meanwhile and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
+        await until(before_meanwhile)
         if meanwhile is not None:
             await asyncio.to_thread(meanwhile)
-        deadline = time.monotonic() + timeout_s
-        while expect is not None and len(found) < expect and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
+        if expect is not None:
+            await until(expect)
         await asyncio.sleep(seconds * 2 / 3)
         task.cancel()
         return found

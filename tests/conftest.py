@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from shared_servers import last_test_using
+
 
 # py4j logs "Closing down clientserver connection" from __del__ at interpreter exit, after
 # pytest closed its streams ("--- Logging error ---"); that INFO line is of no use in tests.
@@ -60,8 +62,8 @@ def pytest_configure(config):
 @functools.cache
 def _shared_scope(path: str) -> str | None:
     """The work unit a test module's tests belong to in a parallel session: ``airflow-deployment``
-    for every module on the session's Airflow deployment (one deployment, on one worker), the
-    module itself for one with a module-scoped fixture (a Spark or Kafka cluster of its own), else
+    for every module on the session's Airflow deployment (one deployment, on one worker),
+    ``secure-broker`` for every module on the secured broker (likewise), the module itself for one with a module-scoped fixture (a Spark or Kafka cluster of its own), else
     None (each test on its own)."""
     try:
         text = (ROOT / path).read_text()
@@ -69,6 +71,8 @@ def _shared_scope(path: str) -> str | None:
         return None
     if "airflow_deployment" in text:
         return "airflow-deployment"
+    if "secure_broker" in text:
+        return "secure-broker"  # one secured broker per session (not one per worker), stopped early
     return path if 'scope="module"' in text else None
 
 
@@ -286,6 +290,15 @@ class SecureBroker:
         name = f"{prefix}-{uuid.uuid4().hex[:8]}"
         path = self.broker.add_user(name)
         return name, self.broker.settings(name), path
+
+
+@pytest.fixture(autouse=True)
+def _secure_broker_stops_after_its_last_test(request):
+    """An idle secured broker costs some 5% of a core; it stops after the session's last test on it
+    (the fixture's own stop at the session's end then finds nothing running)."""
+    yield
+    if "secure_broker" in request.fixturenames and last_test_using(request, "secure_broker"):
+        request.getfixturevalue("secure_broker").broker.stop()
 
 
 @pytest.fixture(scope="session")

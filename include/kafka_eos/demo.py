@@ -9,6 +9,7 @@ a read_committed view of the outputs. Exit 0 only when every check passed.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -33,6 +34,9 @@ from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec, load_spec
 
 PIPELINES = ("orders_enriched", "revenue_per_minute")
+#: How long the reset waits for each admin answer. A cold broker creates and loads its offsets
+#: topic on the first group request; on a loaded machine that once took more than 30 s.
+RESET_TIMEOUT_S = 120
 #: Partitions of the demo's topics: enough for per_partition scope to show one transaction each.
 PARTITIONS = {"orders": 3, "orders.enriched": 3, "orders.dlq": 1, "orders.backfill": 3}
 #: Orders of the first and the second (incremental) batch.
@@ -95,18 +99,18 @@ def reset(settings: KafkaSettings, specs: list[PipelineSpec]) -> None:
     ``KAFKA_EOS_SQL_URL``, its table and rows there): each demo starts clean."""
     admin = kafka_admin.admin_client(settings)
     groups = [s.source.group_id for s in specs]
-    for fut in admin.delete_consumer_groups(groups).values():
+    for group, fut in admin.delete_consumer_groups(groups).items():
         try:
-            fut.result(30)
+            _answer(fut, f"deleting consumer group {group}", settings)
         except KafkaException:
             pass  # no such group yet
     for spec in specs:  # a deliberate fresh start: the manifest forgets the old checkpoints too
         ManifestStore.of(spec, settings).forget_checkpoints()
-    existing = set(admin.list_topics(timeout=30).topics)
+    existing = set(admin.list_topics(timeout=RESET_TIMEOUT_S).topics)
     doomed = [t for t in PARTITIONS if t in existing]
     if doomed:
-        for fut in admin.delete_topics(doomed).values():
-            fut.result(30)
+        for topic, fut in admin.delete_topics(doomed).items():
+            _answer(fut, f"deleting topic {topic}", settings)
     deadline = time.monotonic() + 60
     while True:  # a deleted topic's name is free again once its deletion completes
         try:
@@ -125,6 +129,14 @@ def reset(settings: KafkaSettings, specs: list[PipelineSpec]) -> None:
             from kafka_eos.sinks.sql import SqlSink
 
             SqlSink(spec).forget()
+
+
+def _answer(future: concurrent.futures.Future, what: str, settings: KafkaSettings):
+    """An admin call's result, waited for up to RESET_TIMEOUT_S; no answer is a one-line error."""
+    try:
+        return future.result(RESET_TIMEOUT_S)
+    except concurrent.futures.TimeoutError:
+        raise KafkaEosError(f"{what} on {settings.bootstrap_servers}: no answer within {RESET_TIMEOUT_S} s") from None
 
 
 def run_dag(spec: PipelineSpec, env: dict[str, str]) -> float:

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from shared_servers import last_test_using
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DAGS_DIR = PROJECT_ROOT / "dags"
 PLUGINS_DIR = PROJECT_ROOT / "plugins"
@@ -210,22 +212,11 @@ def _deployment_left_quiet(request):
     for run in airflow.api("GET", "/api/v2/dags/~/dagRuns?state=running&state=queued&limit=1000")["dag_runs"]:
         run_id = urllib.parse.quote(run["dag_run_id"], safe="")
         airflow.api("PATCH", f"/api/v2/dags/{run['dag_id']}/dagRuns/{run_id}", {"state": "failed"})
-    _DEPLOYMENT_TESTS_DONE.add(request.node.nodeid)
-    if _deployment_tests(request.session) <= _DEPLOYMENT_TESTS_DONE:
+    if last_test_using(request, "airflow_deployment"):
         # The session's last test on the deployment: its four components would otherwise go on
         # polling (some 7% of a core) for the rest of the session. The fixture's own stop at the
         # session's end then finds nothing running.
         airflow.stop()
-
-
-#: The tests on the deployment that have run in this process.
-_DEPLOYMENT_TESTS_DONE: set[str] = set()
-
-
-def _deployment_tests(session) -> set[str]:
-    """The session's tests (as selected) that use the deployment. In a parallel session they all
-    run on one worker, one after the other (tests/conftest.py's scheduler)."""
-    return {item.nodeid for item in session.items if "airflow_deployment" in getattr(item, "fixturenames", ())}
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -18,8 +18,8 @@ def test_resolved_or_named_jars_are_used_as_they_are(tmp_path, monkeypatch):
     monkeypatch.setenv("KAFKA_EOS_HOME", str(tmp_path))
     jars = tmp_path / "jars" / "spark"
     jars.mkdir(parents=True)
-    for name in ("spark-sql-kafka-0-10_2.13-4.1.1.jar", "kafka-clients-3.9.1.jar"):
+    for name in ("spark-sql-kafka-0-10_2.13-4.2.0.jar", "kafka-clients-3.9.2.jar"):
         (jars / name).write_bytes(b"")
-    assert connector_conf({}) == {"spark.jars": f"{jars / 'kafka-clients-3.9.1.jar'},"
-                                                f"{jars / 'spark-sql-kafka-0-10_2.13-4.1.1.jar'}"}
+    assert connector_conf({}) == {"spark.jars": f"{jars / 'kafka-clients-3.9.2.jar'},"
+                                                f"{jars / 'spark-sql-kafka-0-10_2.13-4.2.0.jar'}"}
     assert connector_conf({SPARK_JARS_ENV: "/a.jar,/b.jar"}) == {"spark.jars": "/a.jar,/b.jar"}

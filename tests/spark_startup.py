@@ -90,6 +90,8 @@ def class_data_archive(folder: Path) -> Path | None:
             print(f"spark class-data archive not made ({reason}); Spark drivers start without it", file=sys.stderr)
             return None
         os.replace(partial, archive)  # atomic: a concurrent session sees a whole archive or none
+    for stale in set(folder.glob("spark-*.jsa")) - {archive}:  # another JDK's or pyspark's: ~150 MB each
+        stale.unlink(missing_ok=True)  # a driver mapping it now keeps its mapping
     print(f"spark class-data archive made in {time.monotonic() - started:.0f}s: {archive}", file=sys.stderr)
     return archive
 

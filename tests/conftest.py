@@ -63,8 +63,9 @@ def pytest_configure(config):
 def _shared_scope(path: str) -> str | None:
     """The work unit a test module's tests belong to in a parallel session: ``airflow-deployment``
     for every module on the session's Airflow deployment (one deployment, on one worker),
-    ``secure-broker`` for every module on the secured broker (likewise), the module itself for one with a module-scoped fixture (a Spark or Kafka cluster of its own), else
-    None (each test on its own)."""
+    ``secure-broker`` for every module on the secured broker (likewise), the module itself for one
+    with a module-scoped fixture (a Spark or Kafka cluster of its own), else None (each test on
+    its own)."""
     try:
         text = (ROOT / path).read_text()
     except OSError:

@@ -177,6 +177,14 @@ def _trigger(airflow, args) -> int:
     print(f"{args.dag_id}: run {run['dag_run_id']} {run['state']}: "
           + ", ".join(f"{t['task_id']} {t['state']}" for t in tasks)
           + (f"; {run['note']}" if run.get("note") else ""))
+    # Unpausing lets the scheduler start the DAG's latest scheduled run at the same moment; when
+    # that run committed the records, this one found nothing new: say so, with what it committed.
+    triggered = datetime.fromisoformat(run["run_after"])  # a manual run's: when it was triggered
+    for other in airflow.api("GET", f"/api/v2/dags/{args.dag_id}/dagRuns?limit=100")["dag_runs"]:
+        ended = other.get("end_date")
+        if other["dag_run_id"] != run["dag_run_id"] and (ended is None or datetime.fromisoformat(ended) >= triggered):
+            print(f"{args.dag_id}: meanwhile run {other['dag_run_id']} {other['state']}"
+                  + (f"; {other['note']}" if other.get("note") else ""))
     return 0 if run["state"] == "success" else EXIT_ERROR
 
 

@@ -2,7 +2,8 @@
 outside the repository, with the wheel built from this checkout and the pinned requirements in a
 fresh virtualenv, against the session's broker. Then what the guide promises is checked: the
 pipeline's output holds every valid record once and the bad one as a dead letter, the checkpoint
-is at the source's end, and the installed Airflow lists the provider, its plugin and the DAGs.
+is at the source's end, and the guide's Airflow, still running before its last block stops it,
+shows the provider, its plugin and the DAGs through the REST API its UI reads.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from pathlib import Path
 import pytest
 
 from kafka_eos import kafka_admin
+from kafka_eos.local.airflow import LocalAirflow
 from kafka_eos.readers import read_committed
+from waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -29,13 +32,17 @@ GUIDE = ROOT / "docs" / "first-pipeline.md"
 #: What the guide creates on the cluster (removed first: the names are the guide's, not the test's).
 TOPICS = ["clicks.in", "clicks.out", "clicks.dlq", "clicks.backfill", "kafka-eos.manifest.clicks"]
 GROUP = "kafka-eos.clicks"
+#: The guide's blocks take 3-5 minutes (a fresh virtualenv, a DAG run under a scheduler).
+GUIDE_TIMEOUT_S = 2400
+#: What the guide's shell prints before its last block, to wait there.
+PAUSE = "== paused before the last block"
 
 
-def guide_script() -> str:
+def guide_blocks() -> list[str]:
     """The guide's ``bash`` blocks, in order."""
     blocks = re.findall(r"^```bash\n(.*?)^```", GUIDE.read_text(), flags=re.S | re.M)
     assert blocks, f"{GUIDE}: no bash blocks"
-    return "\n".join(blocks)
+    return blocks
 
 
 def _clean_environ(home: Path, bootstrap: str, port: int) -> dict[str, str]:
@@ -76,21 +83,47 @@ def test_the_first_pipeline_guide_runs_as_written(tmp_path_factory, kafka_settin
     _forget_the_guides_pipeline(kafka_settings)
     env = _clean_environ(state, kafka_settings.bootstrap_servers, free_ports(1))
 
+    *blocks, last = guide_blocks()
+    assert last.strip() == "kafka-eos airflow stop", last
+    # One shell runs every block in order; before the last (which stops the guide's Airflow) it
+    # waits on its stdin while the test looks at what the UI shows.
+    out_file, err_file = work / "guide.out", work / "guide.err"
+    with open(out_file, "w") as out, open(err_file, "w") as err:
+        script = "\n".join([*blocks, f"echo '{PAUSE}'", "read -r _", last])
+        shell = subprocess.Popen(["bash", "-euo", "pipefail", "-c", script], cwd=project, env=env,
+                                 stdin=subprocess.PIPE, stdout=out, stderr=err, text=True)
     try:
-        done = subprocess.run(["bash", "-euo", "pipefail", "-c", guide_script()], cwd=project, env=env,
-                              capture_output=True, text=True, timeout=2400)
+        def paused():
+            if shell.poll() is not None:
+                raise AssertionError(f"exit {shell.returncode}\n{out_file.read_text()[-4000:]}\n{err_file.read_text()[-4000:]}")
+            return PAUSE in out_file.read_text()
+
+        wait_until("the guide's blocks before the last", paused, GUIDE_TIMEOUT_S, every_s=1.0)
+        # What the guide's Airflow UI shows (its pages read the same REST API): the provider, its
+        # plugin, and the DAGs of ./pipelines made by the installed wheel.
+        ui = LocalAirflow(state / "airflow", int(env["KAFKA_EOS_AIRFLOW_PORT"]), state / "airflow" / "dags")
+        assert "kafka-eos" in {p["package_name"] for p in ui.api("GET", "/api/v2/providers?limit=1000")["providers"]}
+        assert "kafka_eos" in {p["name"] for p in ui.api("GET", "/api/v2/plugins?limit=1000")["plugins"]}
+        dags = {d["dag_id"] for d in ui.api("GET", "/api/v2/dags?limit=1000")["dags"]}
+        assert {"kafka_eos__clicks", "kafka_eos_stream__clicks", "kafka_eos_watchdog",
+                "kafka_eos_runbook_abort_transaction"} <= dags, dags
+        shell.communicate("\n", timeout=120)  # the last block: airflow stop
     finally:
+        if shell.poll() is None:
+            shell.kill()
         if (project / "venv" / "bin" / "kafka-eos").exists():
             subprocess.run([str(project / "venv" / "bin" / "kafka-eos"), "airflow", "stop"], cwd=project, env=env,
                            capture_output=True, timeout=120)
-    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
-    print(done.stdout)
+    stdout = out_file.read_text()
+    assert shell.returncode == 0, f"exit {shell.returncode}\n{stdout[-4000:]}\n{err_file.read_text()[-4000:]}"
+    assert stdout.rstrip().endswith(f"{PAUSE}\nstopped"), stdout[-1000:]
+    print(stdout)
 
     # The guide's run: committed once, through the scheduler (by the triggered run, or by the
     # scheduled one the unpausing started at the same moment: `trigger` prints both notes).
-    assert re.search(r"kafka_eos__clicks: run \S+ success: plan success, spark success, verify success", done.stdout), \
-        done.stdout[-3000:]
-    assert len(re.findall(r"committed: 21 in, 20 out, 1 dead-lettered in ", done.stdout)) == 1, done.stdout[-3000:]
+    assert re.search(r"kafka_eos__clicks: run \S+ success: plan success, spark success, verify success", stdout), \
+        stdout[-3000:]
+    assert len(re.findall(r"committed: 21 in, 20 out, 1 dead-lettered in ", stdout)) == 1, stdout[-3000:]
     out = Counter(json.loads(m.value)["id"] for m in read_committed(kafka_settings, "clicks.out"))
     assert out == Counter(f"c{i}" for i in range(20))
     assert [m.value for m in read_committed(kafka_settings, "clicks.dlq")] == [b"not json"]
@@ -98,24 +131,3 @@ def test_the_first_pipeline_guide_runs_as_written(tmp_path_factory, kafka_settin
     lso = kafka_admin.partition_offsets(kafka_settings, tps)
     assert kafka_admin.committed_offsets(kafka_settings, GROUP, tps) == {tp: lso[tp].lso for tp in tps}
 
-    # The installed Airflow knows the provider, its plugin and the DAGs of ./pipelines.
-    airflow_env = {**env, "AIRFLOW_HOME": str(state / "airflow"), "KAFKA_EOS_PIPELINES_DIR": str(project / "pipelines")}
-    venv_bin = project / "venv" / "bin"
-
-    def airflow(*args: str):
-        res = subprocess.run([str(venv_bin / "airflow"), *args, "-o", "json"], cwd=project, env=airflow_env,
-                             capture_output=True, text=True, timeout=300, check=True)
-        # The JSON list is the output's last line that parses as one; log lines may come before it.
-        for line in reversed(res.stdout.splitlines()):
-            if line.startswith("["):
-                try:
-                    return json.loads(line)
-                except ValueError:
-                    continue
-        raise AssertionError(f"airflow {' '.join(args)}: no JSON list in {res.stdout[-2000:]!r}")
-
-    assert "kafka-eos" in {p["package_name"] for p in airflow("providers", "list")}
-    assert "kafka_eos" in {p["name"] for p in airflow("plugins")}
-    dags = {d["dag_id"] for d in airflow("dags", "list")}
-    assert {"kafka_eos__clicks", "kafka_eos_stream__clicks", "kafka_eos_watchdog",
-            "kafka_eos_runbook_abort_transaction"} <= dags, dags

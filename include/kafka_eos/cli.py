@@ -182,9 +182,10 @@ def _trigger(airflow, args) -> int:
     triggered = datetime.fromisoformat(run["run_after"])  # a manual run's: when it was triggered
     for other in airflow.api("GET", f"/api/v2/dags/{args.dag_id}/dagRuns?limit=100")["dag_runs"]:
         ended = other.get("end_date")
-        if other["dag_run_id"] != run["dag_run_id"] and (ended is None or datetime.fromisoformat(ended) >= triggered):
-            print(f"{args.dag_id}: meanwhile run {other['dag_run_id']} {other['state']}"
-                  + (f"; {other['note']}" if other.get("note") else ""))
+        if other["dag_run_id"] == run["dag_run_id"] or (ended and datetime.fromisoformat(ended) < triggered):
+            continue  # this run, or one that ended before it was triggered
+        print(f"{args.dag_id}: meanwhile run {other['dag_run_id']} {other['state']}"
+              + (f"; {other['note']}" if other.get("note") else ""))
     return 0 if run["state"] == "success" else EXIT_ERROR
 
 

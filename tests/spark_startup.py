@@ -61,10 +61,11 @@ def _digest(connector_jars: list[str]) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def class_data_archive(folder: Path) -> Path | None:
+def class_data_archive(folder: Path) -> Path:
     """The archive for this JDK and pyspark under ``folder``, made by a probe spark-submit when
-    there is none yet. None (and a line on stderr) if it cannot be made: the tests then start
-    their drivers without it, only slower."""
+    there is none yet.
+
+    :raises RuntimeError: the probe failed or timed out (its exit and the end of its stderr)."""
     from kafka_eos.spark_io import connector_jars
 
     jars = connector_jars()
@@ -86,9 +87,7 @@ def class_data_archive(folder: Path) -> Path | None:
         except subprocess.TimeoutExpired:
             done = None
         if done is None or done.returncode != 0 or not partial.exists():
-            reason = "timed out" if done is None else f"exit {done.returncode}: {done.stderr.strip()[-300:]}"
-            print(f"spark class-data archive not made ({reason}); Spark drivers start without it", file=sys.stderr)
-            return None
+            raise RuntimeError("timed out" if done is None else f"exit {done.returncode}: {done.stderr.strip()[-300:]}")
         os.replace(partial, archive)  # atomic: a concurrent session sees a whole archive or none
     for stale in set(folder.glob("spark-*.jsa")) - {archive}:  # another JDK's or pyspark's: ~150 MB each
         stale.unlink(missing_ok=True)  # a driver mapping it now keeps its mapping
@@ -100,10 +99,8 @@ def spark_submit_opts(folder: Path) -> str:
     """``SPARK_SUBMIT_OPTS`` for the session's Spark drivers (the archive's, where it can be made)."""
     try:
         archive = class_data_archive(folder)
-    except Exception as exc:  # noqa: BLE001 - no jars yet, no pyspark: the drivers just start slower
+    except Exception as exc:  # noqa: BLE001 - the probe failed, no jars yet, no pyspark: only slower
         print(f"spark class-data archive not made ({exc}); Spark drivers start without it", file=sys.stderr)
-        archive = None
-    if archive is None:
         return BASE_OPTS
     # -Xlog:cds=off: a driver whose class path differs from the probe's says nothing, starts without it.
     return f"{BASE_OPTS} -XX:SharedArchiveFile={archive} -Xlog:cds=off -Xlog:cds+dynamic=off"

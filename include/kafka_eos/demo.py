@@ -9,7 +9,6 @@ a read_committed view of the outputs. Exit 0 only when every check passed.
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import os
 import subprocess
@@ -21,10 +20,9 @@ from datetime import datetime, timezone
 from decimal import Decimal
 from pathlib import Path
 
-from confluent_kafka import KafkaException
 
 from kafka_eos import kafka_admin
-from kafka_eos.errors import KafkaEosError
+from kafka_eos.errors import BrokerError, BrokerUnreachable, KafkaEosError
 from kafka_eos.local.kafka import LocalBroker
 from kafka_eos.manifest import ManifestStore
 from kafka_eos.paths import PROJECT_ROOT, local_dir
@@ -101,8 +99,11 @@ def reset(settings: KafkaSettings, specs: list[PipelineSpec]) -> None:
     groups = [s.source.group_id for s in specs]
     for group, fut in admin.delete_consumer_groups(groups).items():
         try:
-            _answer(fut, f"deleting consumer group {group}", settings)
-        except KafkaException:
+            kafka_admin.admin_result(fut, f"deleting consumer group {group} on {settings.bootstrap_servers}",
+                                     RESET_TIMEOUT_S)
+        except BrokerUnreachable:
+            raise
+        except BrokerError:
             pass  # no such group yet
     for spec in specs:  # a deliberate fresh start: the manifest forgets the old checkpoints too
         ManifestStore.of(spec, settings).forget_checkpoints()
@@ -110,7 +111,7 @@ def reset(settings: KafkaSettings, specs: list[PipelineSpec]) -> None:
     doomed = [t for t in PARTITIONS if t in existing]
     if doomed:
         for topic, fut in admin.delete_topics(doomed).items():
-            _answer(fut, f"deleting topic {topic}", settings)
+            kafka_admin.admin_result(fut, f"deleting topic {topic} on {settings.bootstrap_servers}", RESET_TIMEOUT_S)
     deadline = time.monotonic() + 60
     while True:  # a deleted topic's name is free again once its deletion completes
         try:
@@ -129,14 +130,6 @@ def reset(settings: KafkaSettings, specs: list[PipelineSpec]) -> None:
             from kafka_eos.sinks.sql import SqlSink
 
             SqlSink(spec).forget()
-
-
-def _answer(future: concurrent.futures.Future, what: str, settings: KafkaSettings):
-    """An admin call's result, waited for up to RESET_TIMEOUT_S; no answer is a one-line error."""
-    try:
-        return future.result(RESET_TIMEOUT_S)
-    except concurrent.futures.TimeoutError:
-        raise KafkaEosError(f"{what} on {settings.bootstrap_servers}: no answer within {RESET_TIMEOUT_S} s") from None
 
 
 def run_dag(spec: PipelineSpec, env: dict[str, str]) -> float:

@@ -14,6 +14,8 @@ fresh client is right at once. So each retry starts from a fresh client.
 
 from __future__ import annotations
 
+import concurrent.futures
+
 import logging
 import re
 import time
@@ -69,12 +71,19 @@ def is_transient(exc: BaseException) -> bool:
         cause.args[0].retriable() or cause.args[0].name() in TRANSIENT_ERRORS)
 
 
-def _result(future, what: str):
+def admin_result(future, what: str, timeout_s: float = ADMIN_TIMEOUT_S):
+    """An admin call's result, waited for up to ``timeout_s``.
+
+    :raises BrokerError: the call failed, naming ``what`` and Kafka's error.
+    :raises BrokerUnreachable: no answer in time, naming ``what`` and the wait.
+    """
     try:
-        return future.result(timeout=ADMIN_TIMEOUT_S)
+        return future.result(timeout=timeout_s)
     except KafkaException as exc:
         err = exc.args[0]
         raise BrokerError(f"{what}: {err.name()} ({err.str()})") from exc
+    except concurrent.futures.TimeoutError:
+        raise BrokerUnreachable(f"{what}: no answer within {timeout_s:g} s") from None
 
 
 def retrying(call: Callable[[], T], timeout_s: float = ADMIN_TIMEOUT_S) -> T:
@@ -190,7 +199,7 @@ def set_topic_config(settings: KafkaSettings, topic: str, config: Mapping[str, s
     resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
         ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in config.items()])
     admin = admin_client(settings)
-    _result(admin.incremental_alter_configs([resource])[resource], f"setting {', '.join(config)} of topic {topic!r}")
+    admin_result(admin.incremental_alter_configs([resource])[resource], f"setting {', '.join(config)} of topic {topic!r}")
 
 
 def create_topics(settings: KafkaSettings, topics: Mapping[str, int], config: Mapping[str, str] | None = None) -> None:
@@ -246,7 +255,7 @@ def partition_offsets(settings: KafkaSettings, tps: Iterable[TP],
             client, given = (given if given is not None else admin_client(settings)), None
             futs = client.list_offsets({TopicPartition(t, p): spec for t, p in tps}, isolation_level=isolation,
                                       request_timeout=ADMIN_TIMEOUT_S)
-            return {(tp.topic, tp.partition): _result(f, f"list_offsets {tp.topic}-{tp.partition}").offset
+            return {(tp.topic, tp.partition): admin_result(f, f"list_offsets {tp.topic}-{tp.partition}").offset
                     for tp, f in futs.items()}
 
         return retrying(once)

@@ -143,7 +143,9 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
             status, out, dead = res.status, res.records_out, res.dead_letters
             counts = {r.tp: (tally[(r.tp, "out")], tally[(r.tp, "dead")]) for r in plan.active}
         else:
-            per = kafka_sink.write_per_partition(results, spec, plan, settings)
+            from kafka_eos.sinks import per_partition
+
+            per = per_partition.write(results, spec, plan, settings)
             counts = {tp: (r.records_out, r.dead_letters) for tp, r in per.items()}
             out = sum(r.records_out for r in per.values())
             dead = sum(r.dead_letters for r in per.values())

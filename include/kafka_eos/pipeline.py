@@ -199,7 +199,7 @@ def refresh_checkpoints(spec: PipelineSpec, settings: KafkaSettings, *, every: b
 
         atomic_commit(spec, plan, settings).run([])
     else:
-        from kafka_eos.sinks.kafka import commit_rowless
+        from kafka_eos.sinks.per_partition import commit_rowless
 
         commit_rowless(spec, plan, settings, plan.ranges)
     log.info("%s: refreshed the checkpoints of %s", spec.name, ", ".join(f"{t}-{p}" for t, p in due))

@@ -23,7 +23,7 @@ from kafka_eos import kafka_admin
 from kafka_eos.local.spark import LocalSparkCluster
 from kafka_eos.manifest import ManifestStore
 from kafka_eos.sample_data import produce_orders
-from kafka_eos.sinks.kafka import COMMIT_JOB
+from kafka_eos.sinks.per_partition import COMMIT_JOB
 
 pytestmark = pytest.mark.integration
 

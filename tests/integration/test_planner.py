@@ -145,7 +145,7 @@ def test_a_retry_replans_when_retention_deleted_part_of_its_stored_range(kafka_s
 def test_starting_latest_survives_a_partly_committed_first_run(spark, kafka_settings, make_spec):
     """Before: the first run committed partition 0 only; the next plan took partition 1 for a
     partition added later and read it from its log start: the history `latest` was to skip."""
-    from kafka_eos.sinks.kafka import commit_partition
+    from kafka_eos.sinks.per_partition import commit_partition
 
     spec = make_spec("identity", "kafka", "per_partition", partitions=2, source={"starting_offsets": "latest"})
     topic = spec.source.topics[0]

@@ -1,6 +1,10 @@
-"""per_partition scope refuses transforms that shuffle; a Kafka sink refuses a bad output shape."""
+"""per_partition scope: one pass where Spark's lineage proves one source partition per task, two
+passes where it does not; transforms that shuffle, split or relabel partitions are refused without
+loss; a Kafka sink refuses a bad output shape."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -73,13 +77,52 @@ def test_per_partition_rejects_a_union_that_splits_partitions_across_tasks(spark
     assert set(offsets.values()) == {None}
 
 
-def test_per_partition_decides_which_task_holds_which_partition_before_any_commit(
-        spark, kafka_settings, make_spec, transforms_module):
-    """Before: the first task committed partition 0, the others found it committed and dropped
-    their rows, and the error came after that commit."""
-    from kafka_eos import kafka_admin
+def _values_by_partition(settings, topic: str) -> dict[int, list[bytes]]:
     from kafka_eos.readers import read_committed
 
+    out: dict[int, list[bytes]] = {}
+    for m in read_committed(settings, topic):
+        out.setdefault(m.partition, []).append(m.value)
+    return out
+
+
+def test_per_partition_in_one_pass_a_task_whose_rows_claim_another_partition_commits_nothing(
+        spark, kafka_settings, make_spec, transforms_module):
+    """One pass (the lineage proves which task reads which partition): the tasks of partitions 1
+    and 2 find rows claiming partition 0 and abort their transactions; partition 0's task holds
+    its own rows and commits them, once. Nothing is lost: 1 and 2 stay where they were."""
+    from kafka_eos import kafka_admin
+    from kafka_eos.batch import transformed
+    from kafka_eos.readers import read_committed
+    from kafka_eos.sinks import batches, per_partition
+
+    spec = make_spec(f"{transforms_module}:relabelled", "kafka", "per_partition")
+    src = spec.source.topics[0]
+    produce_orders(kafka_settings, src, 60, abort_every=0, malformed_every=0)
+    plan = prepare_plan(spec, kafka_settings, "r1")
+    assert sum(1 for r in plan.active if not r.empty) == 3
+    _source, output, _dead = transformed(spark, spec, plan, kafka_settings)
+    assert per_partition.lineage_owner(batches.prepared(output), plan) is not None  # one pass
+    with pytest.raises(SpecError, match=rf"puts rows of {src}-0 in the Spark task of {src}-[12]; .*keeps topic "
+                                        rf"and partition.*committed by their own transactions: {src}-0$"):
+        run_batch(spark, spec, plan, kafka_settings)
+    ends = {r.tp: r.until for r in plan.ranges}
+    offsets = kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, list(ends))
+    assert offsets == {(src, 0): ends[(src, 0)], (src, 1): None, (src, 2): None}
+    source = _values_by_partition(kafka_settings, src)
+    assert sorted(m.value for m in read_committed(kafka_settings, spec.sink.topic)) == sorted(source[0])
+
+
+def test_per_partition_in_two_passes_decides_which_task_holds_which_partition_before_any_commit(
+        spark, kafka_settings, make_spec, transforms_module, monkeypatch):
+    """Where the lineage proves nothing, the cached output is scanned first. Before the scan: the
+    first task committed partition 0, the others found it committed and dropped their rows, and
+    the error came after that commit."""
+    from kafka_eos import kafka_admin
+    from kafka_eos.readers import read_committed
+    from kafka_eos.sinks import per_partition
+
+    monkeypatch.setattr(per_partition, "lineage_owner", lambda df, plan: None)
     spec = make_spec(f"{transforms_module}:relabelled", "kafka", "per_partition")
     produce_orders(kafka_settings, spec.source.topics[0], 60, abort_every=0, malformed_every=0)
     plan = prepare_plan(spec, kafka_settings, "r1")
@@ -89,6 +132,73 @@ def test_per_partition_decides_which_task_holds_which_partition_before_any_commi
     offsets = kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [r.tp for r in plan.ranges])
     assert set(offsets.values()) == {None}
     assert read_committed(kafka_settings, spec.sink.topic) == []
+
+
+def _jobs_of(spark, group: str, run) -> int:
+    """How many Spark jobs ``run()`` started (under a job group of its own)."""
+    sc = spark.sparkContext
+    sc.setJobGroup(group, group)
+    try:
+        run()
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    return len(sc.statusTracker().getJobIdsForGroup(group))
+
+
+@pytest.mark.parametrize("one_pass", [True, False])
+def test_per_partition_reads_and_commits_in_one_spark_job_where_the_lineage_proves_the_tasks(
+        spark, kafka_settings, make_spec, monkeypatch, unique, one_pass):
+    """A row-wise transform's run is one Spark job: each task opens its partition's transaction,
+    produces as it reads and transforms, and commits; no cache, no scan. Where the lineage proves
+    nothing, two jobs (the scan, then the commit). Both exactly once."""
+    from kafka_eos import kafka_admin
+    from kafka_eos.readers import read_committed
+    from kafka_eos.sinks import per_partition
+
+    if not one_pass:
+        monkeypatch.setattr(per_partition, "lineage_owner", lambda df, plan: None)
+    spec = make_spec("spark_apps.transforms.orders:enrich", "kafka", "per_partition", partitions=4)
+    src = spec.source.topics[0]
+    truth = produce_orders(kafka_settings, src, 200, abort_every=3, malformed_every=13)
+    plan = prepare_plan(spec, kafka_settings, "r1")
+    summaries = []
+    jobs = _jobs_of(spark, unique, lambda: summaries.append(run_batch(spark, spec, plan, kafka_settings)))
+    assert jobs == (1 if one_pass else 2)
+    (summary,) = summaries
+    assert (summary.status, summary.records_out, summary.dead_letters) == (
+        "committed", len(truth.committed), truth.malformed)
+    out = [json.loads(m.value)["order_id"] for m in read_committed(kafka_settings, spec.sink.topic)]
+    assert sorted(out) == sorted(o["order_id"] for o in truth.committed)
+    assert len(read_committed(kafka_settings, spec.sink.dlq_topic)) == truth.malformed
+    ends = {r.tp: r.until for r in plan.ranges}
+    assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, list(ends)) == ends
+
+
+def test_the_lineage_proves_one_partition_per_task_only_for_one_to_one_steps(
+        spark, kafka_settings, make_spec, transforms_module):
+    """The proof names each task's partition for a row-wise transform, and proves nothing for a
+    union (a partition's rows in two tasks) or a read split into several tasks per partition."""
+    from kafka_eos.batch import transformed
+    from kafka_eos.sinks import batches
+    from kafka_eos.sinks.per_partition import lineage_owner
+    from kafka_eos.spark_io import read_ranges
+
+    spec = make_spec("spark_apps.transforms.orders:enrich", "kafka", "per_partition")
+    produce_orders(kafka_settings, spec.source.topics[0], 90, abort_every=0, malformed_every=0)
+    plan = prepare_plan(spec, kafka_settings, "r1")
+    _source, output, _dead = transformed(spark, spec, plan, kafka_settings)
+    owner = lineage_owner(batches.prepared(output), plan)
+    assert owner is not None and sorted(owner.values()) == sorted(r.tp for r in plan.active if not r.empty)
+    assert len(owner) == batches.prepared(output).rdd.getNumPartitions()
+
+    union = make_spec(f"{transforms_module}:unioned", "kafka", "per_partition")
+    produce_orders(kafka_settings, union.source.topics[0], 90, abort_every=0, malformed_every=0)
+    union_plan = prepare_plan(union, kafka_settings, "r1")
+    _source, unioned, _dead = transformed(spark, union, union_plan, kafka_settings)
+    assert lineage_owner(batches.prepared(unioned), union_plan) is None
+
+    split = read_ranges(spark, kafka_settings, plan.active, max_records_per_task=10)
+    assert lineage_owner(split, plan) is None
 
 
 def test_plan_of_a_sql_pipeline_creates_nothing(kafka_settings, make_spec, tmp_path):

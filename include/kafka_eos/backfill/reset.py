@@ -38,7 +38,8 @@ def reset_checkpoint(spec: PipelineSpec, settings: KafkaSettings, targets: dict[
     :raises CheckpointConflict: a run committed between reading the checkpoint and the reset.
     :raises TransactionFailed: the reset transaction failed; nothing moved.
     """
-    from kafka_eos.sinks.kafka import atomic_commit, partition_commit
+    from kafka_eos.sinks.kafka import atomic_commit
+    from kafka_eos.sinks.per_partition import partition_commit
 
     before, _drift = checkpoints(spec, settings, sorted(targets))
     plan = Plan(spec.name, run_id, tuple(PartitionRange(t, p, offset, offset, before[(t, p)])

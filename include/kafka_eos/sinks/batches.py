@@ -44,10 +44,14 @@ def prepared(df: "DataFrame") -> "DataFrame":
                      F.col("offset").cast("long").alias("offset"), F.col(DLQ_REASON).cast("string").alias(DLQ_REASON))
 
 
-def no_dead_letter_topic(spec: PipelineSpec, topic: str, partition: int, offset: int, reason: str) -> DeadLetterWithoutTopic:
+def no_dead_letter_topic(spec: PipelineSpec, topic: str, partition: int, offset: int, reason: str,
+                         outcome: str = "its transaction was aborted") -> DeadLetterWithoutTopic:
+    """The one-line error of a dead letter a sink without ``dlq_topic`` cannot write.
+
+    :param outcome: what became of the work it was part of."""
     return DeadLetterWithoutTopic(
         f"{topic}-{partition} offset {offset}: dead letter ({reason}) but {spec.path} has no sink.dlq_topic: "
-        "nothing of this batch was committed; set sink.dlq_topic or fix the record")
+        f"{outcome}; set sink.dlq_topic or fix the record")
 
 
 def first_dead_letter(batch: "pa.RecordBatch") -> dict | None:

@@ -1,0 +1,314 @@
+"""The ``per_partition`` commit scope of a Kafka sink: one transaction per source partition, on the
+executors, under that partition's own transactional.id (docs/architecture.md, "Commit protocol").
+
+:func:`write` takes a run through these steps:
+
+1. Before anything commits, the output's shape: no Exchange in its plan (a shuffle mixes source
+   partitions), and which Spark task holds which source partition. Where Spark's own lineage
+   proves it (:func:`lineage_owner`: every step from the output back to the Kafka read keeps
+   task *i*'s rows in task *i*, and each read task holds one whole planned range) the run takes
+   **one pass**; otherwise the output is cached and scanned first (**two passes**,
+   :func:`task_sources`), which also finds a dead letter without a dead-letter topic before any
+   commit.
+2. One transaction per task (:func:`commit_partition`, the steps of :mod:`kafka_eos.txn`). In one
+   pass the task opens its transaction before its rows are read, produces while Spark reads and
+   transforms, and commits at its end, as Kafka Streams and Flink's two-phase sink do; the
+   transaction (and the partition's LSO) is then open for the task's whole time. A task whose
+   rows break the scope's rules (a row of another source partition, a dead letter and no
+   dead-letter topic) aborts its transaction and reports a refusal instead of committing.
+3. A refusal fails the run with one line naming the partition and the rule (the partitions of
+   other tasks may have committed: each partition is its own unit of work).
+4. Offsets-only transactions, from the driver, for planned partitions no task held (empty ranges;
+   in two passes also a task whose rows were all filtered out).
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+
+from kafka_eos.errors import DeadLetterWithoutTopic, SpecError
+from kafka_eos.manifest import COMMITTED, partition_key
+from kafka_eos.kafka_admin import TP
+from kafka_eos.plan import PartitionRange, Plan
+from kafka_eos.settings import KafkaSettings
+from kafka_eos.sinks import batches
+from kafka_eos.sinks.kafka import checkpoint_records, committed_record
+from kafka_eos.spec import PipelineSpec
+from kafka_eos.transforms import DLQ_REASON
+from kafka_eos.txn import CommitResult, TransactionalCommit
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+#: Job descriptions of the per_partition jobs (Spark's UI and event log show them per job).
+SCAN_JOB = "kafka-eos: which source partition each task holds"
+COMMIT_JOB = "kafka-eos: one transaction per source partition"
+
+#: A task's status when its rows broke the scope's rules: its transaction was aborted.
+REFUSED = "refused"
+#: Offsets-only transactions committed at once from the driver (each waits on the broker).
+ROWLESS_COMMITS_AT_ONCE = 8
+
+#: Spark's classes the lineage proof walks through (see :func:`lineage_owner`).
+_ONE_TO_ONE = "org.apache.spark.OneToOneDependency"
+_KAFKA_READ = "org.apache.spark.sql.kafka010.KafkaSourceRDD"
+
+#: What the scan of each Spark task returns (:func:`task_sources`).
+_SCAN_SCHEMA = "task int, topics array<string>, partitions array<int>, dead string"
+#: What each commit task returns: its partition, how its transaction ended, and for a refusal why.
+_COMMIT_SCHEMA = ("topic string, partition int, status string, records_out long, dead_letters long, "
+                  "refusal string, reason string")
+
+
+class _Refused(Exception):
+    """Raised inside a task's records: the rows break the scope's rules (its transaction aborts)."""
+
+
+def partition_commit(spec: PipelineSpec, r: PartitionRange, settings: KafkaSettings,
+                     planned_ms: int | None = None) -> TransactionalCommit:
+    """The transaction of one source partition, under its own transactional.id; it also fences
+    the group-level id (an atomic attempt of the same work).
+
+    :param planned_ms: when the range's plan was made (:attr:`Plan.planned_ms`)."""
+    return TransactionalCommit(settings, spec.transactional_id(r.topic, r.partition), spec.source.group_id, [r],
+                               spec.sink.dlq_topic, fences=[spec.transactional_id()],
+                               timeout_ms=spec.sink.transaction_timeout_s * 1000, planned_ms=planned_ms)
+
+
+def commit_partition(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
+                     r: PartitionRange, rows: Iterable["pa.RecordBatch"]) -> CommitResult:
+    """The transaction of one source partition (on an executor, or on the driver when the
+    partition produced no rows at all).
+
+    :param rows: the partition's rows, as Arrow record batches of :func:`batches.prepared` columns.
+    """
+    commit = partition_commit(spec, r, settings, plan.planned_ms)
+
+    def manifest(out: int, dead: int):
+        record = {**committed_record(out, dead), "from": r.from_offset, "until": r.until}
+        return [(spec.manifest_topic, partition_key(plan.pipeline, plan.run_id, r.topic, r.partition), record),
+                *checkpoint_records(spec, plan, [r])]
+
+    return commit.run(batches.records(rows, spec), manifest)
+
+
+def check_no_shuffle(df: "DataFrame", spec: PipelineSpec) -> None:
+    """Step 1: the transform must not shuffle.
+
+    :raises SpecError: an Exchange in the physical plan.
+    """
+    physical = df._jdf.queryExecution().executedPlan().toString()
+    if "Exchange" in physical:
+        raise SpecError(f"{spec.path}: transform: {spec.transform} shuffles (an Exchange in its plan); "
+                        "per_partition scope needs a row-wise transform: use commit: atomic")
+
+
+def lineage_owner(df: "DataFrame", plan: Plan) -> dict[int, TP] | None:
+    """Step 1, one pass: which source partition each Spark task of ``df`` holds, proven from the
+    lineage of the RDD Spark runs for it, before any task runs; None where it cannot be proven.
+
+    The proof: every dependency from ``df``'s RDD back to the Kafka read is one-to-one (task *i*'s
+    rows come from read task *i* only: no union, no coalesce, no shuffle), and the read's tasks
+    hold the plan's non-empty ranges exactly, one whole range each. Spark builds the read's tasks
+    from the same ranges each time the plan runs, so the task that commits reads what was checked
+    here; each task still checks its rows' ``topic`` and ``partition`` as they stream.
+    """
+    try:
+        rdd = df._jdf.queryExecution().toRdd()
+        while rdd.getClass().getName() != _KAFKA_READ:
+            dependencies = rdd.dependencies()
+            if dependencies.size() != 1 or dependencies.head().getClass().getName() != _ONE_TO_ONE:
+                return None
+            rdd = dependencies.head().rdd()
+        read = {}
+        for task in rdd.partitions():
+            offsets = task.offsetRange()
+            tp = (offsets.topicPartition().topic(), offsets.topicPartition().partition())
+            read[task.index()] = (tp, offsets.fromOffset(), offsets.untilOffset())
+    except Exception:  # noqa: BLE001 - no JVM DataFrame (Spark Connect), another reader: not proven
+        return None
+    planned = {r.tp: (r.from_offset, r.until) for r in plan.active if not r.empty}
+    if sorted(tp for tp, _f, _u in read.values()) != sorted(planned) or \
+            any(planned[tp] != (f, u) for tp, f, u in read.values()):
+        return None  # a range split over tasks (or not read as planned): the scan decides
+    return {index: tp for index, (tp, _f, _u) in read.items()}
+
+
+def task_sources(df: "DataFrame", spec: PipelineSpec, plan: Plan) -> tuple[dict[int, TP], dict | None]:
+    """Step 1, two passes: which source partition each Spark task of ``df`` holds, and, for a sink
+    without ``dlq_topic``, the first dead letter (None when there is none), from a scan of ``df``.
+
+    :param df: :func:`batches.prepared` columns, cached (the commit pass reads them again).
+    :raises SpecError: more or fewer tasks than source ranges, a task holds rows of two source
+        partitions, or a source partition's rows are in two tasks (a union, a join that moved
+        rows): the scope needs one task per partition.
+    """
+    need_dead_letter = spec.sink.dlq_topic is None
+
+    def scan(arrow_batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        tps, dead = set(), None
+        for batch in arrow_batches:
+            tps |= batches.source_partitions(batch)
+            if need_dead_letter and dead is None:
+                dead = batches.first_dead_letter(batch)
+        ordered = sorted(tps)
+        yield pa.RecordBatch.from_pydict({
+            "task": [TaskContext.get().partitionId()], "topics": [[t for t, _ in ordered]],
+            "partitions": [[p for _, p in ordered]], "dead": [json.dumps(dead) if dead else None]},
+            schema=pa.schema([("task", pa.int32()), ("topics", pa.list_(pa.string())),
+                              ("partitions", pa.list_(pa.int32())), ("dead", pa.string())]))
+
+    owner: dict[int, TP] = {}
+    first_dead = None
+    with _job_description(df, SCAN_JOB):
+        scanned = df.mapInArrow(scan, _SCAN_SCHEMA).collect()  # one row per task
+    _one_task_per_partition(len(scanned), spec, plan)
+    for row in scanned:
+        tps = list(zip(row["topics"], row["partitions"]))
+        first_dead = first_dead or (json.loads(row["dead"]) if row["dead"] else None)
+        if len(tps) > 1:
+            raise SpecError(f"{spec.path}: transform: {spec.transform} puts rows of "
+                            f"{', '.join(f'{t}-{p}' for t, p in tps)} in one Spark task; per_partition scope "
+                            "needs a row-wise transform: use commit: atomic")
+        if tps:
+            owner[row["task"]] = tps[0]
+    if len(set(owner.values())) < len(owner):
+        twice = sorted({tp for tp in owner.values() if list(owner.values()).count(tp) > 1})
+        raise SpecError(f"{spec.path}: transform: rows of {', '.join(f'{t}-{p}' for t, p in twice)} are in two "
+                        f"Spark tasks; per_partition scope needs a row-wise transform: use commit: atomic")
+    return owner, first_dead
+
+
+def _one_task_per_partition(tasks: int, spec: PipelineSpec, plan: Plan) -> None:
+    """Each source partition's rows must be in exactly one Spark task. A union (no Exchange) puts
+    a partition's rows in two tasks; the second would find the range committed by the first and
+    drop its rows.
+
+    :raises SpecError: the output has more or fewer Spark partitions than source ranges.
+    """
+    ranges = sum(1 for r in plan.active if not r.empty)
+    if tasks != ranges:
+        raise SpecError(f"{spec.path}: transform: {spec.transform} turns {ranges} source partitions into {tasks} "
+                        "Spark partitions (a union?); per_partition scope needs one task per source "
+                        "partition: use commit: atomic")
+
+
+def _commit_task(spec: PipelineSpec, plan: Plan, settings: KafkaSettings, owner: dict[int, TP], one_pass: bool):
+    """Step 2: the ``mapInArrow`` function of the commit job; one transaction per task."""
+    ranges = {r.tp: r for r in plan.active}
+
+    def run(arrow_batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        index = TaskContext.get().partitionId()
+        if index not in owner:
+            return  # two passes: no rows when scanned; the driver commits its partition offsets-only
+        r = ranges[owner[index]]
+
+        def checked(arrow_batches):
+            # One pass: the first look at the rows. Two passes: read again from the cache, or
+            # recomputed if an executor lost it. Either way, a row of another partition stops the
+            # task before it commits.
+            for batch in arrow_batches:
+                for t, p in sorted(batches.source_partitions(batch) - {r.tp}):
+                    raise _Refused(
+                        f"{spec.path}: transform: {spec.transform} puts rows of {t}-{p} in the Spark task of "
+                        f"{r.topic}-{r.partition}; per_partition scope needs a row-wise transform that keeps "
+                        f"topic and partition: use commit: atomic" if one_pass else
+                        f"rows of {t}-{p} in the task of {r.topic}-{r.partition}: the transform is not deterministic")
+                yield batch
+
+        refusal = reason = None
+        try:
+            res = commit_partition(spec, plan, settings, r, checked(arrow_batches))
+        except (_Refused, DeadLetterWithoutTopic) as exc:  # the transaction was aborted
+            res = CommitResult(REFUSED)
+            refusal, reason = type(exc).__name__, str(exc)
+        yield pa.RecordBatch.from_pydict(
+            {"topic": [r.topic], "partition": [r.partition], "status": [res.status],
+             "records_out": [res.records_out], "dead_letters": [res.dead_letters],
+             "refusal": [refusal], "reason": [reason]},
+            schema=pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("status", pa.string()),
+                              ("records_out", pa.int64()), ("dead_letters", pa.int64()),
+                              ("refusal", pa.string()), ("reason", pa.string())]))
+
+    return run
+
+
+def write(df: "DataFrame | None", spec: PipelineSpec, plan: Plan,
+          settings: KafkaSettings) -> dict[TP, CommitResult]:
+    """Commit ``plan`` in per_partition scope (the module's steps).
+
+    :param df: the transform's output, or None when every planned range is empty.
+    :raises SpecError: the transform shuffles or does not keep one source partition per task.
+    :raises DeadLetterWithoutTopic: a dead letter and no ``sink.dlq_topic``.
+    """
+    from pyspark import StorageLevel
+
+    results: dict[TP, CommitResult] = {}
+    if df is not None:
+        df = batches.prepared(df)
+        check_no_shuffle(df, spec)  # 1. no shuffle,
+        owner = lineage_owner(df, plan)  # 1. and one source partition per task, proven: one pass
+        one_pass = owner is not None
+        if not one_pass:
+            df = df.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            if not one_pass:  # 1. or found by a scan of the cached output: two passes
+                owner, dead = task_sources(df, spec, plan)
+                if dead is not None:
+                    raise batches.no_dead_letter_topic(spec, dead["topic"], dead["partition"], dead["offset"],
+                                                       dead[DLQ_REASON], "no partition of this run was committed")
+            with _job_description(df, COMMIT_JOB):  # 2. a transaction per task
+                committed = df.mapInArrow(_commit_task(spec, plan, settings, owner, one_pass), _COMMIT_SCHEMA).collect()
+        finally:
+            if not one_pass:
+                df.unpersist()
+        _raise_refusal(committed, spec)  # 3. a task refused: the run fails
+        for row in committed:
+            results[(row["topic"], row["partition"])] = CommitResult(row["status"], row["records_out"],
+                                                                     row["dead_letters"])
+    # 4. offsets-only transactions for the partitions no task held
+    results.update(commit_rowless(spec, plan, settings, [r for r in plan.active if r.tp not in results]))
+    return results
+
+
+def _raise_refusal(rows: list, spec: PipelineSpec) -> None:
+    """Step 3: the first refusal as its error, saying which partitions of the run did commit."""
+    refused = sorted((r for r in rows if r["status"] == REFUSED), key=lambda r: (r["topic"], r["partition"]))
+    if not refused:
+        return
+    done = sorted(f"{r['topic']}-{r['partition']}" for r in rows if r["status"] == COMMITTED)
+    others = "; ".join(f"{r['topic']}-{r['partition']}" for r in refused[1:])
+    text = (f"{refused[0]['reason']}{f' (refused too: {others})' if others else ''}; committed by their own "
+            f"transactions: {', '.join(done) if done else 'no partition of this run'}")
+    raise (DeadLetterWithoutTopic if refused[0]["refusal"] == DeadLetterWithoutTopic.__name__ else SpecError)(text)
+
+
+def commit_rowless(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
+                   ranges: Sequence[PartitionRange]) -> dict[TP, CommitResult]:
+    """The offsets-only transactions of ``ranges`` (partitions with no rows: empty ranges, idle
+    checkpoints committed again), each under its partition's own id, several at a time."""
+    if len(ranges) <= 1:
+        return {r.tp: commit_partition(spec, plan, settings, r, ()) for r in ranges}
+    with ThreadPoolExecutor(min(ROWLESS_COMMITS_AT_ONCE, len(ranges)), thread_name_prefix="kafka-eos-rowless") as pool:
+        done = pool.map(lambda r: commit_partition(spec, plan, settings, r, ()), ranges)
+        return {r.tp: result for r, result in zip(ranges, done)}
+
+
+@contextmanager
+def _job_description(df: "DataFrame", description: str):
+    sc = df.sparkSession.sparkContext
+    sc.setJobDescription(description)
+    try:
+        yield
+    finally:
+        sc.setJobDescription(None)

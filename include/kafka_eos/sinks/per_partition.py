@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from kafka_eos.errors import DeadLetterWithoutTopic, SpecError
-from kafka_eos.manifest import COMMITTED, partition_key
+from kafka_eos.manifest import COMMITTED, NOOP, partition_key
 from kafka_eos.kafka_admin import TP
 from kafka_eos.plan import PartitionRange, Plan
 from kafka_eos.settings import KafkaSettings
@@ -272,7 +272,7 @@ def write(df: "DataFrame | None", spec: PipelineSpec, plan: Plan,
         finally:
             if not one_pass:
                 df.unpersist()
-        _raise_refusal(committed, spec)  # 3. a task refused: the run fails
+        _raise_refusal(committed)  # 3. a task refused: the run fails
         for row in committed:
             results[(row["topic"], row["partition"])] = CommitResult(row["status"], row["records_out"],
                                                                      row["dead_letters"])
@@ -281,12 +281,13 @@ def write(df: "DataFrame | None", spec: PipelineSpec, plan: Plan,
     return results
 
 
-def _raise_refusal(rows: list, spec: PipelineSpec) -> None:
-    """Step 3: the first refusal as its error, saying which partitions of the run did commit."""
+def _raise_refusal(rows: list) -> None:
+    """Step 3: the first refusal as its error, saying which partitions of the run are committed
+    (by this attempt, or by an earlier one)."""
     refused = sorted((r for r in rows if r["status"] == REFUSED), key=lambda r: (r["topic"], r["partition"]))
     if not refused:
         return
-    done = sorted(f"{r['topic']}-{r['partition']}" for r in rows if r["status"] == COMMITTED)
+    done = sorted(f"{r['topic']}-{r['partition']}" for r in rows if r["status"] in (COMMITTED, NOOP))
     others = "; ".join(f"{r['topic']}-{r['partition']}" for r in refused[1:])
     text = (f"{refused[0]['reason']}{f' (refused too: {others})' if others else ''}; committed by their own "
             f"transactions: {', '.join(done) if done else 'no partition of this run'}")

@@ -13,9 +13,10 @@ executors, under that partition's own transactional.id (docs/architecture.md, "C
 2. One transaction per task (:func:`commit_partition`, the steps of :mod:`kafka_eos.txn`). In one
    pass the task opens its transaction before its rows are read, produces while Spark reads and
    transforms, and commits at its end, as Kafka Streams and Flink's two-phase sink do; the
-   transaction (and the partition's LSO) is then open for the task's whole time. A task whose
-   rows break the scope's rules (a row of another source partition, a dead letter and no
-   dead-letter topic) aborts its transaction and reports a refusal instead of committing.
+   transaction (and so the LSO of the output partitions it writes) is then open for the task's
+   whole time. A task whose rows break the scope's rules (a row of another source partition, a
+   dead letter and no dead-letter topic) aborts its transaction and reports a refusal instead of
+   committing.
 3. A refusal fails the run with one line naming the partition and the rule (the partitions of
    other tasks may have committed: each partition is its own unit of work).
 4. Offsets-only transactions, from the driver, for planned partitions no task held (empty ranges;

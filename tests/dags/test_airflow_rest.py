@@ -125,21 +125,37 @@ def test_the_hung_transaction_sensor_defers_to_the_real_triggerer(airflow_deploy
 
     assert run["state"] == "failed" and _task_states(airflow, dag_id, run) == {"watch": "failed"}
 
+    seen: list[str] = []
+
     def resumed_and_failed():
         # The run's state can turn failed a moment before the resumed task's last lines reach its
         # log (seen once in a loaded run): wait for them.
-        log = _log(airflow, dag_id, run, "watch").splitlines()
-        fired = log.index("Trigger fired event") if "Trigger fired event" in log else len(log)
-        return log if any(line.startswith("HungTransactionsFound: ") for line in log[fired:]) else None
+        seen[:] = log = _log(airflow, dag_id, run, "watch").splitlines()
+        deferred = log.index("Pausing task as DEFERRED.") if "Pausing task as DEFERRED." in log else len(log)
+        return log if any(line.startswith("HungTransactionsFound: ") for line in log[deferred:]) else None
 
-    log = wait_until("the resumed task's failure in its log", resumed_and_failed, 60, every_s=1.0)
+    try:
+        log = wait_until("the resumed task's failure in its log", resumed_and_failed, 60, every_s=1.0)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the log served last:\n" + "\n".join(seen)) from None
     # The task handed its wait to the triggerer, whose trigger fired; the task resumed and failed
     # naming the open transaction.
     deferred = log.index("Pausing task as DEFERRED.")
-    fired = log.index("Trigger fired event")
-    assert any(line.startswith(f"trigger {dag_id}/{run['dag_run_id']}/watch/") and line.endswith("starting")
-               for line in log[deferred:fired]), log
-    (failure,) = [line for line in log[fired:] if line.startswith("HungTransactionsFound: ")]
+    (failure,) = [line for line in log[deferred:] if line.startswith("HungTransactionsFound: ")]
+    resumed = log.index(failure)
+    started = [i for i, line in enumerate(log) if line.startswith(f"trigger {dag_id}/{run['dag_run_id']}/watch/")
+               and line.endswith("starting")]
+    if started:
+        # The triggerer's part of the task's log (its file beside the task's): the trigger started
+        # after the deferral and fired before the task resumed.
+        assert deferred < started[0] < log.index("Trigger fired event") < resumed, log
+    else:
+        # Seen once in five full runs: the log the API served had no triggerer's part (the task's
+        # own lines all there). The triggerer's process log then shows this trigger's work: the
+        # health client's lookup of the stranger's transactional id, which only the trigger makes.
+        triggerer = (airflow.home / "triggerer.log").read_text()
+        assert f"Coordinator for TRANSACTION/{txid} is" in triggerer, "\n".join(log)
+        print("the task log served had no triggerer's part:\n" + "\n".join(log))
     assert f"{held}-0: LSO 1 < HW 2 (1 offsets waiting), held for " in failure
     assert f"transactional.id {txid}" in failure
     print(failure)

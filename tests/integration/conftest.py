@@ -50,6 +50,15 @@ def transforms_from(tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def two_passes(monkeypatch):
+    """per_partition scope as where Spark's lineage proves nothing: the output is cached and
+    scanned before any partition commits (kafka_eos.sinks.per_partition, step 1)."""
+    from kafka_eos.sinks import per_partition
+
+    monkeypatch.setattr(per_partition, "lineage_owner", lambda df, plan: None)
+
+
+@pytest.fixture
 def private_broker(tmp_path, free_ports):
     """``private_broker(**settings)``: a broker of this test's own (cold, under tmp_path, on free
     ports), with broker settings of its own; stopped at the end of the test."""

@@ -21,12 +21,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.quick]
 
 @pytest.mark.parametrize("commit", ["atomic", "per_partition-two-passes"])
 def test_dead_letter_without_dlq_topic_fails_the_batch_and_commits_nothing(spark, kafka_settings, make_spec,
-                                                                          commit, monkeypatch):
+                                                                          commit, request):
     if commit == "per_partition-two-passes":
-        # Where the lineage proves nothing, the scan finds the dead letter before any commit.
-        from kafka_eos.sinks import per_partition
-
-        monkeypatch.setattr(per_partition, "lineage_owner", lambda df, plan: None)
+        request.getfixturevalue("two_passes")  # the scan finds the dead letter before any commit
     spec = make_spec("spark_apps.transforms.orders:enrich", "kafka", commit.split("-")[0], dlq_topic=None)
     assert spec.sink.dlq_topic is None
     produce_orders(kafka_settings, spec.source.topics[0], 120, abort_every=0, malformed_every=17)

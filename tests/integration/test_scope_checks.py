@@ -77,15 +77,6 @@ def test_per_partition_rejects_a_union_that_splits_partitions_across_tasks(spark
     assert set(offsets.values()) == {None}
 
 
-def _values_by_partition(settings, topic: str) -> dict[int, list[bytes]]:
-    from kafka_eos.readers import read_committed
-
-    out: dict[int, list[bytes]] = {}
-    for m in read_committed(settings, topic):
-        out.setdefault(m.partition, []).append(m.value)
-    return out
-
-
 def test_per_partition_in_one_pass_a_task_whose_rows_claim_another_partition_commits_nothing(
         spark, kafka_settings, make_spec, transforms_module):
     """One pass (the lineage proves which task reads which partition): the tasks of partitions 1
@@ -109,20 +100,17 @@ def test_per_partition_in_one_pass_a_task_whose_rows_claim_another_partition_com
     ends = {r.tp: r.until for r in plan.ranges}
     offsets = kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, list(ends))
     assert offsets == {(src, 0): ends[(src, 0)], (src, 1): None, (src, 2): None}
-    source = _values_by_partition(kafka_settings, src)
-    assert sorted(m.value for m in read_committed(kafka_settings, spec.sink.topic)) == sorted(source[0])
+    source_0 = [m.value for m in read_committed(kafka_settings, src) if m.partition == 0]
+    assert sorted(m.value for m in read_committed(kafka_settings, spec.sink.topic)) == sorted(source_0)
 
 
 def test_per_partition_in_two_passes_decides_which_task_holds_which_partition_before_any_commit(
-        spark, kafka_settings, make_spec, transforms_module, monkeypatch):
+        spark, kafka_settings, make_spec, transforms_module, two_passes):
     """Where the lineage proves nothing, the cached output is scanned first. Before the scan: the
     first task committed partition 0, the others found it committed and dropped their rows, and
     the error came after that commit."""
     from kafka_eos import kafka_admin
     from kafka_eos.readers import read_committed
-    from kafka_eos.sinks import per_partition
-
-    monkeypatch.setattr(per_partition, "lineage_owner", lambda df, plan: None)
     spec = make_spec(f"{transforms_module}:relabelled", "kafka", "per_partition")
     produce_orders(kafka_settings, spec.source.topics[0], 60, abort_every=0, malformed_every=0)
     plan = prepare_plan(spec, kafka_settings, "r1")
@@ -147,16 +135,15 @@ def _jobs_of(spark, group: str, run) -> int:
 
 @pytest.mark.parametrize("one_pass", [True, False])
 def test_per_partition_reads_and_commits_in_one_spark_job_where_the_lineage_proves_the_tasks(
-        spark, kafka_settings, make_spec, monkeypatch, unique, one_pass):
+        spark, kafka_settings, make_spec, request, unique, one_pass):
     """A row-wise transform's run is one Spark job: each task opens its partition's transaction,
     produces as it reads and transforms, and commits; no cache, no scan. Where the lineage proves
     nothing, two jobs (the scan, then the commit). Both exactly once."""
     from kafka_eos import kafka_admin
     from kafka_eos.readers import read_committed
-    from kafka_eos.sinks import per_partition
 
     if not one_pass:
-        monkeypatch.setattr(per_partition, "lineage_owner", lambda df, plan: None)
+        request.getfixturevalue("two_passes")
     spec = make_spec("spark_apps.transforms.orders:enrich", "kafka", "per_partition", partitions=4)
     src = spec.source.topics[0]
     truth = produce_orders(kafka_settings, src, 200, abort_every=3, malformed_every=13)

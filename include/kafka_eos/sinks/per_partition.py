@@ -31,8 +31,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from kafka_eos.errors import DeadLetterWithoutTopic, SpecError
-from kafka_eos.manifest import COMMITTED, NOOP, partition_key
 from kafka_eos.kafka_admin import TP
+from kafka_eos.manifest import COMMITTED, NOOP, partition_key
 from kafka_eos.plan import PartitionRange, Plan
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.sinks import batches

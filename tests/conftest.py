@@ -11,6 +11,7 @@ import functools
 import gc
 import logging
 import os
+import random
 import socket
 import sys
 import uuid
@@ -248,14 +249,20 @@ def killed_transaction(tmp_path, kafka_settings):
     return open_and_kill
 
 
-def adjacent_free_ports(n: int) -> int:
-    """A port p with p + 1 .. p + n - 1 free too (a broker's client, controller and SASL listeners)."""
-    import socket
+#: Test servers listen below the kernel's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range,
+#: 32768-60999 here): a port picked in that range can be taken as the local port of any outgoing
+#: connection before the server binds it (seen: a 3-node cluster's node 2 exited with "address in
+#: use" while node 1 dialled the quorum). Each xdist worker picks in a band of its own.
+PORT_BAND_BASE, PORT_BAND_SIZE = 20000, 3000
 
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+
+def adjacent_free_ports(n: int) -> int:
+    """A port p with p + 1 .. p + n - 1 free too (a broker's client, controller and SASL listeners),
+    below the ephemeral range, in this xdist worker's band."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    low = PORT_BAND_BASE + (int(worker) if worker.isdigit() else 0) % 4 * PORT_BAND_SIZE
+    for _ in range(200):
+        port = random.randrange(low, low + PORT_BAND_SIZE - n)
         socks = [socket.socket() for _ in range(n)]
         try:
             for i, sock in enumerate(socks):
@@ -266,7 +273,7 @@ def adjacent_free_ports(n: int) -> int:
         finally:
             for sock in socks:
                 sock.close()
-    raise RuntimeError(f"no {n} adjacent free ports on 127.0.0.1")
+    raise RuntimeError(f"no {n} adjacent free ports on 127.0.0.1 in {low}-{low + PORT_BAND_SIZE}")
 
 
 @pytest.fixture(scope="session")
@@ -317,18 +324,12 @@ def secure_broker(tmp_path_factory):
     shutil.rmtree(home, ignore_errors=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def postgres_url():
     """A throwaway PostgreSQL cluster on 127.0.0.1 (:class:`kafka_eos.local.postgres.LocalPostgres`)."""
     from kafka_eos.local.postgres import LocalPostgres
 
-    server = LocalPostgres()
+    server = LocalPostgres(port=adjacent_free_ports(1))
     yield server.start()
     server.stop()
 

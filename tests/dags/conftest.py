@@ -13,7 +13,6 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -118,7 +117,7 @@ def run_dag(airflow_db):
 
 
 @pytest.fixture
-def alert_receivers(monkeypatch):
+def alert_receivers(monkeypatch, free_ports):
     """A real HTTP receiver and a real SMTP server on loopback, and the Airflow connections that
     point the kafka-eos notifiers at them. Yields (webhook bodies, mails)."""
     from aiosmtpd.controller import Controller
@@ -145,9 +144,7 @@ def alert_receivers(monkeypatch):
 
     http = HTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=http.serve_forever, daemon=True).start()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        smtp_port = sock.getsockname()[1]
+    smtp_port = free_ports(1)
     smtp = Controller(Inbox(), hostname="127.0.0.1", port=smtp_port)
     smtp.start()
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EOS_ALERTS_WEBHOOK", json.dumps({

@@ -82,7 +82,12 @@ def test_stream_many_batches_exactly_once_over_aborted_input(spark, kafka_settin
             committed += truth.committed
             aborted += truth.aborted
             malformed += truth.malformed
-            time.sleep(1.0)
+            if wave == 0:
+                # The next waves must arrive while the stream runs, not before its first plan (a
+                # busy machine once took 5 s to start the stream: all four waves fell in batch 1).
+                wait_until("the stream's first batch", lambda: failure or runner.stats.batches >= 1, 120)
+            else:
+                time.sleep(1.0)
         wait_until("the stream to catch up", lambda: failure or caught_up(spec, kafka_settings), 120)
     finally:
         runner.stop()

@@ -26,12 +26,22 @@ def _pg_bin() -> Path:
                         "run `make postgres` (installs Debian's postgresql package)")
 
 
+def _kernel_free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class LocalPostgres:
     """``start()`` initialises a cluster in a new temporary folder and returns its SQLAlchemy URL
-    (user ``kafka_eos``, trust authentication on loopback); ``stop()`` stops it and removes the folder."""
+    (user ``kafka_eos``, trust authentication on loopback); ``stop()`` stops it and removes the folder.
 
-    def __init__(self) -> None:
+    :param port: the port to listen on; by default a free one the kernel picks.
+    """
+
+    def __init__(self, port: int | None = None) -> None:
         self.bin_dir = _pg_bin()
+        self.port = port
         self.base: Path | None = None
         self.as_pg = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 
@@ -46,9 +56,7 @@ class LocalPostgres:
             shutil.chown(self.base, "postgres")
         subprocess.run([*self.as_pg, str(self.bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "kafka_eos"],
                        check=True, capture_output=True)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = self.port or _kernel_free_port()
         subprocess.run([*self.as_pg, str(self.bin_dir / "pg_ctl"), "-D", str(data), "-l", str(self.base / "pg.log"),
                         "-w", "-o", f"-p {port} -k {self.base} -c listen_addresses=127.0.0.1", "start"],
                        check=True, capture_output=True)

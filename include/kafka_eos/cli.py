@@ -192,6 +192,8 @@ def _trigger(airflow, args) -> int:
 def cmd_spark(args) -> int:
     from kafka_eos.local.spark import LocalSparkCluster
 
+    if args.connect:
+        return _spark_connect(args.action)
     cluster = LocalSparkCluster.default()
     if args.action == "start":
         Console().step(f"starting a Spark master and {cluster.workers} workers on {cluster.master_url} "
@@ -206,6 +208,24 @@ def cmd_spark(args) -> int:
             return 3
         print(f"{cluster.master_url}  ({len(workers)} worker(s) alive, "
               f"{sum(w['cores'] for w in workers)} core(s); UI {cluster.ui_url})")
+    return 0
+
+
+def _spark_connect(action: str) -> int:
+    from kafka_eos.local.spark_connect import LocalSparkConnect
+
+    server = LocalSparkConnect.default()
+    if action == "start":
+        Console().step(f"starting a Spark Connect server on {server.url} (master {server.master}; log "
+                       f"{server.log_file})")
+        print(server.start())
+    elif action == "stop":
+        print("stopped" if server.stop() else "not running")
+    elif not server.is_running():
+        print(f"not running ({server.url})", file=sys.stderr)
+        return 3
+    else:
+        print(f"{server.url}  (master {server.master}; log {server.log_file})")
     return 0
 
 
@@ -235,7 +255,7 @@ def cmd_run(args) -> int:
     from kafka_eos.batch import RunSummary, run_batch
     from kafka_eos.logs import child_stderr_to, spark_log4j_options, spark_log_file
     from kafka_eos.pipeline import prepare_plan, verify
-    from kafka_eos.spark_io import get_session
+    from kafka_eos.spark_io import check_reachable, get_session
 
     from kafka_eos.stream.lease import refuse_if_streaming
 
@@ -244,6 +264,8 @@ def cmd_run(args) -> int:
     spec, settings = _spec(args), _settings(args)
     console.step(f"kafka-eos run {spec.name}: Kafka at {settings.bootstrap_servers}, "
                  f"{spec.sink.kind} sink, {spec.sink.commit} commit")
+    if args.spark_remote:
+        check_reachable(args.spark_remote)  # before the plan is stored, not after
     # Before anything is written: every permission a run of this pipeline needs.
     acls.check(spec, settings, spec_ref=args.pipeline)
     refuse_if_streaming(spec, settings)
@@ -255,9 +277,12 @@ def cmd_run(args) -> int:
     else:
         offsets = sum(r.until - r.from_offset for r in plan.active)
         console.step(f"  plan   {len(plan.active)} partition(s), up to {offsets} offsets (run {run_id})")
-        console.step(f"  spark  reading, transforming and committing (Spark's log: {spark_log_file()})")
+        console.step("  spark  reading, transforming and committing " +
+                     (f"(Spark Connect server {args.spark_remote})" if args.spark_remote else
+                      f"(Spark's log: {spark_log_file()})"))
         with child_stderr_to(spark_log_file(), enabled=not args.verbose):
-            spark = get_session(f"kafka-eos {spec.name}", driver_java_options=spark_log4j_options(args.verbose))
+            spark = get_session(f"kafka-eos {spec.name}", driver_java_options=spark_log4j_options(args.verbose),
+                                remote=args.spark_remote)
         with console.spark_progress(spark):
             summary = run_batch(spark, spec, plan, settings)
         console.step("  verify every checkpoint is at its range's end")
@@ -614,12 +639,18 @@ def build_parser() -> argparse.ArgumentParser:
     s = command("spark", cmd_spark, "a local Spark standalone cluster (a master and two workers on 127.0.0.1) "
                                     "under .local/spark (start, stop, status)")
     s.add_argument("action", choices=["start", "stop", "status"])
+    s.add_argument("--connect", action="store_true",
+                   help="a Spark Connect server instead (sc://127.0.0.1:15002, master local[2], under "
+                        ".local/spark-connect): runs through it pay no JVM start (kafka-eos run --spark-remote)")
     p = command("plan", cmd_plan, "the next plan of a pipeline, with no side effects", json_flag=True,
                 pipeline=True)
     p.add_argument("--run-id", help="plan as this run (default: 'next')")
     r = command("run", cmd_run, "one batch: plan, Spark, transactional commit", json_flag=True, pipeline=True)
     r.add_argument("--run-id", help="the run's id (a retried run passes the same id)")
     r.add_argument("--max-records", type=positive_int, help="cap per partition (offset span) for this run")
+    r.add_argument("--spark-remote", metavar="URL", default=os.environ.get("SPARK_REMOTE") or None,
+                   help="run Spark on this Spark Connect server (sc://host:port; default $SPARK_REMOTE) "
+                        "instead of in this process (see kafka-eos spark start --connect)")
     st = command("stream", cmd_stream, "run a pipeline continuously: one batch after another in one Spark "
                                        "application, each exactly once, until SIGTERM/Ctrl-C", pipeline=True)
     st.add_argument("--interval", type=positive_float, default=1.0, metavar="SECONDS",

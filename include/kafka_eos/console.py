@@ -35,6 +35,12 @@ class Console:
         if self.quiet:
             yield
             return
+        from kafka_eos.spark_io import is_connect
+
+        if is_connect(spark):
+            with self._connect_progress(spark, interval_s):
+                yield
+            return
         stop = threading.Event()
         tracker = spark.sparkContext.statusTracker()
 
@@ -58,6 +64,26 @@ class Console:
         finally:
             stop.set()
             thread.join(timeout=2)
+
+
+    @contextmanager
+    def _connect_progress(self, spark: "SparkSession", interval_s: float) -> Iterator[None]:
+        """A Spark Connect client has no status tracker: the server streams each operation's
+        stages to the client's progress handlers."""
+        last = {"line": "", "at": 0.0}
+
+        def handler(stages, _inflight_tasks, _operation_id, done) -> None:
+            line = ", ".join(f"stage {s.stage_id}: {s.num_completed_tasks}/{s.num_tasks} tasks done"
+                             for s in stages or () if not s.done)
+            if line and line != last["line"] and not done and time.monotonic() - last["at"] >= interval_s:
+                self.step(f"  ... spark {line}")
+                last.update(line=line, at=time.monotonic())
+
+        spark.registerProgressHandler(handler)
+        try:
+            yield
+        finally:
+            spark.removeProgressHandler(handler)
 
 
 def table(rows: Sequence[Sequence[object]], header: Sequence[str], indent: str = "  ", left: int = 1) -> str:

@@ -20,6 +20,10 @@ what it killed there (Spark reruns the task in a new process, which must get thr
 ``<point>`` there: it writes ``<dir>/<point>.reached`` (its pid) and waits until ``<dir>/<point>.go``
 exists. The fault matrix injects its fault meanwhile: a broker killed or stopped, a newer attempt
 run to its end, a stall past the transaction timeout.
+
+Where the process that commits does not inherit the run's environment (a Spark Connect server's
+Python workers), the task carries the run's settings (:func:`carried`) and applies them while it
+runs (:func:`applied`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from __future__ import annotations
 import os
 import signal
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 _SPEC = os.environ.get("KAFKA_EOS_CRASH_AT", "")
 _POINT, _, _N = _SPEC.partition(":")
@@ -37,6 +43,42 @@ _PAUSE_AT = os.environ.get("KAFKA_EOS_PAUSE_AT", "")
 PAUSE_LIMIT_S = 600.0
 #: The main class of the JVM that runs a Spark executor (standalone, YARN and Kubernetes alike).
 EXECUTOR_MAIN_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
+
+
+#: The settings of this module, as the environment names them.
+SETTINGS = ("KAFKA_EOS_CRASH_AT", "KAFKA_EOS_CRASH_KILL", "KAFKA_EOS_CRASH_ONCE", "KAFKA_EOS_PAUSE_AT",
+            "KAFKA_EOS_PAUSE_DIR")
+
+
+def carried() -> dict[str, str]:
+    """This process's fail point settings, for a task to take where the environment does not reach."""
+    return {name: os.environ[name] for name in SETTINGS if os.environ.get(name)}
+
+
+@contextmanager
+def applied(settings: dict[str, str]) -> Iterator[None]:
+    """Inside the block, ``settings`` (from :func:`carried`) are this process's fail points; none
+    given, the process keeps its own (a cluster's workers hand theirs to their executors)."""
+    global _SPEC, _POINT, _N, _PAUSE_AT
+    if not settings:
+        yield
+        return
+    saved = (_SPEC, _POINT, _N, _PAUSE_AT, {name: os.environ.get(name) for name in SETTINGS})
+    for name in SETTINGS:
+        os.environ.pop(name, None)
+    os.environ.update(settings)
+    _SPEC = settings.get("KAFKA_EOS_CRASH_AT", "")
+    _POINT, _, _N = _SPEC.partition(":")
+    _PAUSE_AT = settings.get("KAFKA_EOS_PAUSE_AT", "")
+    try:
+        yield
+    finally:
+        _SPEC, _POINT, _N, _PAUSE_AT, env = saved
+        for name, value in env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def armed(point: str) -> bool:

@@ -18,6 +18,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: Comma-separated jar paths, or a folder of jars, holding Spark's Kafka connector.
 SPARK_JARS_ENV = "KAFKA_EOS_SPARK_JARS"
+#: Timestamps (Kafka's, the manifest's) are UTC; so are the transforms' time functions.
+SESSION_TIME_ZONE = "UTC"
 
 
 def connector_jars(environ=os.environ) -> list[str]:
@@ -56,7 +58,7 @@ def session_conf() -> dict[str, str]:
         # A speculative copy of a per_partition task would race its twin for the same
         # transactional.id; the fencing keeps it correct but the work is wasted.
         "spark.speculation": "false",
-        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.session.timeZone": SESSION_TIME_ZONE,
         "spark.ui.showConsoleProgress": "false",
         # Executors run kafka_eos's commit code: same interpreter as the driver.
         "spark.pyspark.python": sys.executable,
@@ -79,14 +81,54 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+def is_connect(obj: object) -> bool:
+    """Whether ``obj`` (a SparkSession or a DataFrame) is a Spark Connect client's: no JVM in this
+    process, so no ``_jdf``, no SparkContext; the server plans and runs it."""
+    return type(obj).__module__.startswith("pyspark.sql.connect")
+
+
+#: Spark Connect's default port, where a URL names none.
+CONNECT_DEFAULT_PORT = 15002
+
+
+def check_reachable(remote: str, timeout_s: float = 10.0) -> None:
+    """Fail in one line when nothing listens at the Spark Connect URL ``remote`` (the client
+    would retry for minutes before it says so).
+
+    :raises KafkaEosError: not an ``sc://`` URL, or the server does not accept a connection.
+    """
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(remote)
+    if url.scheme != "sc" or not url.hostname:
+        raise KafkaEosError(f"Spark Connect URL {remote.split(';')[0]!r}: expected sc://host[:port]")
+    address = (url.hostname, url.port or CONNECT_DEFAULT_PORT)
+    try:
+        socket.create_connection(address, timeout=timeout_s).close()
+    except OSError as exc:
+        raise KafkaEosError(f"Spark Connect server at {address[0]}:{address[1]} is not reachable "
+                            f"({exc.strerror or exc}): start one with `kafka-eos spark start --connect`") from None
+
+
 def get_session(app_name: str = "kafka-eos", master: str | None = None,
-                driver_java_options: str | None = None) -> "SparkSession":
-    """The SparkSession of this process (``local[2]`` unless a master is given or configured).
+                driver_java_options: str | None = None, remote: str | None = None) -> "SparkSession":
+    """The SparkSession of this process (``local[2]`` unless a master is given or configured), or
+    a Spark Connect client's session of the server at ``remote``.
 
     :param driver_java_options: ``spark.driver.extraJavaOptions`` for a session this call starts
         (e.g. where Spark's log4j writes, see :func:`kafka_eos.logs.spark_log4j_options`).
+    :param remote: a Spark Connect URL (``sc://host:port``, see
+        :class:`kafka_eos.local.spark_connect.LocalSparkConnect`): the server has the connector
+        and the interpreter (its own settings); the session gets the settings a session may set.
     """
     from pyspark.sql import SparkSession
+
+    if remote:
+        check_reachable(remote)
+        return (SparkSession.builder.remote(remote)
+                .config("spark.sql.session.timeZone", SESSION_TIME_ZONE)
+                .getOrCreate())
 
     # PySpark reads the workers' interpreter from PYSPARK_PYTHON when the context starts in
     # this process (spark.pyspark.python only reaches spark-submit): they run kafka_eos code.

@@ -11,6 +11,7 @@ cannot fix (a bad spec, data loss, a recreated topic, a missing plan) fail witho
 
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -316,7 +317,9 @@ class KafkaEosPlanOperator(_PipelineOperator):
 
 
 class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
-    """spark-submit ``spark_apps/run_pipeline.py`` on the run's stored plan.
+    """spark-submit ``spark_apps/run_pipeline.py`` on the run's stored plan, or, where the Spark
+    connection has the type ``spark_connect``, run that plan from this task through a long-lived
+    Spark Connect server (no JVM starts for the run).
 
     The plan comes from the run manifest (never XCom) and reaches Spark verbatim in a file;
     Kafka settings reach it through the environment (``env_vars``) and secrets through a file
@@ -324,9 +327,14 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
     An empty plan skips Spark and the task succeeds. The plan file is local to the Airflow
     worker: use client deploy mode (the default).
 
+    Through Spark Connect the task is the Spark application's client: it plans nothing anew, reads
+    and transforms on the server, and commits as spark-submit's driver would (atomic scope here,
+    per_partition scope in the server's Python workers, which must run the same kafka_eos).
+
     :param pipeline: spec name under include/pipelines/ or path to a spec YAML. (templated)
     :param kafka_conn_id: the ``kafka`` connection (see :class:`KafkaEosHook`). (templated)
-    :param conn_id: the Spark connection (``spark_default``).
+    :param conn_id: the Spark connection (``spark_default``): type ``spark`` (spark-submit) or
+        ``spark_connect`` (Airflow's Spark Connect connection: host, port, token, use_ssl).
     :param kwargs: any other :class:`SparkSubmitOperator` argument; ``conf`` is merged over
         kafka-eos's session settings (connector jars, interpreter), ``env_vars`` under the Kafka
         settings.
@@ -367,12 +375,18 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
                 plan, side_json = self.plan_to_run(settings, spec, run_id), None
             else:
                 spec, plan, side_json = side.find(spec, settings, run_id)
-            # A local master keeps the driver on loopback, as the CLI's in-process runs do; on a
-            # cluster the executors must reach the driver at the address Spark picks.
-            spark_conf = {**session_conf(), **local_master_conf(self._get_hook()._connection["master"])}
+            remote = self.connect_url()
+            if not remote:
+                # A local master keeps the driver on loopback, as the CLI's in-process runs do; on a
+                # cluster the executors must reach the driver at the address Spark picks.
+                spark_conf = {**session_conf(), **local_master_conf(self._get_hook()._connection["master"])}
         if plan.is_empty:
             self.log.info("pipeline %s run %s: empty plan, nothing to read: Spark is not started",
                           spec.name, run_id)
+            return
+        if remote:
+            with task_errors():
+                self.run_on_connect(remote, spec, plan, settings)
             return
         self.log.info("pipeline %s run %s: %d partition(s), plan created at %s", spec.name, run_id,
                       len(plan.active), plan.created_at)
@@ -387,6 +401,29 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
             self.application_args = ["--spec", spec.path, "--plan", str(plan_file),
                                      *(["--side", side_json] if side_json else [])]
             super().execute(context)
+
+    def connect_url(self) -> str | None:
+        """The Spark Connect URL of the Spark connection, or None for a spark-submit connection."""
+        from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+        if SparkConnectHook.get_connection(self._conn_id).conn_type != SparkConnectHook.conn_type:
+            return None
+        return SparkConnectHook(self._conn_id).get_connection_url()
+
+    def run_on_connect(self, remote: str, spec: PipelineSpec, plan: "Plan", settings: KafkaSettings) -> None:
+        """Run ``plan`` to its commit through the Spark Connect server at ``remote``. The URL may hold
+        the connection's token: it is never logged."""
+        from kafka_eos.batch import run_batch
+        from kafka_eos.spark_io import get_session
+
+        self.log.info("pipeline %s run %s: %d partition(s) through Spark connection %r (Spark Connect)",
+                      spec.name, plan.run_id, len(plan.active), self._conn_id)
+        spark = get_session(remote=remote)
+        try:
+            summary = run_batch(spark, spec, plan, settings)
+        finally:
+            spark.stop()  # the server ends this client's session; the server runs on
+        self.log.info("KAFKA_EOS_SUMMARY %s", json.dumps(summary.as_dict()))
 
     def spark_environ(self, settings: KafkaSettings, folder: Path) -> dict[str, str]:
         """The environment of spark-submit: the operator's ``env_vars``, the interpreter, and the

@@ -82,9 +82,14 @@ class KafkaEosStreamOperator(BaseOperator):
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
         try:
-            BaseHook.get_connection(self.spark_conn_id)
+            conn = BaseHook.get_connection(self.spark_conn_id)
         except AirflowNotFoundException:
             return {}  # the hook would fall back to YARN: keep SPARK_MASTER, or local mode
+        if conn.conn_type == "spark_connect":
+            # A stream is one long Spark application already: it pays its start once per stream.
+            self.log.info("Spark connection %s is a Spark Connect server: the stream runs a Spark of its own "
+                          "(SPARK_MASTER, or local mode)", self.spark_conn_id)
+            return {}
         master = SparkSubmitHook(conn_id=self.spark_conn_id)._connection["master"]
         self.log.info("Spark master %s (connection %s)", master, self.spark_conn_id)
         return {"SPARK_MASTER": master}

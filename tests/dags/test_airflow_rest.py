@@ -107,6 +107,57 @@ def test_a_pipeline_triggered_with_a_conf_through_the_rest_api(airflow_deploymen
     assert [m.value() for m in read_committed(kafka_settings, topics["dlq"])] == [MALFORMED]
 
 
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory, free_ports):
+    from kafka_eos.local.spark_connect import LocalSparkConnect
+
+    server = LocalSparkConnect(tmp_path_factory.mktemp("spark-connect"), port=free_ports(1))
+    server.start()
+    yield server
+    server.stop()
+
+
+CONNECT_DAG = """\
+from kafka_eos_airflow.dag_factory import dags_from_folder
+
+globals().update(dags_from_folder({specs!r}, spark_conn_id={conn_id!r}))
+"""
+
+
+@pytest.mark.parametrize("commit", ["atomic", "per_partition"])
+def test_a_dag_run_through_a_spark_connect_connection(airflow_deployment, connect_server, kafka_settings, unique,
+                                                      tmp_path, commit):
+    airflow = airflow_deployment
+    name = f"connect_{unique.replace('-', '_')}"
+    topics = {t: f"{name}.{t}" for t in ("orders", "out", "dlq")}
+    kafka_admin.create_topics(kafka_settings, {topics["orders"]: 1, topics["out"]: 1, topics["dlq"]: 1})
+    produce_orders(kafka_settings, topics["orders"])  # 5 valid orders, then a malformed one
+    # The Spark connection a user adds in the UI: type Spark Connect, the server's host and port.
+    conn_id = f"spark_connect_{name}"
+    # POST /api/v2/connections
+    airflow.api("POST", "/api/v2/connections", {"connection_id": conn_id, "conn_type": "spark_connect",
+                                                "host": "127.0.0.1", "port": connect_server.port})
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / f"{name}.yaml").write_text(yaml.safe_dump({
+        "name": name, "source": {"topics": [topics["orders"]]},
+        "transform": "spark_apps.transforms.orders:enrich",
+        "sink": {"kind": "kafka", "topic": topics["out"], "dlq_topic": topics["dlq"], "commit": commit}}))
+    (airflow.dags_folder / f"{name}.py").write_text(CONNECT_DAG.format(specs=str(specs), conn_id=conn_id))
+    dag_id = f"kafka_eos__{name}"
+    _parsed(airflow, dag_id)
+
+    run = _trigger_and_wait(airflow, dag_id, {})
+    assert _task_states(airflow, dag_id, run) == {"plan": "success", "spark": "success", "verify": "success"}
+    spark_log = _log(airflow, dag_id, run, "spark")
+    assert f"through Spark connection '{conn_id}' (Spark Connect)" in spark_log and "spark-submit" not in spark_log
+    assert (f"pipeline {name} run {run['dag_run_id']}: committed, 1 partition(s), in=6 out=5 dead letters=1"
+            in _log(airflow, dag_id, run, "verify"))
+    out = [json.loads(m.value())["order_id"] for m in read_committed(kafka_settings, topics["out"])]
+    assert out == [o["order_id"] for o in VALID_ORDERS]
+    assert [m.value() for m in read_committed(kafka_settings, topics["dlq"])] == [MALFORMED]
+
+
 def test_the_hung_transaction_sensor_defers_to_the_real_triggerer(airflow_deployment, kafka_settings,
                                                                    killed_transaction, unique):
     airflow = airflow_deployment

@@ -72,7 +72,9 @@ SAMPLE_EVERY_S = 0.2
 PLANNER_PARTITIONS = 1000
 #: Targets on this machine: the throughput over Spark's at-least-once sink (at every size), the
 #: planner's and an empty run's seconds (docs/performance.md).
-TARGETS = {"atomic": 0.9, "per_partition": 1.0, "plan_1000_s": 2.0, "empty_run_s": 3.0}
+TARGETS = {"atomic": 0.9, "per_partition": 1.0, "plan_1000_s": 2.0, "empty_run_s": 3.0,
+           # Small runs through the Spark Connect server (no JVM start per run).
+           "few_run_connect_s": 8.0, "few_dag_connect_s": 20.0}
 
 
 @dataclass
@@ -280,18 +282,26 @@ def run_baseline(work: Path, settings: KafkaSettings, source: Input) -> dict:
 
 
 def run_kafka_eos(work: Path, settings: KafkaSettings, source: Input, kind: str, commit: str = "atomic",
-                  url: str | None = None, label: str | None = None) -> dict:
+                  url: str | None = None, label: str | None = None, remote: str | None = None) -> dict:
     """kafka-eos on the whole topic: the plan stored (as the DAG's plan task does), then a
-    spark-submit of the Spark task's entry point; the output checked against the input."""
+    spark-submit of the Spark task's entry point, or, given the Spark Connect server ``remote``,
+    ``kafka-eos run --spark-remote`` on the stored plan; the output checked against the input.
+    (Through Connect the memory columns are the client's: the server is not in its process tree.)"""
     from kafka_eos.pipeline import prepare_plan
 
     spec = bench_spec(work, settings, source, label or commit, kind=kind, commit=commit, url=url)
     plan = prepare_plan(spec, settings, "bench")
-    m = run_measured(spark_submit(PROJECT_ROOT / "spark_apps" / "run_pipeline.py",
-                                  ["--spec", spec.path, "--plan", str(_plan_file(work, plan))]),
-                     spark_env(settings, work), work / f"{spec.name}.log")
-    summary = next((json.loads(line.split(" ", 1)[1]) for line in m.stdout.splitlines()
-                    if line.startswith("KAFKA_EOS_SUMMARY ")), None)
+    if remote:
+        m = run_measured(_kafka_eos("run", spec.path, "--run-id", "bench", "--bootstrap", settings.bootstrap_servers,
+                                    "--spark-remote", remote, "--json"),
+                         {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}, work / f"{spec.name}.log")
+        summary = json.loads(m.stdout) if m.returncode == 0 else None
+    else:
+        m = run_measured(spark_submit(PROJECT_ROOT / "spark_apps" / "run_pipeline.py",
+                                      ["--spec", spec.path, "--plan", str(_plan_file(work, plan))]),
+                         spark_env(settings, work), work / f"{spec.name}.log")
+        summary = next((json.loads(line.split(" ", 1)[1]) for line in m.stdout.splitlines()
+                        if line.startswith("KAFKA_EOS_SUMMARY ")), None)
     if m.returncode != 0 or summary is None:
         raise RuntimeError(f"kafka-eos run {spec.name} failed (exit {m.returncode}): see {work / spec.name}.log")
     if kind == "kafka":
@@ -300,6 +310,7 @@ def run_kafka_eos(work: Path, settings: KafkaSettings, source: Input, kind: str,
         out, dead = summary["records_out"], summary["dead_letters"]
     what = (f"kafka-eos, Kafka sink ({commit})" if kind == "kafka"
             else "kafka-eos, SQL sink (revenue_per_minute: another transform; x base is indicative)")
+    what += ", through the Spark Connect server" if remote else ""
     row = _row(label or commit, what, source, m, out, dead)
     row["summary_in"] = summary["records_in"]
     row["spec"] = spec.path
@@ -377,10 +388,11 @@ def _kafka_eos(*args: str) -> list[str]:
     return [str(Path(sys.executable).parent / "kafka-eos"), *args]
 
 
-def run_cli(work: Path, settings: KafkaSettings, spec: PipelineSpec, label: str) -> dict:
-    """One whole ``kafka-eos run`` process."""
+def run_cli(work: Path, settings: KafkaSettings, spec: PipelineSpec, label: str, remote: str | None = None) -> dict:
+    """One whole ``kafka-eos run`` process (through the Spark Connect server ``remote``, if given)."""
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
-    m = run_measured(_kafka_eos("run", spec.path, "--bootstrap", settings.bootstrap_servers), env,
+    m = run_measured(_kafka_eos("run", spec.path, "--bootstrap", settings.bootstrap_servers,
+                                *(["--spark-remote", remote] if remote else [])), env,
                      work / f"{spec.name}.{label}.log")
     if m.returncode != 0:
         raise RuntimeError(f"kafka-eos run {spec.path} failed (exit {m.returncode}): see {work / spec.name}.{label}.log")
@@ -388,9 +400,11 @@ def run_cli(work: Path, settings: KafkaSettings, spec: PipelineSpec, label: str)
             "output": m.stdout.strip().splitlines()[-1:]}
 
 
-def run_dags(work: Path, settings: KafkaSettings, specs: dict[str, PipelineSpec]) -> list[dict]:
+def run_dags(work: Path, settings: KafkaSettings, specs: dict[str, PipelineSpec],
+             remote: str | None = None) -> list[dict]:
     """An Airflow DAG run (``airflow dags test``: plan, Spark and verify tasks, spark-submit
-    included) of each spec, in an Airflow home of the bench's own."""
+    included) of each spec, in an Airflow home of the bench's own; given the Spark Connect server
+    ``remote``, the Spark connection is of type ``spark_connect`` and the Spark task runs through it."""
     from kafka_eos.demo import airflow_env
     from kafka_eos.local.airflow import write_specs_dag_file
 
@@ -402,6 +416,10 @@ def run_dags(work: Path, settings: KafkaSettings, specs: dict[str, PipelineSpec]
     write_specs_dag_file(home / "dags", home / "specs")
     env = {**airflow_env(settings), "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}"}
+    if remote:
+        from kafka_eos.local.airflow import connections_environ
+
+        env["AIRFLOW_CONN_SPARK_DEFAULT"] = connections_environ(settings, spark_remote=remote)["AIRFLOW_CONN_SPARK_DEFAULT"]
     airflow = str(Path(sys.executable).parent / "airflow")
     subprocess.run([airflow, "db", "migrate"], env=env, check=True, capture_output=True, timeout=600)
     rows = []
@@ -496,9 +514,9 @@ def verdicts(rows: list[dict]) -> list[str]:
 
     lines = []
     for scope in ("per_partition", "atomic"):
-        for r in (r for r in rows if r["name"] == scope):
+        for r in (r for r in rows if r["name"] in (scope, f"{scope}_connect")):
             ok = r["x_baseline"] is not None and r["x_baseline"] >= TARGETS[scope]
-            lines.append(f"{scope} at {r['size']}x: {r['x_baseline']}x the at-least-once baseline "
+            lines.append(f"{r['name']} at {r['size']}x: {r['x_baseline']}x the at-least-once baseline "
                          f"(target >= {TARGETS[scope]}x): {'met' if ok else 'NOT met'}")
     sizes = sorted({r["size"] for r in rows if r["name"] == "atomic"})
     if len(sizes) > 1:
@@ -509,7 +527,7 @@ def verdicts(rows: list[dict]) -> list[str]:
                 ok = b <= a * 1.25
                 lines.append(f"atomic {part} peak RSS {a} MiB at {sizes[0]}x, {b} MiB at {sizes[-1]}x "
                              f"(target: flat): {'met' if ok else 'NOT met'}")
-    for name in ("plan_1000_s", "empty_run_s"):
+    for name in ("plan_1000_s", "empty_run_s", "few_run_connect_s", "few_dag_connect_s"):
         r = find(name)
         if r:
             ok = r["seconds"] <= TARGETS[name]
@@ -549,23 +567,27 @@ def chart(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="throughput", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=DEFAULT_RECORDS, help="committed input records at 1x")
-    parser.add_argument("--sizes", default="1,4", help="input sizes, as multiples of --records (comma-separated)")
-    parser.add_argument("--repeat", type=int, default=2,
-                        help="runs of each Kafka-sink Spark job; the table shows the fastest (Spark on 2 shared cores "
-                             "varies by several seconds from run to run)")
-    parser.add_argument("--skip", default="", help="parts to leave out: ceiling, sql, postgres, fixed, airflow, planner")
-    args = parser.parse_args(argv)
-    skip = set(filter(None, args.skip.split(",")))
-    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or LocalBroker.default().start()
-    settings = KafkaSettings(bootstrap)
-    out_dir = local_dir() / "bench"
-    work = out_dir / f"throughput-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
-    work.mkdir(parents=True)
-    rows: list[dict] = []
-    inputs: dict[int, Input] = {}
+def _connect_server(work: Path):
+    """The bench's own Spark Connect server (local[2], as the spark-submit runs), on a free port."""
+    import socket
+
+    from kafka_eos.local.spark_connect import LocalSparkConnect
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = LocalSparkConnect(work / "spark-connect", port=port, master=MASTER)
+    started = time.monotonic()
+    print(f"  starting a Spark Connect server on {server.url} ...", end="", flush=True)
+    server.start()
+    print(f" {time.monotonic() - started:.0f} s", flush=True)
+    return server
+
+
+def _measure(args, skip: set, settings: KafkaSettings, work: Path, rows: list[dict], inputs: dict,
+             connect) -> None:
+    """Every part of the bench not skipped, its rows appended to ``rows``."""
+    remote = connect.url if connect is not None else None
 
     def step(what: str, fn, *a, **kw):
         started = time.monotonic()
@@ -594,6 +616,9 @@ def main(argv: list[str] | None = None) -> int:
         for commit in ("atomic", "per_partition"):
             runs.append(best_of(args.repeat, f"kafka-eos {commit} {size}x", run_kafka_eos, work, settings, source,
                                 "kafka", commit))
+        for commit in ("atomic", "per_partition") if remote else ():
+            runs.append(best_of(args.repeat, f"kafka-eos {commit} {size}x, Spark Connect", run_kafka_eos, work,
+                                settings, source, "kafka", commit, label=f"{commit}_connect", remote=remote))
         if size == 1 and "sql" not in skip:
             runs.append(step("kafka-eos SQL sink, SQLite", run_kafka_eos, work, settings, source, "sql",
                              url=f"sqlite:///{work / 'bench.db'}", label="sql_sqlite"))
@@ -621,6 +646,14 @@ def main(argv: list[str] | None = None) -> int:
                        "few_run_s")
         handful["what"] = "kafka-eos run, 10 records (whole process)"
         rows += [empty, handful]
+        if remote:
+            # Twice: the first run through a fresh server pays its first query's set-up.
+            for label in ("few_run_connect_first_s", "few_run_connect_s"):
+                row = step(f"kafka-eos run, 10 records, Spark Connect ({label})", run_cli, work, settings,
+                           bench_spec(work, settings, few, "fewc"), label, remote)
+                row["what"] = "kafka-eos run, 10 records, through the Spark Connect server (whole process)" + \
+                    (", the server's first run" if "first" in label else "")
+                rows.append(row)
         if "airflow" not in skip:
             dag_rows = step("Airflow DAG runs", run_dags, work, settings,
                             {"empty_dag_s": caught_up, "few_dag_s": bench_spec(work, settings, few, "fewdag")})
@@ -628,9 +661,42 @@ def main(argv: list[str] | None = None) -> int:
                 r["what"] = ("Airflow DAG run, empty plan" if r["name"] == "empty_dag_s"
                              else "Airflow DAG run, 10 records") + " (airflow dags test)"
             rows += dag_rows
+            if remote:
+                dag_rows = step("Airflow DAG run, Spark Connect", run_dags, work, settings,
+                                {"few_dag_connect_s": bench_spec(work, settings, few, "fewdagc")}, remote)
+                dag_rows[0]["what"] = "Airflow DAG run, 10 records, Spark connection of type spark_connect " \
+                                      "(airflow dags test)"
+                rows += dag_rows
     if "planner" not in skip:
         rows += step(f"planner, {PLANNER_PARTITIONS} partitions", run_planner, work, settings)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="throughput", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=DEFAULT_RECORDS, help="committed input records at 1x")
+    parser.add_argument("--sizes", default="1,4", help="input sizes, as multiples of --records (comma-separated)")
+    parser.add_argument("--repeat", type=int, default=2,
+                        help="runs of each Kafka-sink Spark job; the table shows the fastest (Spark on 2 shared cores "
+                             "varies by several seconds from run to run)")
+    parser.add_argument("--skip", default="",
+                        help="parts to leave out: ceiling, sql, postgres, fixed, airflow, planner, connect")
+    args = parser.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or LocalBroker.default().start()
+    settings = KafkaSettings(bootstrap)
+    out_dir = local_dir() / "bench"
+    work = out_dir / f"throughput-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
+    work.mkdir(parents=True)
+    rows: list[dict] = []
+    inputs: dict[int, Input] = {}
+    connect = None if "connect" in skip else _connect_server(work)
+    try:
+        _measure(args, skip, settings, work, rows, inputs, connect)
+    finally:
+        if connect is not None:
+            connect.stop()
     _ratios(rows)
+
     print_table(rows)
     print()
     for line in verdicts(rows):

@@ -37,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenario", action="append", help="run the scenarios whose name contains this (repeatable)")
     parser.add_argument("--sink", action="append", choices=SINKS, help="only this sink (repeatable)")
     parser.add_argument("--quick", action="store_true", help="only the few scenarios `make test` runs")
+    parser.add_argument("--spark-remote", metavar="URL",
+                        help="run every attempt through this Spark Connect server (kafka-eos spark start --connect)")
     args = parser.parse_args(argv)
     cells = cells_of(args.scenario, args.sink, args.quick)
     if not cells:
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         outcomes = run_matrix(cluster, cells, folder, on_outcome=lambda o: print(
             f"  {'  '.join('-' if c is None else str(c) for c in row(o))}{f': {o.error}' if o.error else ''}",
-            file=sys.stderr, flush=True))
+            file=sys.stderr, flush=True), spark_remote=args.spark_remote)
     finally:
         if started_here:
             cluster.stop()

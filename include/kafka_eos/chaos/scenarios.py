@@ -142,8 +142,10 @@ def spec_for(name: str, sink: str, folder: Path, transaction_timeout_s: int = 30
 class Cell:
     """One scenario on one sink: its topics, its run processes and its fault."""
 
-    def __init__(self, cluster: LocalCluster, scenario: Scenario, sink: str, name: str, folder: Path) -> None:
+    def __init__(self, cluster: LocalCluster, scenario: Scenario, sink: str, name: str, folder: Path,
+                 spark_remote: str | None = None) -> None:
         self.cluster, self.scenario, self.sink = cluster, scenario, sink
+        self.spark_remote = spark_remote
         self.settings = KafkaSettings(cluster.bootstrap)
         self.folder = folder
         self.pauses = folder / "pauses"
@@ -193,7 +195,8 @@ class Cell:
         with open(self.folder / f"run-{self._started}.log", "w") as log:
             return subprocess.Popen(
                 [sys.executable, "-m", "kafka_eos.cli", "run", str(Path(self.spec.path)), "--run-id", "chaos-run",
-                 "--bootstrap", self.settings.bootstrap_servers, "--json"],
+                 "--bootstrap", self.settings.bootstrap_servers, "--json",
+                 *(["--spark-remote", self.spark_remote] if self.spark_remote else [])],
                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def _attempt_with_fault(self) -> threading.Thread | None:
@@ -250,14 +253,19 @@ class Cell:
 
 
 def run_matrix(cluster: LocalCluster, cells: list[tuple[Scenario, str]], folder: Path | None = None,
-               on_outcome=lambda o: None) -> list[Outcome]:
-    """Run each (scenario, sink) on the cluster, one after another; ``on_outcome`` sees each as it ends."""
+               on_outcome=lambda o: None, spark_remote: str | None = None) -> list[Outcome]:
+    """Run each (scenario, sink) on the cluster, one after another; ``on_outcome`` sees each as it ends.
+
+    :param spark_remote: the runs' Spark Connect server (``kafka-eos run --spark-remote``); None:
+        each run's own in-process Spark. A crash in per_partition scope then kills the server's
+        Python worker that commits, not the server.
+    """
     folder = folder or Path(tempfile.mkdtemp(prefix="kafka-eos-chaos-"))
     outcomes = []
     stamp = time.strftime("%H%M%S")
     for i, (scenario, sink) in enumerate(cells):
         name = f"chaos-{stamp}-{i:02d}-{sink.replace('_', '-')}"
-        outcome = Cell(cluster, scenario, sink, name, folder / name).run()
+        outcome = Cell(cluster, scenario, sink, name, folder / name, spark_remote).run()
         outcomes.append(outcome)
         on_outcome(outcome)
     return outcomes

@@ -36,15 +36,24 @@ ADMIN = "admin"
 API_CONN_ID = "kafka_eos_airflow_api"
 
 
-def connections_environ(settings, spark_master: str | None = None) -> dict[str, str]:
+def connections_environ(settings, spark_master: str | None = None, spark_remote: str | None = None) -> dict[str, str]:
     """The project's connections, as Airflow reads them from the environment: ``kafka_eos_kafka``
     to the cluster of ``settings``, ``spark_default`` to ``spark_master`` (default: ``SPARK_MASTER``,
-    else local mode; e.g. ``spark://127.0.0.1:7077``, the cluster of ``kafka-eos spark start``)."""
-    master = spark_master or os.environ.get("SPARK_MASTER") or "local[2]"
+    else local mode; e.g. ``spark://127.0.0.1:7077``, the cluster of ``kafka-eos spark start``) or,
+    given ``spark_remote`` (default: ``SPARK_REMOTE``; e.g. ``sc://127.0.0.1:15002``, the server of
+    ``kafka-eos spark start --connect``), a Spark Connect connection to that server."""
+    from urllib.parse import urlparse
+
+    remote = spark_remote or (None if spark_master else os.environ.get("SPARK_REMOTE"))
+    if remote:
+        url = urlparse(remote)
+        spark = {"conn_type": "spark_connect", "host": url.hostname, "port": url.port or 15002}
+    else:
+        # A host holding a whole master URL ("spark://h:7077", "local[2]") is used as it is.
+        spark = {"conn_type": "spark", "host": spark_master or os.environ.get("SPARK_MASTER") or "local[2]"}
     return {"AIRFLOW_CONN_KAFKA_EOS_KAFKA": json.dumps({"conn_type": "kafka", "extra": {
                 "bootstrap.servers": settings.bootstrap_servers, **settings.extra}}),
-            # A host holding a whole master URL ("spark://h:7077", "local[2]") is used as it is.
-            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": master})}
+            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(spark)}
 
 
 def write_specs_dag_file(dags_folder: Path, specs_folder: Path, name: str = "kafka_eos_specs.py") -> Path:
@@ -102,7 +111,9 @@ class LocalAirflow:
         """The environment of the components and of ``airflow`` commands against this deployment."""
         venv_bin = str(Path(sys.executable).parent)
         return {
-            **os.environ,
+            # SPARK_REMOTE became the spark_default connection: in a task, pyspark would otherwise
+            # make every session a Connect client (a stream's own Spark, spark-submit's driver).
+            **{k: v for k, v in os.environ.items() if k != "SPARK_REMOTE"},
             "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
             "AIRFLOW_HOME": str(self.home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),

@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
+from kafka_eos import faults
 from kafka_eos.errors import DeadLetterWithoutTopic, SpecError
 from kafka_eos.kafka_admin import TP
 from kafka_eos.manifest import COMMITTED, NOOP, partition_key
@@ -37,6 +38,7 @@ from kafka_eos.plan import PartitionRange, Plan
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.sinks import batches
 from kafka_eos.sinks.kafka import checkpoint_records, committed_record
+from kafka_eos.spark_io import is_connect
 from kafka_eos.spec import PipelineSpec
 from kafka_eos.transforms import DLQ_REASON
 from kafka_eos.txn import CommitResult, TransactionalCommit
@@ -102,7 +104,9 @@ def check_no_shuffle(df: "DataFrame", spec: PipelineSpec) -> None:
 
     :raises SpecError: an Exchange in the physical plan.
     """
-    physical = df._jdf.queryExecution().executedPlan().toString()
+    # A Connect client's DataFrame has no JVM plan here: the server explains it.
+    physical = df._explain_string(extended=False) if is_connect(df) else \
+        df._jdf.queryExecution().executedPlan().toString()
     if "Exchange" in physical:
         raise SpecError(f"{spec.path}: transform: {spec.transform} shuffles (an Exchange in its plan); "
                         "per_partition scope needs a row-wise transform: use commit: atomic")
@@ -204,8 +208,13 @@ def _one_task_per_partition(tasks: int, spec: PipelineSpec, plan: Plan) -> None:
 def _commit_task(spec: PipelineSpec, plan: Plan, settings: KafkaSettings, owner: dict[int, TP], one_pass: bool):
     """Step 2: the ``mapInArrow`` function of the commit job; one transaction per task."""
     ranges = {r.tp: r for r in plan.active}
+    fail_points = faults.carried()  # the run's test settings reach a Connect server's workers too
 
     def run(arrow_batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
+        with faults.applied(fail_points):
+            yield from _run(arrow_batches)
+
+    def _run(arrow_batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
         import pyarrow as pa
         from pyspark import TaskContext
 
@@ -308,6 +317,9 @@ def commit_rowless(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
 
 @contextmanager
 def _job_description(df: "DataFrame", description: str):
+    if is_connect(df):  # no SparkContext in a Connect client; the server names the job itself
+        yield
+        return
     sc = df.sparkSession.sparkContext
     sc.setJobDescription(description)
     try:

@@ -1,0 +1,90 @@
+"""Spark Connect: ``kafka-eos run --spark-remote`` through a long-lived server (``kafka-eos spark
+start --connect``) is exactly once in both scopes, and so are the fault matrix's crash cells
+(the run's process, or in per_partition scope the server's Python worker, killed mid-commit)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+
+from kafka_eos import kafka_admin
+from kafka_eos.chaos.scenarios import SCENARIOS, run_matrix
+from kafka_eos.local.spark_connect import LocalSparkConnect
+from kafka_eos.readers import read_committed
+from kafka_eos.sample_data import produce_orders
+
+from integration.test_faults import write_spec_file
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory, free_ports):
+    server = LocalSparkConnect(tmp_path_factory.mktemp("spark-connect"), port=free_ports(1))
+    server.start()
+    yield server
+    server.stop()
+
+
+def kafka_eos_run(spec_file, settings, remote: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kafka_eos.cli", "run", str(spec_file), "--bootstrap",
+                           settings.bootstrap_servers, "--spark-remote", remote, *args],
+                          env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("commit", ["atomic", "per_partition"])
+def test_a_run_through_the_connect_server_is_exactly_once_and_starts_no_jvm(connect_server, kafka_settings,
+                                                                            make_spec, tmp_path, commit):
+    spec = make_spec("identity", "kafka", commit)
+    truth = produce_orders(kafka_settings, spec.source.topics[0], 300, abort_every=4, malformed_every=0)
+    spec_file = write_spec_file(spec, tmp_path / "spec.yaml")
+    # No Java for the run's own process: a run that started a JVM of its own would fail here.
+    no_java = {"JAVA_HOME": str(tmp_path / "no-java"), "SPARK_HOME": str(tmp_path / "no-spark")}
+
+    run = kafka_eos_run(spec_file, kafka_settings, connect_server.url, "--json", env=no_java)
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads(run.stdout)
+    assert (summary["status"], summary["records_in"]) == ("committed", len(truth.committed))
+    out = [json.loads(m.value)["order_id"] for m in read_committed(kafka_settings, spec.sink.topic)]
+    assert Counter(out) == Counter(o["order_id"] for o in truth.committed)  # none lost, none twice, none aborted
+    ends = kafka_admin.partition_offsets(kafka_settings, [(spec.source.topics[0], p) for p in range(3)])
+    checkpoints = kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, list(ends))
+    assert checkpoints == {tp: o.lso for tp, o in ends.items()}
+
+    again = kafka_eos_run(spec_file, kafka_settings, connect_server.url, env=no_java)
+    assert again.returncode == 0 and "nothing to do" in again.stdout, again.stderr[-2000:]
+    assert len(read_committed(kafka_settings, spec.sink.topic)) == len(out)
+
+
+def test_a_run_through_an_unreachable_server_fails_in_one_line_and_commits_nothing(kafka_settings, make_spec,
+                                                                                   tmp_path, free_ports):
+    spec = make_spec("identity", "kafka", "atomic")
+    produce_orders(kafka_settings, spec.source.topics[0], 20, abort_every=0, malformed_every=0)
+    spec_file = write_spec_file(spec, tmp_path / "spec.yaml")
+    run = kafka_eos_run(spec_file, kafka_settings, f"sc://127.0.0.1:{free_ports(1)}")
+    assert run.returncode != 0
+    assert run.stderr.strip().splitlines()[-1].startswith("kafka-eos: "), run.stderr[-2000:]
+    assert "Spark Connect" in run.stderr.strip().splitlines()[-1], run.stderr[-2000:]
+    ends = kafka_admin.partition_offsets(kafka_settings, [(spec.source.topics[0], p) for p in range(3)])
+    assert set(kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, list(ends)).values()) == {None}
+
+
+def test_the_fault_matrix_crash_cells_through_the_connect_server(connect_server, kafka_settings, tmp_path):
+    """The driver (the run's process) killed before its commit; a per_partition task's Python worker
+    (on the server) killed after it produced; a SQL run killed before its database commit. Each cell's
+    checkers: nothing lost, nothing twice, nothing aborted visible, checkpoints at the LSO."""
+    by_name = {s.name: s for s in SCENARIOS}
+    cells = [(by_name["process SIGKILL at commit"], "atomic"), (by_name["process SIGKILL at produce"], "per_partition"),
+             (by_name["process SIGKILL at produce"], "sql")]
+    # Crash cells hit no broker: the session's broker serves as the "cluster".
+    outcomes = run_matrix(SimpleNamespace(bootstrap=kafka_settings.bootstrap_servers), cells, tmp_path,
+                          spark_remote=connect_server.url)
+    for o in outcomes:
+        assert o.anomalies == 0 and o.exits[0] != 0 and o.exits[-1] == 0, (o, tmp_path)
+    assert connect_server.is_running()  # a killed Python worker is the server's task failure, not its end

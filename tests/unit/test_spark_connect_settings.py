@@ -1,0 +1,86 @@
+"""The Spark Connect mode's settings, without a server: the URL check, the Airflow connection a
+local deployment gets from ``SPARK_REMOTE``, the server's command line, and the fail points a
+task carries to a server's Python workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from kafka_eos import faults
+from kafka_eos.errors import KafkaEosError
+from kafka_eos.local.airflow import LocalAirflow, connections_environ
+from kafka_eos.local.spark_connect import SERVER_CLASS, LocalSparkConnect
+from kafka_eos.settings import KafkaSettings
+from kafka_eos.spark_io import check_reachable
+
+
+def test_an_unreachable_server_is_one_line_naming_the_address():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: refused
+        with pytest.raises(KafkaEosError) as err:
+            check_reachable(f"sc://127.0.0.1:{port}/;token=secret")
+    assert str(err.value).startswith(f"Spark Connect server at 127.0.0.1:{port} is not reachable")
+    assert "\n" not in str(err.value) and "secret" not in str(err.value)
+
+
+@pytest.mark.parametrize("url", ["spark://127.0.0.1:7077", "127.0.0.1:15002", "sc://"])
+def test_a_url_that_is_not_spark_connect_is_refused(url):
+    with pytest.raises(KafkaEosError, match="expected sc://host"):
+        check_reachable(url)
+
+
+def test_spark_remote_makes_the_deployments_spark_connection_a_spark_connect_one(monkeypatch, tmp_path):
+    settings = KafkaSettings("127.0.0.1:19092")
+    monkeypatch.setenv("SPARK_REMOTE", "sc://127.0.0.1:15999")
+    conn = json.loads(connections_environ(settings)["AIRFLOW_CONN_SPARK_DEFAULT"])
+    assert conn == {"conn_type": "spark_connect", "host": "127.0.0.1", "port": 15999}
+    # A master given wins over the environment's server; neither: local mode.
+    assert json.loads(connections_environ(settings, "local[2]")["AIRFLOW_CONN_SPARK_DEFAULT"]) == \
+        {"conn_type": "spark", "host": "local[2]"}
+    monkeypatch.delenv("SPARK_REMOTE")
+    assert json.loads(connections_environ(settings)["AIRFLOW_CONN_SPARK_DEFAULT"])["conn_type"] == "spark"
+    # The components do not inherit SPARK_REMOTE: pyspark would make every session in a task remote.
+    monkeypatch.setenv("SPARK_REMOTE", "sc://127.0.0.1:15999")
+    assert "SPARK_REMOTE" not in LocalAirflow(tmp_path, 8080, tmp_path / "dags").env()
+
+
+def test_the_server_listens_on_loopback_with_the_connector_and_this_interpreter(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARK_REMOTE", "sc://elsewhere:1")
+    server = LocalSparkConnect(tmp_path, port=15999)
+    command = server.command()
+    assert command[command.index("--class") + 1] == SERVER_CLASS
+    conf = dict(command[i + 1].split("=", 1) for i, arg in enumerate(command) if arg == "--conf")
+    assert conf["spark.connect.grpc.binding.address"] == "127.0.0.1"
+    assert conf["spark.connect.grpc.binding.port"] == "15999"
+    assert "spark-sql-kafka" in conf.get("spark.jars", conf.get("spark.jars.packages", ""))
+    assert conf["spark.speculation"] == "false"
+    env = server._env()
+    assert "SPARK_REMOTE" not in env and env["SPARK_CONNECT_MODE"] == "0"
+    assert Path(env["PYSPARK_PYTHON"]).name.startswith("python")
+    assert server.url == "sc://127.0.0.1:15999"
+
+
+def test_fail_points_carried_to_another_process_apply_inside_the_block_only(monkeypatch, tmp_path):
+    for name in faults.SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    assert faults.carried() == {} and not faults.armed("after_produce")
+    monkeypatch.setenv("KAFKA_EOS_PAUSE_AT", "before_commit")
+    monkeypatch.setenv("KAFKA_EOS_PAUSE_DIR", str(tmp_path))
+    carried = faults.carried()
+    assert carried == {"KAFKA_EOS_PAUSE_AT": "before_commit", "KAFKA_EOS_PAUSE_DIR": str(tmp_path)}
+    for name in carried:
+        monkeypatch.delenv(name)  # the other process: a Connect server's Python worker
+    with faults.applied({**carried, "KAFKA_EOS_CRASH_AT": "after_produce:1000000"}):
+        assert faults.armed("after_produce") and faults.armed("before_commit")
+        assert os.environ["KAFKA_EOS_PAUSE_DIR"] == str(tmp_path)
+        faults.fault_point("after_produce")  # counted, not yet the pass that kills
+    assert not faults.armed("after_produce") and not faults.armed("before_commit")
+    assert "KAFKA_EOS_PAUSE_DIR" not in os.environ
+    with faults.applied({}):  # nothing carried: the process keeps its own (a cluster's executors)
+        assert not faults.armed("after_produce")

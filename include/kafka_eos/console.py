@@ -72,7 +72,7 @@ class Console:
         stages to the client's progress handlers."""
         last = {"line": "", "at": 0.0}
 
-        def handler(stages, _inflight_tasks, _operation_id, done) -> None:
+        def handler(stages, inflight_tasks, operation_id, done) -> None:  # pyspark calls it with keywords
             line = ", ".join(f"stage {s.stage_id}: {s.num_completed_tasks}/{s.num_tasks} tasks done"
                              for s in stages or () if not s.done)
             if line and line != last["line"] and not done and time.monotonic() - last["at"] >= interval_s:

@@ -61,6 +61,16 @@ def test_a_run_through_the_connect_server_is_exactly_once_and_starts_no_jvm(conn
     assert again.returncode == 0 and "nothing to do" in again.stdout, again.stderr[-2000:]
     assert len(read_committed(kafka_settings, spec.sink.topic)) == len(out)
 
+    # As a person runs it (steps and Spark's progress on stderr): the next records, exactly once.
+    more = produce_orders(kafka_settings, spec.source.topics[0], 60, first_seq=300, abort_every=4,
+                          malformed_every=0, transactional_id=f"more-{spec.name}")
+    shown = kafka_eos_run(spec_file, kafka_settings, connect_server.url, env=no_java)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert "committed in " in shown.stdout and f"in {len(more.committed)}, out {len(more.committed)}" in shown.stdout
+    assert "(Spark Connect server sc://127.0.0.1:" in shown.stderr
+    out = [json.loads(m.value)["order_id"] for m in read_committed(kafka_settings, spec.sink.topic)]
+    assert Counter(out) == Counter(o["order_id"] for o in truth.committed + more.committed)
+
 
 def test_a_run_through_an_unreachable_server_fails_in_one_line_and_commits_nothing(kafka_settings, make_spec,
                                                                                    tmp_path, free_ports):

@@ -2,6 +2,7 @@
 kafka-eos run, written with Spark's own Kafka sink (at-least-once: no transaction, no offsets).
 
     spark-submit --jars <connector jars> spark_apps/bench_baseline.py --spec S --plan P
+    python spark_apps/bench_baseline.py --spec S --plan P --spark-remote sc://127.0.0.1:15002
 
 It reads the plan's ranges exactly as kafka-eos does (:func:`kafka_eos.spark_io.read_ranges`),
 applies the spec's transform, and writes results to the sink topic and dead letters to the
@@ -32,12 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench_baseline")
     parser.add_argument("--spec", required=True)
     parser.add_argument("--plan", required=True)
+    parser.add_argument("--spark-remote", help="run on this Spark Connect server (a plain Python process)")
     args = parser.parse_args(argv)
     started = time.monotonic()
     spec = load_spec(args.spec)
     plan = Plan.from_json(Path(args.plan).read_text(), args.plan)
     settings = KafkaSettings.from_environ(os.environ)
-    spark = get_session(f"bench baseline {spec.name}")
+    spark = get_session(f"bench baseline {spec.name}", remote=args.spark_remote)
     _source, results, _dead = transformed(spark, spec, plan, settings)
     dlq = spec.sink.dlq_topic or spec.sink.topic
     out = results.select(

@@ -283,8 +283,12 @@ def cmd_run(args) -> int:
         with child_stderr_to(spark_log_file(), enabled=not args.verbose):
             spark = get_session(f"kafka-eos {spec.name}", driver_java_options=spark_log4j_options(args.verbose),
                                 remote=args.spark_remote)
-        with console.spark_progress(spark):
-            summary = run_batch(spark, spec, plan, settings)
+        try:
+            with console.spark_progress(spark):
+                summary = run_batch(spark, spec, plan, settings)
+        finally:
+            if args.spark_remote:
+                spark.stop()  # the server's session of this run (and anything it cached) ends now
         console.step("  verify every checkpoint is at its range's end")
         verify(spec, settings, plan)
     pinned = _pinned(settings, [r.tp for r in plan.ranges], spec)

@@ -422,7 +422,10 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
         try:
             summary = run_batch(spark, spec, plan, settings)
         finally:
-            spark.stop()  # the server ends this client's session; the server runs on
+            try:
+                spark.stop()  # the server ends this client's session; the server runs on
+            except Exception as exc:  # noqa: BLE001 - the run's own outcome is what the task reports
+                self.log.warning("Spark Connect session not released: %s", exc)
         self.log.info("KAFKA_EOS_SUMMARY %s", json.dumps(summary.as_dict()))
 
     def spark_environ(self, settings: KafkaSettings, folder: Path) -> dict[str, str]:

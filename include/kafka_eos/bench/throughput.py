@@ -263,19 +263,21 @@ def _plan_file(work: Path, plan) -> Path:
     return path
 
 
-def run_baseline(work: Path, settings: KafkaSettings, source: Input) -> dict:
-    """Plain Spark: the orders transform over the whole topic, Spark's own Kafka sink."""
+def run_baseline(work: Path, settings: KafkaSettings, source: Input, remote: str | None = None) -> dict:
+    """Plain Spark: the orders transform over the whole topic, Spark's own Kafka sink (through the
+    Spark Connect server ``remote``, if given: the app as a plain Python process)."""
     from kafka_eos.pipeline import compute_plan
 
     spec = bench_spec(work, settings, source, "baseline")
     plan, _drift = compute_plan(spec, settings, "bench")
-    m = run_measured(spark_submit(PROJECT_ROOT / "spark_apps" / "bench_baseline.py",
-                                  ["--spec", spec.path, "--plan", str(_plan_file(work, plan))]),
-                     spark_env(settings, work), work / f"{spec.name}.log")
+    app, args = PROJECT_ROOT / "spark_apps" / "bench_baseline.py", ["--spec", spec.path, "--plan", str(_plan_file(work, plan))]
+    argv = [sys.executable, str(app), *args, "--spark-remote", remote] if remote else spark_submit(app, args)
+    m = run_measured(argv, spark_env(settings, work), work / f"{spec.name}.log")
     if m.returncode != 0:
         raise RuntimeError(f"baseline run failed (exit {m.returncode}): see {work / spec.name}.log")
     out, dead = count_committed(settings, spec.sink.topic), count_committed(settings, spec.sink.dlq_topic)
-    row = _row("baseline", "Spark's Kafka sink (at-least-once)", source, m, out, dead)
+    row = _row("baseline_connect" if remote else "baseline", "Spark's Kafka sink (at-least-once)" +
+               (", through the Spark Connect server" if remote else ""), source, m, out, dead)
     if out + dead < source.records:
         row["anomalies"] = [f"wrote {out} results and {dead} dead letters for {source.records} committed inputs"]
     return row
@@ -485,7 +487,9 @@ def _ratios(rows: list[dict]) -> None:
     for r in rows:
         if "size" not in r:
             continue
-        base = next((b for b in rows if b["name"] == "baseline" and b.get("size") == r["size"]), None)
+        # Through Spark Connect, against Spark's own sink through the same server (neither pays a JVM start).
+        base_name = "baseline_connect" if r["name"].endswith("_connect") else "baseline"
+        base = next((b for b in rows if b["name"] == base_name and b.get("size") == r["size"]), None)
         r["x_baseline"] = round(r["records_per_s"] / base["records_per_s"], 2) if base else None
         r["x_ceiling"] = round(r["records_per_s"] / ceiling, 3) if ceiling else None
 
@@ -546,15 +550,16 @@ def chart(rows: list[dict], path: Path) -> None:
     fixed = [r for r in rows if "records_per_s" not in r]
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [3, 2]})
     labels = [f"{r['name']}\n{r['size']}x" for r in runs]
-    colors = ["#888888" if r["name"] == "baseline" else "#2a6fbb" if r["name"] in ("atomic", "per_partition")
-              else "#3a9a5b" for r in runs]
+    colors = ["#888888" if r["name"].startswith("baseline") else "#2a6fbb" if r["name"] in ("atomic", "per_partition")
+              else "#7a4fbf" if r["name"].endswith("_connect") else "#3a9a5b" for r in runs]
     bars = left.bar(labels, [r["records_per_s"] for r in runs], color=colors)
     for bar, r in zip(bars, runs):
         if r.get("x_baseline"):
             left.annotate(f"{r['x_baseline']}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                           ha="center", va="bottom", fontsize=8)
     ceilings = {r["name"]: r["records_per_s"] for r in rows if r["name"].startswith("ceiling")}
-    left.set_title("records/s, whole spark-submit processes (local[2]); ceiling: "
+    left.set_title("records/s, whole processes (spark-submit, or *_connect through a Spark Connect server; "
+                   "local[2]); ceiling: "
                    + ", ".join(f"{k.split('_')[1]} {v:,}/s" for k, v in ceilings.items()), fontsize=9)
     left.tick_params(axis="x", labelsize=7)
     left.set_ylabel("committed input records / s")
@@ -616,6 +621,9 @@ def _measure(args, skip: set, settings: KafkaSettings, work: Path, rows: list[di
         for commit in ("atomic", "per_partition"):
             runs.append(best_of(args.repeat, f"kafka-eos {commit} {size}x", run_kafka_eos, work, settings, source,
                                 "kafka", commit))
+        if remote:
+            runs.append(best_of(args.repeat, f"baseline {size}x, Spark Connect", run_baseline, work, settings,
+                                source, remote))
         for commit in ("atomic", "per_partition") if remote else ():
             runs.append(best_of(args.repeat, f"kafka-eos {commit} {size}x, Spark Connect", run_kafka_eos, work,
                                 settings, source, "kafka", commit, label=f"{commit}_connect", remote=remote))

@@ -548,8 +548,12 @@ def chart(rows: list[dict], path: Path) -> None:
 
     runs = [r for r in rows if "size" in r]
     fixed = [r for r in rows if "records_per_s" not in r]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [3, 2]})
-    labels = [f"{r['name']}\n{r['size']}x" for r in runs]
+    if fixed:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [3, 2]})
+    else:
+        fig, left = plt.subplots(1, 1, figsize=(10, 5))
+    labels = [f"{r['name'].removesuffix('_connect')}\n{r['size']}x" + ("\nConnect" if r["name"].endswith("_connect") else "")
+              for r in runs]
     colors = ["#888888" if r["name"].startswith("baseline") else "#2a6fbb" if r["name"] in ("atomic", "per_partition")
               else "#7a4fbf" if r["name"].endswith("_connect") else "#3a9a5b" for r in runs]
     bars = left.bar(labels, [r["records_per_s"] for r in runs], color=colors)
@@ -558,15 +562,16 @@ def chart(rows: list[dict], path: Path) -> None:
             left.annotate(f"{r['x_baseline']}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                           ha="center", va="bottom", fontsize=8)
     ceilings = {r["name"]: r["records_per_s"] for r in rows if r["name"].startswith("ceiling")}
-    left.set_title("records/s, whole processes (spark-submit, or *_connect through a Spark Connect server; "
-                   "local[2]); ceiling: "
-                   + ", ".join(f"{k.split('_')[1]} {v:,}/s" for k, v in ceilings.items()), fontsize=9)
+    left.set_title("records/s, whole processes (spark-submit, or through a Spark Connect server; local[2])"
+                   + ("; ceiling: " + ", ".join(f"{k.split('_')[1]} {v:,}/s" for k, v in ceilings.items())
+                      if ceilings else ""), fontsize=9)
     left.tick_params(axis="x", labelsize=7)
     left.set_ylabel("committed input records / s")
-    right.barh([r["name"] for r in fixed], [r["seconds"] for r in fixed], color="#c07a2a")
-    right.set_xlabel("seconds")
-    right.set_title("fixed costs and planning", fontsize=9)
-    right.tick_params(axis="y", labelsize=7)
+    if fixed:
+        right.barh([r["name"] for r in fixed], [r["seconds"] for r in fixed], color="#c07a2a")
+        right.set_xlabel("seconds")
+        right.set_title("fixed costs and planning", fontsize=9)
+        right.tick_params(axis="y", labelsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import (AirflowException, AirflowFailException, AirflowNotFoundException,
+                                     AirflowSkipException)
 
 from kafka_eos.errors import DataLossError, KafkaEosError, PlanError, SpecError, TopicRecreated
 from kafka_eos.paths import spark_app
@@ -406,7 +407,11 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
         """The Spark Connect URL of the Spark connection, or None for a spark-submit connection."""
         from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 
-        if SparkConnectHook.get_connection(self._conn_id).conn_type != SparkConnectHook.conn_type:
+        try:
+            conn = SparkConnectHook.get_connection(self._conn_id)
+        except AirflowNotFoundException:
+            return None  # spark-submit's hook has its own default (YARN)
+        if conn.conn_type != SparkConnectHook.conn_type:
             return None
         return SparkConnectHook(self._conn_id).get_connection_url()
 

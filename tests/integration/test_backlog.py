@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import Producer
 
 from kafka_eos import kafka_admin
-from kafka_eos.health.backlog import backlog, stale, waiting
+from kafka_eos.health.backlog import backlog, stale, waiting, with_oldest_unprocessed
 
 pytestmark = pytest.mark.integration
 
@@ -58,5 +58,11 @@ def test_backlog_ages_the_oldest_committed_record_and_checks_freshness(kafka_set
     kafka_admin.alter_group_offsets(kafka_settings, spec.source.group_id, {(topic, 0): 6, (topic, 2): 1})
     rows = _by_partition(backlog(spec, kafka_settings)[0])
     assert rows[0]["oldest_unprocessed"] is None and rows[2]["oldest_unprocessed"] is None
+    assert (rows[1]["lso"], rows[1]["oldest_unprocessed"]["offset"]) == (6, 4)
+
+    # A row is one look: listed while the transaction was open (LSO 3), the record that became
+    # readable since (offset 4) is not that look's backlog; the next look, with its LSO, has it.
+    (looked_before,) = with_oldest_unprocessed(kafka_settings, [{**rows[1], "lso": 3, "lag": 3}])
+    assert looked_before["oldest_unprocessed"] is None
     assert rows[1]["oldest_unprocessed"]["offset"] == 4
     assert stale(spec, list(rows.values())) == []  # processed, or fresh

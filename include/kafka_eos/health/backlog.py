@@ -21,8 +21,9 @@ from kafka_eos.spec import PipelineSpec
 
 def backlog(spec: PipelineSpec, settings: KafkaSettings, now_ms: int | None = None) -> tuple[list[dict], list[Drift]]:
     """:func:`~kafka_eos.pipeline.checkpoint_rows`, each row with ``oldest_unprocessed``: the
-    first committed record at or after the checkpoint (``offset``, ``timestamp_ms``, ``age_s``),
-    or None when no committed record waits (none past the checkpoint, or only aborted ones).
+    first committed record at or after the checkpoint and below the row's LSO (``offset``,
+    ``timestamp_ms``, ``age_s``), or None when no committed record waits there (none past the
+    checkpoint, or only aborted ones).
 
     A partition without a checkpoint counts from its log start, as its lag does.
     """
@@ -47,7 +48,10 @@ def with_oldest_unprocessed(settings: KafkaSettings, rows: list[dict], now_ms: i
         firsts = first_records(settings, starts, committed=True)
         for r in this_read:
             first = firsts.get((r["topic"], r["partition"]))
-            if first is not None:
+            # A row is one look: a record at or past the LSO it was listed with became readable
+            # after that (a transaction committed in between). It is the next look's, with its LSO;
+            # counted here, one commit would fire an event trigger twice (seen: two asset runs).
+            if first is not None and first[0] < r["lso"]:
                 r["oldest_unprocessed"] = {"offset": first[0], "timestamp_ms": first[1],
                                            "age_s": round(max(0.0, (now_ms - first[1]) / 1000), 1)}
         pending = later

@@ -21,3 +21,17 @@ def test_port_taken_by_another_process_is_a_clear_error(tmp_path):
 
 def test_stop_when_nothing_runs_reports_false(tmp_path):
     assert LocalBroker(home=tmp_path, port=1).stop() is False
+
+
+def test_a_cluster_id_never_starts_with_a_dash(monkeypatch):
+    """kafka-storage format takes ``--cluster-id -…`` for an option: one format in 64 failed so."""
+    import uuid
+
+    from kafka_eos.local import kafka
+
+    dash_first = uuid.UUID(bytes=b"\xf8" + bytes(15))  # base64: '-' first (0xf8 >> 2 == 62)
+    plain = uuid.UUID(bytes=b"\x04" + bytes(15))
+    drawn = iter([dash_first, dash_first, plain])
+    monkeypatch.setattr(kafka.uuid, "uuid4", lambda: next(drawn))
+    cluster_id = kafka.new_cluster_id()
+    assert cluster_id == "BAAAAAAAAAAAAAAAAAAAAA" and len(cluster_id) == 22

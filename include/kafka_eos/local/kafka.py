@@ -382,8 +382,13 @@ class LocalCluster:
 
 
 def new_cluster_id() -> str:
-    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (as ``kafka-storage random-uuid``)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (as ``kafka-storage random-uuid``).
+    Like Kafka's ``Uuid.randomUuid``, never one that starts with ``-``: ``kafka-storage format
+    --cluster-id -…`` takes it for an option (seen: one secured broker's format in 64 failed)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def _classpath() -> str:

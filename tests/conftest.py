@@ -251,8 +251,8 @@ def killed_transaction(tmp_path, kafka_settings):
 
 #: Test servers listen below the kernel's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range,
 #: 32768-60999 here): a port picked in that range can be taken as the local port of any outgoing
-#: connection before the server binds it (seen: a 3-node cluster's node 2 exited with "address in
-#: use" while node 1 dialled the quorum). Each xdist worker picks in a band of its own.
+#: connection before the server binds it (the likely cause of a 3-node cluster's node exiting at its
+#: start once, while the nodes dialled each other). Each xdist worker picks in a band of its own.
 PORT_BAND_BASE, PORT_BAND_SIZE = 20000, 3000
 
 

@@ -75,7 +75,8 @@ def _shared_scope(path: str) -> str | None:
         return "airflow-deployment"
     if "secure_broker" in text:
         return "secure-broker"  # one secured broker per session (not one per worker), stopped early
-    return path if 'scope="module"' in text else None
+    # A module-scoped fixture of the module's own, or the shared module-scoped Connect server.
+    return path if 'scope="module"' in text or "connect_server" in text else None
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -322,6 +323,17 @@ def secure_broker(tmp_path_factory):
     yield SecureBroker(broker)
     broker.stop()
     shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory):
+    """A Spark Connect server (``local[2]``) on a free port, for one module's tests."""
+    from kafka_eos.local.spark_connect import LocalSparkConnect
+
+    server = LocalSparkConnect(tmp_path_factory.mktemp("spark-connect"), port=adjacent_free_ports(1))
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -107,16 +107,6 @@ def test_a_pipeline_triggered_with_a_conf_through_the_rest_api(airflow_deploymen
     assert [m.value() for m in read_committed(kafka_settings, topics["dlq"])] == [MALFORMED]
 
 
-@pytest.fixture(scope="module")
-def connect_server(tmp_path_factory, free_ports):
-    from kafka_eos.local.spark_connect import LocalSparkConnect
-
-    server = LocalSparkConnect(tmp_path_factory.mktemp("spark-connect"), port=free_ports(1))
-    server.start()
-    yield server
-    server.stop()
-
-
 CONNECT_DAG = """\
 from kafka_eos_airflow.dag_factory import dags_from_folder
 

@@ -15,21 +15,12 @@ import pytest
 
 from kafka_eos import kafka_admin
 from kafka_eos.chaos.scenarios import SCENARIOS, run_matrix
-from kafka_eos.local.spark_connect import LocalSparkConnect
 from kafka_eos.readers import read_committed
 from kafka_eos.sample_data import produce_orders
 
 from integration.test_faults import write_spec_file
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def connect_server(tmp_path_factory, free_ports):
-    server = LocalSparkConnect(tmp_path_factory.mktemp("spark-connect"), port=free_ports(1))
-    server.start()
-    yield server
-    server.stop()
 
 
 def kafka_eos_run(spec_file, settings, remote: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -63,7 +63,11 @@ class HungTransactionSensor(BaseSensorOperator):
         self.kafka_conn_id = kafka_conn_id
 
     def execute(self, context: Context) -> None:
-        topics = list(dict.fromkeys([*self.topics, *(t for p in self.pipelines for t in pipeline_topics(p))]))
+        derived = [t for p in self.pipelines for t in pipeline_topics(p)]
+        topics = list(dict.fromkeys([*self.topics, *derived]))
+        # A pipeline's topics may not exist before its first run (its manifest is made by the first
+        # commit): watched once they do. A topic named in ``topics`` must exist.
+        missing_ok = [t for t in dict.fromkeys(derived) if t not in self.topics]
         if not topics:
             raise AirflowFailException(f"{self.task_id}: no topics to watch (give topics or pipelines)")
         older_than_s = self.older_than_s
@@ -75,7 +79,7 @@ class HungTransactionSensor(BaseSensorOperator):
         self.log.info("watching %d topic(s) for transactions open longer than %gs", len(topics), older_than_s)
         self.defer(
             trigger=HungTransactionTrigger(topics, self.kafka_conn_id, older_than_s, self.healthy_for_s,
-                                           self.poll_interval_s, self.pipelines),
+                                           self.poll_interval_s, self.pipelines, missing_ok),
             method_name="execute_complete",
             # The trigger ends by itself after healthy_for_s; the margin covers slow looks.
             timeout=timedelta(seconds=self.healthy_for_s + 10 * self.poll_interval_s + 600))

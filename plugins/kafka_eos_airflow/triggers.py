@@ -21,11 +21,13 @@ class HungTransactionTrigger(BaseTrigger):
 
     :param topics: the topics to watch (all their partitions).
     :param kafka_conn_id: the ``kafka`` connection (see :class:`~kafka_eos_airflow.hooks.KafkaEosHook`).
+    :param missing_ok: those of ``topics`` that may not exist yet (a pipeline's topics before its
+        first run: its run manifest, its backfill topic); watched once they do.
     """
 
     def __init__(self, topics: list[str], kafka_conn_id: str, older_than_s: float = DEFAULT_OLDER_THAN_S,
                  healthy_for_s: float = 300.0, poll_interval_s: float = 30.0,
-                 pipelines: list[str] | None = None) -> None:
+                 pipelines: list[str] | None = None, missing_ok: list[str] | None = None) -> None:
         super().__init__()
         self.topics = list(topics)
         self.kafka_conn_id = kafka_conn_id
@@ -33,12 +35,13 @@ class HungTransactionTrigger(BaseTrigger):
         self.healthy_for_s = healthy_for_s
         self.poll_interval_s = poll_interval_s
         self.pipelines = list(pipelines or [])
+        self.missing_ok = list(missing_ok or [])
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return ("kafka_eos_airflow.triggers.HungTransactionTrigger", {
             "topics": self.topics, "kafka_conn_id": self.kafka_conn_id, "older_than_s": self.older_than_s,
             "healthy_for_s": self.healthy_for_s, "poll_interval_s": self.poll_interval_s,
-            "pipelines": self.pipelines})
+            "pipelines": self.pipelines, "missing_ok": self.missing_ok})
 
     def look(self, previous: dict[str, dict] | None) -> tuple[list, dict[str, dict], int]:
         """One look (blocking): the stalls found, the observation to keep, partitions checked."""
@@ -49,7 +52,7 @@ class HungTransactionTrigger(BaseTrigger):
         from kafka_eos_airflow.hooks import KafkaEosHook
 
         settings = KafkaEosHook(self.kafka_conn_id).get_settings()
-        tps = topic_partitions(settings, self.topics)
+        tps = topic_partitions(settings, self.topics, self.missing_ok)
         stalls, seen = observe(settings, tps, self.older_than_s, previous)
         specs = [load_spec(p, import_transform=False) for p in self.pipelines]
         return attribute(settings, stalls, specs), seen, len(tps)

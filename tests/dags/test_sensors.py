@@ -127,3 +127,37 @@ def test_the_watchdogs_threshold_follows_the_longest_transaction_timeout_of_its_
     with pytest.raises(TaskDeferred) as deferred:  # given, it is kept
         HungTransactionSensor(task_id="watch", pipelines=paths, older_than_s=30).execute({})
     assert deferred.value.trigger.older_than_s == 30
+
+
+def test_the_watchdog_over_a_pipeline_that_never_ran_watches_what_exists(tmp_path, kafka_settings, kafka_connection,
+                                                                         killed_transaction, unique):
+    """A pipeline's run manifest and backfill topic exist only after its first run: the watchdog
+    over it watches its other topics meanwhile (it found a stranger's transaction on the source)
+    instead of failing every run with "topic does not exist" (met in the soak: a stream pipeline
+    not started yet). A topic named by the DAG itself must still exist."""
+    import yaml
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from kafka_eos.errors import BrokerError
+    from kafka_eos_airflow.sensors import HungTransactionSensor
+
+    source, out = f"in-{unique}", f"out-{unique}"
+    kafka_admin.create_topics(kafka_settings, {source: 1, out: 1})
+    killed_transaction(f"stranger-{unique}", (source, 0))
+    path = tmp_path / "never_ran.yaml"
+    path.write_text(yaml.safe_dump({"name": f"never-ran-{unique}", "source": {"topics": [source]},
+                                    "sink": {"kind": "kafka", "topic": out, "backfill_topic": f"side-{unique}"}}))
+    with pytest.raises(TaskDeferred) as deferred:
+        HungTransactionSensor(task_id="watch", pipelines=[str(path)], older_than_s=0, healthy_for_s=3,
+                              poll_interval_s=1).execute({})
+    trigger = deferred.value.trigger
+    assert set(trigger.missing_ok) == {source, out, f"side-{unique}", f"kafka-eos.manifest.never-ran-{unique}"}
+    (event,) = _events(trigger)
+    assert event.payload["status"] == "stalled"
+    assert [(s["topic"], s["partition"]) for s in event.payload["stalls"]] == [(source, 0)]
+
+    with pytest.raises(TaskDeferred) as deferred:
+        HungTransactionSensor(task_id="watch", topics=[f"absent-{unique}"], pipelines=[str(path)], older_than_s=0,
+                              healthy_for_s=3, poll_interval_s=1).execute({})
+    with pytest.raises(BrokerError, match=f"topic 'absent-{unique}' does not exist"):
+        _events(deferred.value.trigger)

@@ -72,18 +72,24 @@ class Stall:
         return f"{text}; abort: {abort_command(self.topic, self.partition, self.lso)}"
 
 
-def topic_partitions(settings: KafkaSettings, topics: Iterable[str] | None = None) -> list[TP]:
+def topic_partitions(settings: KafkaSettings, topics: Iterable[str] | None = None,
+                     missing_ok: Iterable[str] = ()) -> list[TP]:
     """The partitions of ``topics`` (default: every topic that is not internal).
 
-    :raises BrokerError: a named topic does not exist.
+    :param missing_ok: topics that may not exist yet (a pipeline's run manifest or backfill topic
+        before its first run): skipped while absent. A topic that does not exist holds no transaction.
+    :raises BrokerError: a named topic not in ``missing_ok`` does not exist.
     """
     admin = admin_client(settings)  # kept alive while its answer is read
     md = admin.list_topics(timeout=ADMIN_TIMEOUT_S)
     names = list(topics) if topics else sorted(t for t in md.topics if not t.startswith("__"))
+    missing_ok = set(missing_ok)
     out = []
     for name in names:
         tmd = md.topics.get(name)
         if tmd is None or tmd.error is not None:
+            if name in missing_ok:
+                continue
             raise BrokerError(f"topic {name!r} does not exist")
         out += [(name, p) for p in sorted(tmd.partitions)]
     return out

@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 JARS   := .local/jars
 MVN    := mvn -q -B -s jvm/settings.xml -f jvm/pom.xml
 
-.PHONY: demo test test-quick chaos bench bench-stream bench-page wheel compat install jars postgres chromium compose-tool kafka-start kafka-stop cluster-up cluster-down airflow-up airflow-down clean
+.PHONY: demo test test-quick chaos soak bench bench-stream bench-page wheel compat install jars postgres chromium compose-tool kafka-start kafka-stop cluster-up cluster-down airflow-up airflow-down clean
 
 demo: install jars
 	$(VENV)/bin/kafka-eos demo
@@ -102,6 +102,15 @@ $(JARS)/spark/.resolved: jvm/pom.xml
 # --scenario SIGSTOP.
 chaos: install jars
 	$(PY) -m kafka_eos.chaos $(CHAOS_ARGS)
+
+# Hours of operation under faults: three pipelines (two scheduled every minute, one stream) under a
+# real scheduler on a three-node cluster, faults at random times from SOAK_SEED (default: a new
+# seed, printed), an operator acting through Airflow's REST API, then an audit of every output
+# (docs/soak.md). The report and the lag chart go to .local/soak/<time>/report.
+SOAK_MINUTES ?= 60
+
+soak: install jars postgres
+	SOAK_MINUTES=$(SOAK_MINUTES) SOAK_SEED=$(SOAK_SEED) $(PY) -m kafka_eos.soak
 
 # Throughput beside plain at-least-once Spark and Kafka's own perf tools, fixed costs, the planner
 # and memory (a table on stdout; .local/bench/throughput.json and throughput.png; about 25 minutes on 2 cores).

@@ -93,6 +93,12 @@ def pytest_xdist_make_scheduler(config, log):
     return SharedResourceScheduling(config, log)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``runs_first`` (the soak: minutes of one test) go first: a worker starts them at
+    the session's start, beside the short ones, instead of ending the session alone with them."""
+    items.sort(key=lambda item: item.get_closest_marker("runs_first") is None)
+
+
 def pytest_unconfigure(config):
     broker, started_here = getattr(config, "kafka_eos_broker", (None, False))
     if broker is not None and started_here and os.environ.get("KAFKA_EOS_KEEP_BROKER") != "1":

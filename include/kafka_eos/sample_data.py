@@ -53,6 +53,15 @@ def _poison(kind: int, order: dict) -> bytes:
     return MALFORMED[kind]
 
 
+def order_record(seq: int, rng: random.Random, start: datetime, malformed_every: int = 17) -> tuple[dict, bytes | None, bool]:
+    """The ``seq``-th sample order: ``(order, value, poison)``. Every ``malformed_every``-th is poison
+    (a value the orders transform dead-letters, in turn each kind of :data:`MALFORMED`)."""
+    order = make_order(seq, rng, start)
+    if malformed_every and seq % malformed_every == malformed_every - 1:
+        return order, _poison(seq % len(MALFORMED), order), True
+    return order, json.dumps(order).encode(), False
+
+
 def produce_orders(settings: KafkaSettings, topic: str, count: int, *, first_seq: int = 0,
                    per_transaction: int = 50, abort_every: int = 4, malformed_every: int = 17,
                    seed: int = 7, transactional_id: str | None = None) -> Produced:
@@ -75,12 +84,10 @@ def produce_orders(settings: KafkaSettings, topic: str, count: int, *, first_seq
         producer.begin_transaction()
         batch_valid, batch_malformed, batch_ids = [], 0, []
         for _ in range(min(per_transaction, first_seq + count - seq)):
-            order = make_order(seq, rng, start)
-            if malformed_every and seq % malformed_every == malformed_every - 1:
-                value = _poison(seq % len(MALFORMED), order)
+            order, value, poison = order_record(seq, rng, start, malformed_every)
+            if poison:
                 batch_malformed += 1
             else:
-                value = json.dumps(order).encode()
                 batch_valid.append(order)
             batch_ids.append(order["order_id"])
             producer.produce(topic, key=order["customer_id"].encode(), value=value)

@@ -208,16 +208,7 @@ class LocalAirflow:
         """
         self.home.mkdir(parents=True, exist_ok=True)
         self.airflow("db", "migrate", timeout_s=START_TIMEOUT_S)
-        procs = {}
-        for component in COMPONENTS:
-            args = {"api-server": ["api-server", "--host", HOST, "--port", str(self.port)],
-                    "scheduler": ["scheduler", "--skip-serve-logs"],
-                    "triggerer": ["triggerer", "--skip-serve-logs"]}.get(component, [component])
-            log = open(self.home / f"{component}.log", "ab")  # noqa: SIM115 - the child keeps it
-            # A session of its own: stop() ends the component and every process it started.
-            procs[component] = subprocess.Popen(["airflow", *args], env=self.env(), stdout=log,
-                                                stderr=subprocess.STDOUT, start_new_session=True)
-            self._pid_file(component).write_text(str(procs[component].pid))
+        procs = {component: self.launch(component) for component in COMPONENTS}
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             for component, proc in procs.items():
@@ -230,6 +221,28 @@ class LocalAirflow:
             time.sleep(2)
         self.stop()
         raise AirflowError(f"airflow at {self.url} not healthy within {START_TIMEOUT_S:g}s; logs in {self.home}")
+
+    def launch(self, component: str) -> subprocess.Popen:
+        """Start one component (one of :data:`COMPONENTS`) in a session of its own, its output
+        appended to ``<component>.log`` in the home folder; :meth:`start` starts them all."""
+        args = {"api-server": ["api-server", "--host", HOST, "--port", str(self.port)],
+                "scheduler": ["scheduler", "--skip-serve-logs"],
+                "triggerer": ["triggerer", "--skip-serve-logs"]}.get(component, [component])
+        with open(self.home / f"{component}.log", "ab") as log:
+            # A session of its own: stop() ends the component and every process it started.
+            proc = subprocess.Popen(["airflow", *args], env=self.env(), stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        self._pid_file(component).write_text(str(proc.pid))
+        return proc
+
+    def pid(self, component: str) -> int | None:
+        """The process id of a running component, or None."""
+        try:
+            pid = int(self._pid_file(component).read_text())
+            os.kill(pid, 0)
+            return pid
+        except (OSError, ValueError):
+            return None
 
     def healthy(self) -> bool:
         """All four components report healthy on the API's health endpoint."""

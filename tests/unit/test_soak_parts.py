@@ -80,3 +80,58 @@ def test_the_lag_chart_is_an_svg_with_a_line_per_pipeline_and_a_mark_per_fault()
     assert [t.text for t in svg.findall(f"{ns}text") if t.text in ("orders_enriched", "orders_stream")] == [
         "orders_enriched", "orders_stream"]
     assert any(line.find(f"{ns}title") is not None for line in svg.findall(f"{ns}line"))
+
+
+class FakeAirflow:
+    """Airflow's REST API as the soak's operator meets it: the runbook refuses a dry run without
+    force (the transaction is younger than the abort threshold) and succeeds otherwise."""
+
+    def __init__(self, refuse: str = "unforced") -> None:
+        self.triggered: list[dict] = []
+        self.refuse = refuse  # "unforced" | "always"
+
+    def api(self, method, path, body=None):
+        if method == "POST" and path.endswith("/dagRuns"):
+            self.triggered.append(body["conf"])
+            return {"dag_run_id": f"manual__{len(self.triggered)}", "state": "queued"}
+        if "/xcomEntries/" in path:
+            return {"value": {"found": True}}
+        if "/dagRuns/manual__" in path:
+            conf = self.triggered[int(path.rsplit("__", 1)[1]) - 1]
+            refused = self.refuse == "always" or not conf.get("force")
+            return {"state": "failed" if refused else "success"}
+        if path.startswith("/api/v2/dags/~/dagRuns?state=failed"):
+            return {"dag_runs": []}
+        raise AssertionError(f"unexpected call {method} {path}")
+
+
+def test_the_operator_runs_the_runbook_as_its_answers_lead_once_per_held_partition(monkeypatch):
+    from kafka_eos.soak import operator as op
+
+    monkeypatch.setattr(op.time, "sleep", lambda s: None)
+    airflow = FakeAirflow()
+    world = SimpleNamespace(airflow=airflow, pipelines=["orders_enriched"], inbox=SimpleNamespace(alerts=[]))
+    person = op.Operator(world, say=lambda line: None)
+    stall = {"runbook": {"conf": {"topic": "orders", "partition": 1, "start_offset": 6614}}}
+    world.inbox.alerts += [(0.0, {"stalls": [stall]}), (1.0, {"text": "a task failed", "stalls": []})]
+    person.look()
+    assert airflow.triggered == [
+        {"topic": "orders", "partition": 1, "start_offset": 6614, "dry_run": True},
+        {"topic": "orders", "partition": 1, "start_offset": 6614, "dry_run": True, "force": True},
+        {"topic": "orders", "partition": 1, "start_offset": 6614, "dry_run": False, "force": True,
+         "confirm": "ABORT orders-1@6614"}]
+    (action,) = person.actions
+    assert (action.kind, action.target, action.outcome) == ("abort", "orders-1@6614", "abort success")
+    # The next watchdog run alerts again before the LSO moved on: done already, not again.
+    world.inbox.alerts.append((2.0, {"stalls": [stall]}))
+    person.look()
+    assert len(airflow.triggered) == 3
+
+    # A dry run that finds nothing to abort even forced: no abort; a later alert tries again, up to a limit.
+    world.airflow = refusing = FakeAirflow(refuse="always")
+    other = {"runbook": {"conf": {"topic": "orders", "partition": 2, "start_offset": 9}}}
+    for i in range(op.MAX_ATTEMPTS + 2):
+        world.inbox.alerts.append((3.0 + i, {"stalls": [other]}))
+        person.look()
+    assert [c["dry_run"] for c in refusing.triggered] == [True, True] * op.MAX_ATTEMPTS
+    assert [a.outcome for a in person.actions[1:]] == ["dry run failed"] * op.MAX_ATTEMPTS

@@ -261,8 +261,8 @@ class FaultDriver(threading.Thread):
         if n >= MAX_SOURCE_PARTITIONS:
             event.note = f"{SOURCE} has {n} partitions already"
             return
-        futures = admin_client(self.world.settings).create_partitions([NewPartitions(SOURCE, n + 1)])
-        admin_result(futures[SOURCE], f"adding a partition to {SOURCE}")
+        admin = admin_client(self.world.settings)  # alive until its answer is read
+        admin_result(admin.create_partitions([NewPartitions(SOURCE, n + 1)])[SOURCE], f"adding a partition to {SOURCE}")
         event.target = f"{SOURCE}: {n} -> {n + 1} partitions"
 
     def close(self) -> None:

@@ -17,6 +17,8 @@ LOOK_EVERY_S = 10.0
 RUN_TIMEOUT_S = 300.0
 #: A run cleared this often and failed again is left for a person with more time (and reported).
 MAX_CLEARS = 3
+#: The runbook is run at most this often for one held partition (each time an alert names it).
+MAX_ATTEMPTS = 3
 
 
 @dataclass
@@ -40,7 +42,9 @@ class Operator(threading.Thread):
         self.world, self.say = world, say
         self.actions: list[Action] = []
         self._seen_alerts = 0
-        self._aborted: set[tuple[str, int, int]] = set()
+        #: Held partitions (topic, partition, LSO) the runbook was run for: its outcome, and how often.
+        self._aborted: dict[tuple[str, int, int], str] = {}
+        self._attempts: dict[tuple[str, int, int], int] = {}
         self._clears: dict[tuple[str, str], int] = {}
         #: A cleared run's end when it was cleared: it is cleared again only after a later failure.
         self._cleared_at: dict[tuple[str, str], str] = {}
@@ -65,31 +69,40 @@ class Operator(threading.Thread):
             for stall in body.get("stalls") or ():
                 conf = stall["runbook"]["conf"]
                 key = (conf["topic"], int(conf["partition"]), int(conf["start_offset"]))
-                if key not in self._aborted:
-                    self._aborted.add(key)
-                    self.abort(*key)
+                # Once per held partition; again at a later alert if the runbook did not end it.
+                if self._aborted.get(key) != "abort success" and self._attempts.get(key, 0) < MAX_ATTEMPTS:
+                    self._attempts[key] = self._attempts.get(key, 0) + 1
+                    self._aborted[key] = self.abort(*key).outcome
         self.clear_failed()
 
     # --- the runbook -------------------------------------------------------------------------------
 
-    def abort(self, topic: str, partition: int, start_offset: int) -> None:
-        """The runbook's dry run; if it found the transaction, the approved abort (forced: the
-        dry run says it is younger than the brokers' longest transaction timeout, and the alert
-        says it pins the partition)."""
+    def abort(self, topic: str, partition: int, start_offset: int) -> Action:
+        """The runbook as its alert and its answers lead a person: the dry run; refused (the
+        watchdog alerts at its threshold, the abort's guard waits for the brokers' longest
+        transaction timeout, 15 minutes), the dry run again with ``force`` — the alert names a
+        producer of no pipeline pinning the partition; then the approved abort, forced and confirmed."""
         action = Action("abort", f"{topic}-{partition}@{start_offset}", time.time())
         self.actions.append(action)
         conf = {"topic": topic, "partition": partition, "start_offset": start_offset}
         dry_state, found = self.trigger(RUNBOOK_DAG, {**conf, "dry_run": True}, xcom_of="abort_transaction")
         action.details["dry_run"] = {"state": dry_state, "found": found}
+        force = False
+        if dry_state != "success":
+            force = True
+            dry_state, found = self.trigger(RUNBOOK_DAG, {**conf, "dry_run": True, "force": True},
+                                            xcom_of="abort_transaction")
+            action.details["forced_dry_run"] = {"state": dry_state, "found": found}
         if dry_state != "success":
             action.outcome, action.ended = f"dry run {dry_state}", time.time()
-            return
-        state, result = self.trigger(RUNBOOK_DAG, {**conf, "dry_run": False, "force": True,
+            return action
+        state, result = self.trigger(RUNBOOK_DAG, {**conf, "dry_run": False, "force": force,
                                                    "confirm": confirmation(topic, partition, start_offset)},
                                      xcom_of="abort_transaction")
-        action.details["abort"] = {"state": state, "result": result}
+        action.details["abort"] = {"state": state, "result": result, "forced": force}
         action.outcome, action.ended = f"abort {state}", time.time()
-        self.say(f"operator: {action.target}: dry run {dry_state}, abort {state}")
+        self.say(f"operator: {action.target}: dry run {dry_state}{' (forced)' if force else ''}, abort {state}")
+        return action
 
     def trigger(self, dag_id: str, conf: dict, xcom_of: str | None = None) -> tuple[str, object]:
         """Trigger ``dag_id`` with ``conf`` and wait for its end: ``(state, the task's return value)``."""

@@ -19,6 +19,7 @@ its first, then 2 and 3 per transaction (:meth:`TransactionalCommit.use` sets th
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
@@ -40,6 +41,13 @@ TRANSACTION_TIMEOUT_MS = 300_000
 CALL_TIMEOUT_S = 60.0
 #: How often a retriable error of one call is retried before the attempt fails.
 MAX_CALL_RETRIES = 5
+#: A coordinator call that has not returned this long after its own timeout is hung: librdkafka
+#: does not honour send_offsets_to_transaction()'s timeout while the group's coordinator is away
+#: (confluentinc/librdkafka#5456, #5511; met in the soak: a stream blocked for good after its
+#: group's coordinator was killed, holding its lease, so no restart could take over).
+HUNG_CALL_GRACE_S = 30.0
+#: The calls that wait on a coordinator, and so may hang.
+COORDINATOR_CALLS = ("init_transactions", "send_offsets_to_transaction", "commit_transaction")
 
 #: One output record: (topic, key, value, headers). key/value are bytes, str or None.
 OutRecord = tuple[str, object, object, list | None]
@@ -96,7 +104,18 @@ class TransactionalCommit:
         stop on fencing and fatal errors (never rebuild a fenced producer)."""
         for attempt in range(MAX_CALL_RETRIES + 1):
             try:
+                if what in COORDINATOR_CALLS:
+                    return _bounded(what, fn, CALL_TIMEOUT_S + HUNG_CALL_GRACE_S)
                 return fn()
+            except CallHung as hung:
+                # The handle is stuck inside librdkafka: abandoned, never called again (an abort would
+                # hang too). The next attempt's init_transactions() under this transactional.id fences
+                # it and aborts its open transaction; a commit's outcome is settled the same way.
+                self._producer, self._group_md = None, None
+                outcome = "outcome unknown" if what == "commit_transaction" else "left open"
+                raise TransactionFailed(f"{what} ({self.transactional_id}, {self._ranges_text()}): {hung}; the "
+                                        f"transaction is {outcome} until the next attempt's init_transactions() "
+                                        "settles it") from None
             except (KafkaException, SystemError) as exc:
                 kafka_exc = self._explain(exc)
                 if kafka_exc is None:
@@ -342,6 +361,35 @@ class TransactionalCommit:
         remaining = self._producer.flush(CALL_TIMEOUT_S)
         if remaining:
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"{remaining} records not delivered"))
+
+
+class CallHung(Exception):
+    """A blocking client call did not return within its bound (see :data:`HUNG_CALL_GRACE_S`)."""
+
+
+def _bounded(what: str, fn: Callable[[], object], limit_s: float) -> object:
+    """``fn()``, in a thread of its own so that the caller stops waiting after ``limit_s``.
+
+    :raises CallHung: ``fn`` had not returned by then (it goes on in its daemon thread; its client
+        must not be used again).
+    """
+    outcome: dict = {}
+
+    def call() -> None:
+        try:
+            outcome["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=call, name=f"kafka-eos {what}", daemon=True)
+    worker.start()
+    worker.join(limit_s)
+    if worker.is_alive():
+        raise CallHung(f"no answer within {limit_s:g}s (the client ignored its own timeout of "
+                       f"{CALL_TIMEOUT_S:g}s: librdkafka#5456, a coordinator gone away)")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
 
 
 def fence(settings: KafkaSettings, transactional_id: str, timeout_ms: int) -> None:

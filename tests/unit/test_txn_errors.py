@@ -86,3 +86,33 @@ def test_bare_system_error_is_explained_by_the_producer_state():
     with pytest.raises(TransactionFailed, match=r"flush .*: aborted after returned NULL"):
         c._call("flush", raising(SystemError("returned NULL without setting an exception")))
     assert c._producer.aborts == 1
+
+
+def test_a_coordinator_call_that_ignores_its_timeout_fails_the_transaction_and_abandons_the_producer(monkeypatch):
+    """librdkafka's send_offsets_to_transaction() can block for good while the group's coordinator
+    is away (librdkafka#5456; a soak's stream hung so after a broker kill): past its bound the
+    call fails the transaction, and the stuck producer is never called again (no abort on it: that
+    would hang too); the next attempt's new producer fences it. Calls that return are unchanged."""
+    import threading
+
+    from kafka_eos import txn
+
+    monkeypatch.setattr(txn, "CALL_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(txn, "HUNG_CALL_GRACE_S", 0.3)
+    stuck = threading.Event()
+    c = commit_with(FakeProducer())
+    producer = c._producer
+    with pytest.raises(TransactionFailed, match=r"send_offsets_to_transaction \(kafka-eos.p, orders-2 \[10, 20\)\): "
+                                                r"no answer within 0.5s .*left open until the next attempt"):
+        c._call("send_offsets_to_transaction", lambda: stuck.wait(30))
+    assert c._producer is None and producer.aborts == 0
+    with pytest.raises(TransactionFailed, match=r"commit_transaction .*outcome unknown"):
+        commit_with(FakeProducer())._call("commit_transaction", lambda: stuck.wait(30))
+    stuck.set()
+    # A call that answers in time returns its value (errors still take the retry routine).
+    assert commit_with(FakeProducer())._call("init_transactions", lambda: "ok") == "ok"
+    err = KafkaError(KafkaError.INVALID_PRODUCER_EPOCH, "timed out", txn_requires_abort=True)
+    c = commit_with(FakeProducer())
+    with pytest.raises(TransactionFailed, match=r"aborted after INVALID_PRODUCER_EPOCH"):
+        c._call("send_offsets_to_transaction", raising(err))
+    assert c._producer.aborts == 1

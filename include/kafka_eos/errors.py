@@ -55,6 +55,10 @@ class DeadLetterWithoutTopic(KafkaEosError):
     """A transform dead-lettered a record but the Kafka sink has no ``dlq_topic``."""
 
 
+class IntervalNotStable(KafkaEosError):
+    """A backfill's interval may have records in a transaction still open: not readable yet."""
+
+
 class PlanError(KafkaEosError):
     """A stored plan cannot be used (missing, malformed, or for another pipeline)."""
 

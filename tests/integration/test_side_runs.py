@@ -309,3 +309,29 @@ def test_backfill_intervals_of_a_sql_sink_are_written_once_per_generation(spark,
     admin.delete_records([TopicPartition(topic, 0, 3)])[TopicPartition(topic, 0, 3)].result(30)
     with pytest.raises(DataLossError, match=rf"{topic}-0: the interval .* reaches back to the log start 3"):
         interval_ranges(spec, kafka_settings, T0, T0 + timedelta(minutes=5))
+
+
+def test_a_backfill_interval_held_open_by_a_transaction_is_refused_until_it_ends(kafka_settings, make_spec, unique):
+    """Found by the soak: a stranger's transaction held a source partition while Airflow backfilled
+    a past minute; the interval ended at the LSO and was written without that partition's records.
+    An interval whose end no committed record reaches on a partition held by an open transaction is
+    refused, naming the partition; once the transaction ends the interval is read to its end."""
+    from kafka_eos.errors import IntervalNotStable
+
+    spec = make_spec("identity", partitions=2)
+    topic = spec.source.topics[0]
+    _orders_at(kafka_settings, topic, [0.5, 1.5, 6.0])  # partition 0: 0.5, 6.0; partition 1: 1.5
+    start, end = T0, T0 + timedelta(minutes=5)
+    held = Producer(kafka_settings.client_config(**{"transactional.id": f"held-{unique}"}))
+    held.init_transactions(30)
+    held.begin_transaction()
+    held.produce(topic, value=b"{}", partition=1, timestamp=_ms(T0 + timedelta(minutes=2)))
+    assert held.flush(30) == 0
+    # Partition 0 has a committed record after the interval (6.0): its end is known. Partition 1's
+    # interval may go on inside the open transaction.
+    with pytest.raises(IntervalNotStable, match=rf"{topic}-1: the interval .* an open transaction holds the "
+                                                r"partition at offset 1 \(high watermark 2\)"):
+        interval_ranges(spec, kafka_settings, start, end)
+    held.commit_transaction(30)
+    ranges, _skipped = interval_ranges(spec, kafka_settings, start, end)
+    assert ranges == {(topic, 0): (0, 1), (topic, 1): (0, 2)}  # the held record belongs to the interval

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kafka_eos.errors import KafkaEosError
 from kafka_eos.paths import PROJECT_ROOT
-from kafka_eos.local.process_groups import stop_group
+from kafka_eos.local.process_groups import group_of, stop_group
 
 HOST = "127.0.0.1"
 #: The components, each an ``airflow`` subcommand of its own process.
@@ -236,13 +236,8 @@ class LocalAirflow:
         return proc
 
     def pid(self, component: str) -> int | None:
-        """The process id of a running component, or None."""
-        try:
-            pid = int(self._pid_file(component).read_text())
-            os.kill(pid, 0)
-            return pid
-        except (OSError, ValueError):
-            return None
+        """The process id of a running component (the leader of its process group), or None."""
+        return group_of(self._pid_file(component))
 
     def healthy(self) -> bool:
         """All four components report healthy on the API's health endpoint."""

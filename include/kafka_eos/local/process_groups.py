@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 #: After SIGTERM went unheeded this long... SIGKILL, and this long for the kernel to end the group.
 KILL_WAIT_S = 5.0
@@ -24,6 +25,15 @@ def group_alive(pgid: int) -> bool:
         return True
     except (ProcessLookupError, PermissionError):  # gone, or no longer ours
         return False
+
+
+def group_of(pid_file: Path) -> int | None:
+    """The process group recorded in ``pid_file`` (its leader's pid) while any of it runs, else None."""
+    try:
+        pgid = int(pid_file.read_text())
+    except (OSError, ValueError):
+        return None
+    return pgid if group_alive(pgid) else None
 
 
 def stop_group(pgid: int, term_timeout_s: float) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from kafka_eos.errors import KafkaEosError
 from kafka_eos.paths import local_dir
-from kafka_eos.local.process_groups import stop_group
+from kafka_eos.local.process_groups import group_of, stop_group
 
 HOST = "127.0.0.1"
 #: Spark's own default master port; the UI moves off 8080 (Airflow's API server uses it).
@@ -135,12 +135,7 @@ class LocalSparkCluster:
                                 f"{START_TIMEOUT_S:g}s; logs in {self.home / 'logs'}")
 
     def _pid(self, name: str) -> int | None:
-        try:
-            pid = int(self._pid_file(name).read_text())
-            os.killpg(pid, 0)
-            return pid
-        except (OSError, ValueError):
-            return None
+        return group_of(self._pid_file(name))
 
     def stop(self) -> bool:
         """End the workers (and their executors), then the master: SIGTERM, then SIGKILL.

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kafka_eos.errors import KafkaEosError
-from kafka_eos.local.process_groups import stop_group
+from kafka_eos.local.process_groups import group_of, stop_group
 from kafka_eos.logs import log4j2_properties
 from kafka_eos.paths import local_dir
 
@@ -103,12 +103,7 @@ class LocalSparkConnect:
         return env
 
     def pid(self) -> int | None:
-        try:
-            pid = int(self._pid_file.read_text())
-            os.killpg(pid, 0)
-            return pid
-        except (OSError, ValueError):
-            return None
+        return group_of(self._pid_file)
 
     def is_running(self) -> bool:
         return self.pid() is not None and _port_open(self.port)

@@ -17,7 +17,7 @@ from kafka_eos.soak.faults import FaultDriver
 from kafka_eos.soak.lag import LagSampler
 from kafka_eos.soak.load import Load
 from kafka_eos.soak.operator import Operator
-from kafka_eos.soak.world import RUNBOOK_DAG, SOURCE, STREAM_DAG, WATCHDOG_DAG, World, pipeline_dag
+from kafka_eos.soak.world import RUNBOOK_DAG, SOURCE, STREAM, STREAM_DAG, WATCHDOG_DAG, World, pipeline_dag
 
 #: After the load stops: the minute's runs, a retry's delay, a stream's restart, a stranger's abort.
 CATCH_UP_S = 900.0
@@ -76,7 +76,7 @@ def side_runs_ended(world: World, events) -> bool:
 def run_stats(world: World) -> tuple[dict[str, Counter], int]:
     """Runs per DAG by state, and the task tries beyond each task's first."""
     airflow, runs, tries = world.airflow, {}, 0
-    for dag_id in (*(pipeline_dag(n) for n in world.pipelines if n != "orders_stream"), STREAM_DAG, WATCHDOG_DAG,
+    for dag_id in (*(pipeline_dag(n) for n in world.pipelines if n != STREAM), STREAM_DAG, WATCHDOG_DAG,
                    RUNBOOK_DAG):
         runs[dag_id] = Counter(r["state"] for r in airflow.api("GET", f"/api/v2/dags/{dag_id}/dagRuns?limit=1000")["dag_runs"])
         tis = airflow.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/~/taskInstances?limit=1000")["task_instances"]

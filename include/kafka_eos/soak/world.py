@@ -128,9 +128,13 @@ class World:
         self.inbox: AlertInbox | None = None
         self.airflow: LocalAirflow | None = None
         self.sql_url = ""
+        self._specs: dict[str, PipelineSpec] = {}
 
     def spec(self, name: str) -> PipelineSpec:
-        return load_spec(str(self.spec_paths[name]), environ={**os.environ, SQL_URL_VAR: self.sql_url})
+        """The pipeline's spec, read once (after :meth:`start`: the SQL sink's URL is known then)."""
+        if name not in self._specs:
+            self._specs[name] = load_spec(str(self.spec_paths[name]), environ={**os.environ, SQL_URL_VAR: self.sql_url})
+        return self._specs[name]
 
     @property
     def pipelines(self) -> list[str]:

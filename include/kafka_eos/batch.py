@@ -31,11 +31,14 @@ DRIVER_TASK_RECORDS = 50_000
 @dataclass
 class BatchClients:
     """Clients kept between the batches of one pipeline by a caller that runs many (stream mode):
-    the atomic scope's transactional commit (one producer, fenced once, for every transaction) and
-    the SQL sink (one engine). A one-shot run builds its own, and checks the transaction timeout."""
+    the atomic scope's transactional commit (one producer, fenced once, for every transaction),
+    the SQL sink (one engine), and in per_partition scope whether each partition's commit is kept
+    where it ran (:func:`kafka_eos.sinks.per_partition.kept_commit`). A one-shot run builds its
+    own, and checks the transaction timeout."""
 
     atomic: "TransactionalCommit | None" = None
     sql: "SqlSink | None" = None
+    keep_partition_commits: bool = False
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,9 @@ class RunSummary:
     #: One entry per range of the plan that took part: topic, partition, from, until, and where
     #: the sink counts them per source partition (Kafka sinks), records in/out/dead letters.
     ranges: list[dict] = field(default_factory=list)
+    #: per_partition scope: how many transactions had a producer ``built``, ``kept`` from an
+    #: earlier batch, or ``rebuilt`` (the kept one was fenced by another worker's).
+    producers: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -128,6 +134,7 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
     if spec.sink.kind == "kafka" and clients is None:
         check_transaction_timeout(spec, settings)
     source, results, dead_letters = transformed(spark, spec, plan, settings)
+    producers: dict = {}
     if spec.sink.kind == "kafka":
         from kafka_eos.sinks import kafka as kafka_sink
 
@@ -145,7 +152,9 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
         else:
             from kafka_eos.sinks import per_partition
 
-            per = per_partition.write(results, spec, plan, settings)
+            per = per_partition.write(results, spec, plan, settings,
+                                      keep=clients is not None and clients.keep_partition_commits)
+            producers = dict(Counter(r.producer for r in per.values() if r.producer))
             counts = {tp: (r.records_out, r.dead_letters) for tp, r in per.items()}
             out = sum(r.records_out for r in per.values())
             dead = sum(r.dead_letters for r in per.values())
@@ -191,4 +200,5 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
         status, out, dead = res.status, res.records_out, res.dead_letters
         counts = None
     return RunSummary(spec.name, plan.run_id, status, spec.sink.kind, len(plan.active),
-                      records_in, out, dead, round(time.monotonic() - started, 3), _range_rows(plan, counts))
+                      records_in, out, dead, round(time.monotonic() - started, 3), _range_rows(plan, counts),
+                      producers)

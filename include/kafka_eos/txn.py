@@ -14,6 +14,11 @@ One :class:`TransactionalCommit` is one transaction of one unit of work: the who
 
 A stream (``keep_open=True``) runs many transactions through one commit: steps 1 and 1b once, at
 its first, then 2 and 3 per transaction (:meth:`TransactionalCommit.use` sets the next ranges).
+A kept commit that other processes may fence between its transactions (``recheck_epoch=True``: a
+stream's per_partition producers, kept in Spark's Python workers) first sends its offsets right
+after ``begin_transaction()``, before any record is read: a producer fenced meanwhile learns it
+there, is built again (steps 1, 1b and 2 again: its init fences the other holder back), and the
+rows are produced by the new one.
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ class CommitResult:
     status: str
     records_out: int = 0
     dead_letters: int = 0
+    #: Where its producer came from (:attr:`TransactionalCommit.producer_was`).
+    producer: str = ""
 
 
 def _bytes(value: object) -> bytes | None:
@@ -76,7 +83,7 @@ class TransactionalCommit:
     def __init__(self, settings: KafkaSettings, transactional_id: str, group_id: str,
                  ranges: Sequence[PartitionRange], dlq_topic: str | None = None,
                  fences: Sequence[str] = (), timeout_ms: int = TRANSACTION_TIMEOUT_MS,
-                 keep_open: bool = False, planned_ms: int | None = None) -> None:
+                 keep_open: bool = False, planned_ms: int | None = None, recheck_epoch: bool = False) -> None:
         self.settings = settings
         #: When the plan of the ranges was made: stored beside the checkpoint (see
         #: :func:`kafka_eos.plan.stale_checkpoints`).
@@ -84,6 +91,13 @@ class TransactionalCommit:
         #: False: one transaction, its clients closed after it. True: many (stream mode), one
         #: producer and epoch for all of them, until :meth:`close`.
         self.keep_open = keep_open
+        #: A long-lived commit another process may fence between transactions: each transaction
+        #: of a producer built earlier checks its epoch before rows are read (module docstring).
+        self.recheck_epoch = recheck_epoch
+        #: How this commit's last transaction got its producer: ``built`` (a new producer, fenced
+        #: older attempts), ``kept`` (the one of an earlier transaction), ``rebuilt`` (the kept one
+        #: had been fenced: a new one fenced back).
+        self.producer_was = ""
         self.timeout_ms = timeout_ms
         self._begun: float | None = None
         self.transactional_id = transactional_id
@@ -215,22 +229,35 @@ class TransactionalCommit:
 
     def _run(self, records, manifest) -> CommitResult:
         """The commit protocol's steps (docs/architecture.md, "Commit protocol")."""
-        self.open()  # 1. fence older attempts (once per producer: a long-lived commit keeps its epoch)
-        self._delivery_error, self._begun = None, None
-        if self._already_committed():  # 2. check the checkpoint, now that no older attempt can commit
-            return CommitResult("noop")
-        self._call("begin_transaction", self._producer.begin_transaction)
-        self._begun = time.monotonic()
+        self.producer_was = "built" if self._producer is None else "kept"
+        while True:
+            kept = self._producer is not None
+            self.open()  # 1. fence older attempts (once per producer: a long-lived commit keeps its epoch)
+            self._delivery_error, self._begun = None, None
+            if self._already_committed():  # 2. check the checkpoint, now that no older attempt can commit
+                return CommitResult("noop", producer=self.producer_was)
+            self._call("begin_transaction", self._producer.begin_transaction)
+            self._begun = time.monotonic()
+            if not (kept and self.recheck_epoch):
+                offsets_sent = False
+                break
+            if self._epoch_holds():  # 3b first: the offsets, before any record is read
+                offsets_sent = True
+                break
+            # Fenced since its last transaction (the same id's producer in another Spark worker):
+            # built again, and its init fences that one back. Nothing was read or written yet.
+            self._producer, self.producer_was = None, "rebuilt"
         out, dead = self._produce_records(records)  # 3. produce, every record acknowledged
         fault_point("before_offsets")
-        self._send_offsets()  # 3b. the consumed offsets, into the same transaction
+        if not offsets_sent:
+            self._send_offsets()  # 3b. the consumed offsets, into the same transaction
         for topic, key, record in manifest(out, dead):  # 3c. the manifest record(s), inside it too
             self._produce(topic, key, json.dumps(record, sort_keys=True), None)
         # 3d. Commit. A retriable failure here is retried by _call; commit is idempotent.
         fault_point("before_commit")
         self._call("commit_transaction", lambda: self._producer.commit_transaction(CALL_TIMEOUT_S))
         fault_point("after_commit")
-        return CommitResult("committed", out, dead)
+        return CommitResult("committed", out, dead, self.producer_was)
 
     def _already_committed(self) -> bool:
         """Step 2: True when this commit's ranges are already committed (a retry after a landed
@@ -289,6 +316,15 @@ class TransactionalCommit:
             err, where = self._delivery_error
             raise self._failure(f"delivery to {where}", err)
         return out, dead
+
+    def _epoch_holds(self) -> bool:
+        """Step 3b at the start of a kept producer's transaction: False when the producer was
+        fenced since its last transaction (it is then let go: fatal in librdkafka)."""
+        try:
+            self._send_offsets()
+        except ProducerFenced:
+            return False
+        return True
 
     def _send_offsets(self) -> None:
         """Step 3b: the consumed offsets (the next offset to read is each range's end), with the

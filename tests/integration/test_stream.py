@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -115,6 +116,39 @@ def test_stream_many_batches_exactly_once_over_aborted_input(spark, kafka_settin
     configs = admin.describe_configs([manifest])[manifest].result(30)
     assert configs["segment.ms"].value == "3600000"  # compaction reaches the batches' records within the hour
     assert stream_owner(spec, kafka_settings) is None  # the lease was given back
+
+
+def test_stream_per_partition_keeps_its_producers_between_batches(spark, kafka_settings, make_spec):
+    """A per_partition stream builds a partition's producer once per Spark worker, not once per
+    batch: each batch's line says where its producers came from."""
+    spec = make_spec("identity", "kafka", "per_partition", partitions=1)
+    topic = spec.source.topics[0]
+    lines: list[str] = []
+    committed: list[dict] = []
+
+    def wave(line: str | None = None) -> None:  # a batch per wave: the next arrives after a commit
+        if line is not None:
+            lines.append(line)
+        n = len(lines)
+        committed.extend(produce_orders(kafka_settings, topic, 20, first_seq=n * 20, abort_every=0,
+                                        malformed_every=0, transactional_id=f"wave-{n}").committed)
+
+    wave()
+    runner = StreamRunner(spark, spec, kafka_settings, interval_s=0.1, report=wave, max_batches=6)
+    runner.run()
+    committed = committed[:6 * 20]  # the wave after the last batch is not read
+    assert runner.stats.batches == 6, lines
+    producers = Counter()
+    for line in lines:
+        for how in ("kept", "built", "rebuilt"):
+            found = re.search(rf"\b{how} (\d+)", line)
+            producers[how] += int(found.group(1)) if found else 0
+    assert sum(producers.values()) == 6, lines  # one transaction per batch, each through one producer
+    # Built at most once per Python worker that ran a batch (local[2]: two, a third if one was
+    # replaced), never once per batch as before.
+    assert producers["built"] <= 3 and producers["kept"] + producers["rebuilt"] >= 3, lines
+    check_kafka_output(spec, kafka_settings, committed, [])
+    stable_output(spec, kafka_settings)
 
 
 def _start_stream(spec_file: Path, settings, *flags: str, crash_at: str | None = None) -> subprocess.Popen:

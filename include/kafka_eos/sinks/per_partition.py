@@ -21,11 +21,20 @@ executors, under that partition's own transactional.id (docs/architecture.md, "C
    other tasks may have committed: each partition is its own unit of work).
 4. Offsets-only transactions, from the driver, for planned partitions no task held (empty ranges;
    in two passes also a task whose rows were all filtered out).
+
+A stream (``keep=True``) keeps each partition's commit in the Python process that used it (a
+reused Spark worker, or the driver) for its next batch (:func:`kept_commit`): its producer, its
+epoch, its checkpoint reader and group metadata. Spark does not send a partition's task to the
+same worker every time, so another worker may hold a producer of the same id: whichever inits last
+fences the other, and a kept producer checks its epoch before it reads a row
+(:class:`kafka_eos.txn.TransactionalCommit`, ``recheck_epoch``), building a new one if fenced.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
@@ -56,6 +65,10 @@ REFUSED = "refused"
 #: Offsets-only transactions committed at once from the driver (each waits on the broker).
 ROWLESS_COMMITS_AT_ONCE = 8
 
+#: A kept commit unused this long is closed at the next look into the cache (a stream that ended
+#: while its Python workers live on, e.g. in a Spark Connect server).
+KEPT_IDLE_S = 300.0
+
 #: Spark's classes the lineage proof walks through (see :func:`lineage_owner`).
 _ONE_TO_ONE = "org.apache.spark.OneToOneDependency"
 _KAFKA_READ = "org.apache.spark.sql.kafka010.KafkaSourceRDD"
@@ -64,7 +77,7 @@ _KAFKA_READ = "org.apache.spark.sql.kafka010.KafkaSourceRDD"
 _SCAN_SCHEMA = "task int, topics array<string>, partitions array<int>, dead string"
 #: What each commit task returns: its partition, how its transaction ended, and for a refusal why.
 _COMMIT_SCHEMA = ("topic string, partition int, status string, records_out long, dead_letters long, "
-                  "refusal string, reason string")
+                  "producer string, refusal string, reason string")
 
 
 class _Refused(Exception):
@@ -72,31 +85,71 @@ class _Refused(Exception):
 
 
 def partition_commit(spec: PipelineSpec, r: PartitionRange, settings: KafkaSettings,
-                     planned_ms: int | None = None) -> TransactionalCommit:
+                     planned_ms: int | None = None, keep: bool = False) -> TransactionalCommit:
     """The transaction of one source partition, under its own transactional.id; it also fences
     the group-level id (an atomic attempt of the same work).
 
-    :param planned_ms: when the range's plan was made (:attr:`Plan.planned_ms`)."""
+    :param planned_ms: when the range's plan was made (:attr:`Plan.planned_ms`).
+    :param keep: a long-lived commit for many transactions (:func:`kept_commit`)."""
     return TransactionalCommit(settings, spec.transactional_id(r.topic, r.partition), spec.source.group_id, [r],
                                spec.sink.dlq_topic, fences=[spec.transactional_id()],
-                               timeout_ms=spec.sink.transaction_timeout_s * 1000, planned_ms=planned_ms)
+                               timeout_ms=spec.sink.transaction_timeout_s * 1000, planned_ms=planned_ms,
+                               keep_open=keep, recheck_epoch=keep)
+
+
+#: This process's kept commits (:func:`kept_commit`): key -> (commit, last used, monotonic).
+_kept: dict[tuple, tuple[TransactionalCommit, float]] = {}
+_kept_lock = threading.Lock()
+
+
+def _kept_key(spec: PipelineSpec, r: PartitionRange, settings: KafkaSettings) -> tuple:
+    return (spec.transactional_id(r.topic, r.partition), spec.source.group_id, spec.sink.dlq_topic,
+            spec.transactional_id(), spec.sink.transaction_timeout_s, settings.bootstrap_servers,
+            tuple(sorted((k, repr(v)) for k, v in settings.extra.items())))
+
+
+@contextmanager
+def kept_commit(spec: PipelineSpec, r: PartitionRange, settings: KafkaSettings, planned_ms: int | None):
+    """The commit of ``r``'s partition this process kept from an earlier batch (or a new one),
+    for one transaction; kept again if it ends well, closed if it fails (its producer's state is
+    then unknown: the next batch builds a new one). Taken out of the cache while in use: one user
+    at a time. Commits idle for :data:`KEPT_IDLE_S` are closed on the way."""
+    key = _kept_key(spec, r, settings)
+    now = time.monotonic()
+    with _kept_lock:
+        idle = [k for k, (_c, used) in _kept.items() if now - used > KEPT_IDLE_S and k != key]
+        stale = [_kept.pop(k)[0] for k in idle]
+        commit = _kept.pop(key, (None, 0.0))[0]
+    for old in stale:
+        old.close()
+    if commit is None:
+        commit = partition_commit(spec, r, settings, planned_ms, keep=True)
+    try:
+        yield commit.use([r], planned_ms)
+    except BaseException:
+        commit.close()
+        raise
+    with _kept_lock:
+        _kept[key] = (commit, time.monotonic())
 
 
 def commit_partition(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
-                     r: PartitionRange, rows: Iterable["pa.RecordBatch"]) -> CommitResult:
+                     r: PartitionRange, rows: Iterable["pa.RecordBatch"], keep: bool = False) -> CommitResult:
     """The transaction of one source partition (on an executor, or on the driver when the
     partition produced no rows at all).
 
     :param rows: the partition's rows, as Arrow record batches of :func:`batches.prepared` columns.
+    :param keep: through this process's kept commit of the partition (a stream's batches).
     """
-    commit = partition_commit(spec, r, settings, plan.planned_ms)
-
     def manifest(out: int, dead: int):
         record = {**committed_record(out, dead), "from": r.from_offset, "until": r.until}
         return [(spec.manifest_topic, partition_key(plan.pipeline, plan.run_id, r.topic, r.partition), record),
                 *checkpoint_records(spec, plan, [r])]
 
-    return commit.run(batches.records(rows, spec), manifest)
+    if not keep:
+        return partition_commit(spec, r, settings, plan.planned_ms).run(batches.records(rows, spec), manifest)
+    with kept_commit(spec, r, settings, plan.planned_ms) as commit:
+        return commit.run(batches.records(rows, spec), manifest)
 
 
 def check_no_shuffle(df: "DataFrame", spec: PipelineSpec) -> None:
@@ -205,7 +258,8 @@ def _one_task_per_partition(tasks: int, spec: PipelineSpec, plan: Plan) -> None:
                         "partition: use commit: atomic")
 
 
-def _commit_task(spec: PipelineSpec, plan: Plan, settings: KafkaSettings, owner: dict[int, TP], one_pass: bool):
+def _commit_task(spec: PipelineSpec, plan: Plan, settings: KafkaSettings, owner: dict[int, TP], one_pass: bool,
+                 keep: bool):
     """Step 2: the ``mapInArrow`` function of the commit job; one transaction per task."""
     ranges = {r.tp: r for r in plan.active}
     fail_points = faults.carried()  # the run's test settings reach a Connect server's workers too
@@ -238,26 +292,27 @@ def _commit_task(spec: PipelineSpec, plan: Plan, settings: KafkaSettings, owner:
 
         refusal = reason = None
         try:
-            res = commit_partition(spec, plan, settings, r, checked(arrow_batches))
+            res = commit_partition(spec, plan, settings, r, checked(arrow_batches), keep)
         except (_Refused, DeadLetterWithoutTopic) as exc:  # the transaction was aborted
             res = CommitResult(REFUSED)
             refusal, reason = type(exc).__name__, str(exc)
         yield pa.RecordBatch.from_pydict(
             {"topic": [r.topic], "partition": [r.partition], "status": [res.status],
-             "records_out": [res.records_out], "dead_letters": [res.dead_letters],
+             "records_out": [res.records_out], "dead_letters": [res.dead_letters], "producer": [res.producer],
              "refusal": [refusal], "reason": [reason]},
             schema=pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("status", pa.string()),
-                              ("records_out", pa.int64()), ("dead_letters", pa.int64()),
+                              ("records_out", pa.int64()), ("dead_letters", pa.int64()), ("producer", pa.string()),
                               ("refusal", pa.string()), ("reason", pa.string())]))
 
     return run
 
 
 def write(df: "DataFrame | None", spec: PipelineSpec, plan: Plan,
-          settings: KafkaSettings) -> dict[TP, CommitResult]:
+          settings: KafkaSettings, keep: bool = False) -> dict[TP, CommitResult]:
     """Commit ``plan`` in per_partition scope (the module's steps).
 
     :param df: the transform's output, or None when every planned range is empty.
+    :param keep: a stream's batch: each partition's commit is kept for the next (:func:`kept_commit`).
     :raises SpecError: the transform shuffles or does not keep one source partition per task.
     :raises DeadLetterWithoutTopic: a dead letter and no ``sink.dlq_topic``.
     """
@@ -278,16 +333,17 @@ def write(df: "DataFrame | None", spec: PipelineSpec, plan: Plan,
                     raise batches.no_dead_letter_topic(spec, dead["topic"], dead["partition"], dead["offset"],
                                                        dead[DLQ_REASON], "no partition of this run was committed")
             with _job_description(df, COMMIT_JOB):  # 2. a transaction per task
-                committed = df.mapInArrow(_commit_task(spec, plan, settings, owner, one_pass), _COMMIT_SCHEMA).collect()
+                committed = df.mapInArrow(_commit_task(spec, plan, settings, owner, one_pass, keep),
+                                          _COMMIT_SCHEMA).collect()
         finally:
             if not one_pass:
                 df.unpersist()
         _raise_refusal(committed)  # 3. a task refused: the run fails
         for row in committed:
             results[(row["topic"], row["partition"])] = CommitResult(row["status"], row["records_out"],
-                                                                     row["dead_letters"])
+                                                                     row["dead_letters"], row["producer"])
     # 4. offsets-only transactions for the partitions no task held
-    results.update(commit_rowless(spec, plan, settings, [r for r in plan.active if r.tp not in results]))
+    results.update(commit_rowless(spec, plan, settings, [r for r in plan.active if r.tp not in results], keep))
     return results
 
 
@@ -305,13 +361,13 @@ def _raise_refusal(rows: list) -> None:
 
 
 def commit_rowless(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
-                   ranges: Sequence[PartitionRange]) -> dict[TP, CommitResult]:
+                   ranges: Sequence[PartitionRange], keep: bool = False) -> dict[TP, CommitResult]:
     """The offsets-only transactions of ``ranges`` (partitions with no rows: empty ranges, idle
     checkpoints committed again), each under its partition's own id, several at a time."""
     if len(ranges) <= 1:
-        return {r.tp: commit_partition(spec, plan, settings, r, ()) for r in ranges}
+        return {r.tp: commit_partition(spec, plan, settings, r, (), keep) for r in ranges}
     with ThreadPoolExecutor(min(ROWLESS_COMMITS_AT_ONCE, len(ranges)), thread_name_prefix="kafka-eos-rowless") as pool:
-        done = pool.map(lambda r: commit_partition(spec, plan, settings, r, ()), ranges)
+        done = pool.map(lambda r: commit_partition(spec, plan, settings, r, (), keep), ranges)
         return {r.tp: result for r, result in zip(ranges, done)}
 
 

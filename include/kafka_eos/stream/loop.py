@@ -4,7 +4,9 @@ same commit protocol. What makes it a stream is what it keeps between batches:
 
 - the lease (:mod:`kafka_eos.stream.lease`), polled between batches;
 - the clients: the atomic scope's transactional producer (fenced once, one epoch for every
-  transaction), an admin client for offsets, the SQL sink's engine;
+  transaction); in per_partition scope each partition's producer, kept in the Spark worker that
+  used it (:func:`kafka_eos.sinks.per_partition.kept_commit`); an admin client for offsets, the
+  SQL sink's engine;
 - the checkpoints it committed, so a batch is planned from one offsets request (LSO, log start,
   high watermark) instead of the full planning round (topics, group offsets, the manifest's
   memory), which runs at the start, every :data:`FULL_PLAN_EVERY_S` and after a failed batch.
@@ -72,8 +74,11 @@ def batch_line(n: int, summary: RunSummary, plan_s: float) -> str:
     """The one line a stream logs per batch: counts, time, and the ranges it read."""
     ranges = " ".join(f"{r['topic']}-{r['partition']} [{r['from']}, {r['until']})" for r in summary.ranges
                       if r["until"] != r["from"])
+    producers = ", ".join(f"{k} {summary.producers[k]}" for k in ("kept", "built", "rebuilt")
+                          if summary.producers.get(k))
     return (f"batch {n} {summary.status}: in {summary.records_in}, out {summary.records_out}, dead "
-            f"{summary.dead_letters}; {summary.seconds + plan_s:.2f} s (plan {plan_s:.2f} s); {ranges or 'no records'}")
+            f"{summary.dead_letters}; {summary.seconds + plan_s:.2f} s (plan {plan_s:.2f} s"
+            f"{'; producers ' + producers if producers else ''}); {ranges or 'no records'}")
 
 
 def _retriable(exc: BaseException) -> bool:
@@ -115,7 +120,8 @@ class StreamRunner:
         self._stop_reason = ""
         self._lease = StreamLease(spec, settings)
         self._admin = None
-        self._clients = BatchClients()
+        self._clients = BatchClients(keep_partition_commits=spec.sink.kind == "kafka"
+                                     and spec.sink.commit == "per_partition")
         self._fenced_tps: list = []
         self._checkpoints: dict | None = None
         self._last_full = 0.0

@@ -56,7 +56,8 @@ class DeadLetterWithoutTopic(KafkaEosError):
 
 
 class IntervalNotStable(KafkaEosError):
-    """A backfill's interval may have records in a transaction still open: not readable yet."""
+    """A backfill's interval (or a replay's end, by time) may have records in a transaction still
+    open: not readable yet."""
 
 
 class PlanError(KafkaEosError):

@@ -335,3 +335,31 @@ def test_a_backfill_interval_held_open_by_a_transaction_is_refused_until_it_ends
     held.commit_transaction(30)
     ranges, _skipped = interval_ranges(spec, kafka_settings, start, end)
     assert ranges == {(topic, 0): (0, 1), (topic, 1): (0, 2)}  # the held record belongs to the interval
+
+
+def test_a_replay_ending_at_a_time_inside_an_open_transaction_is_refused_until_it_ends(kafka_settings, make_spec,
+                                                                                      unique):
+    """As a backfill's interval: a replay whose replay_until is a timestamp no committed record of
+    a partition reaches, while an open transaction holds that partition, would end at the LSO and
+    leave out the transaction's records of the range once it commits. Refused, naming the field and
+    the partition; explicit offsets (which never go past the LSO) and the start are unaffected."""
+    from kafka_eos.errors import IntervalNotStable
+
+    spec = make_spec("identity", partitions=2)
+    topic = spec.source.topics[0]
+    _orders_at(kafka_settings, topic, [0.5, 1.5, 6.0])  # partition 0: 0.5, 6.0; partition 1: 1.5
+    held = Producer(kafka_settings.client_config(**{"transactional.id": f"held-{unique}"}))
+    held.init_transactions(30)
+    held.begin_transaction()
+    held.produce(topic, value=b"{}", partition=1, timestamp=_ms(T0 + timedelta(minutes=2)))
+    assert held.flush(30) == 0
+    asked = (T0.isoformat(), (T0 + timedelta(minutes=5)).isoformat())
+    with pytest.raises(IntervalNotStable, match=rf"params.replay_until: {topic}-1: the range up to .* an open "
+                                                r"transaction holds the partition at offset 1 \(high watermark 2\)"):
+        replay_ranges(spec, kafka_settings, *asked)
+    # A start in the held partition, or an end in explicit offsets, is no question of the future.
+    ranges, _ = replay_ranges(spec, kafka_settings, T0.isoformat(), json.dumps({f"{topic}-0": 1, f"{topic}-1": 1}))
+    assert ranges == {(topic, 0): (0, 1), (topic, 1): (0, 1)}
+    held.commit_transaction(30)
+    ranges, _ = replay_ranges(spec, kafka_settings, *asked)
+    assert ranges == {(topic, 0): (0, 1), (topic, 1): (0, 2)}  # the held record belongs to the range

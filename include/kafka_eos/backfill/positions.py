@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 from confluent_kafka import Consumer, TopicPartition
 
-from kafka_eos.errors import SpecError
+from kafka_eos.errors import IntervalNotStable, SpecError
 from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, TP, PartitionOffsets, partition_offsets, reader_group
 from kafka_eos.pipeline import source_partitions
 from kafka_eos.settings import KafkaSettings
@@ -77,16 +77,28 @@ def parse_offsets(text: str, field: str, tps: list[TP]) -> dict[TP, int]:
     return out
 
 
+def not_readable_yet(tp: TP, what: str, o: PartitionOffsets, field: str = "") -> IntervalNotStable:
+    """The one-line error of a range that ends at a time no committed record of ``tp`` reaches
+    while an open transaction holds the partition: its records may belong to the range."""
+    return IntervalNotStable(
+        f"{field + ': ' if field else ''}{tp[0]}-{tp[1]}: {what} is not readable to its end yet: an open transaction holds the "
+        f"partition at offset {o.lso} (high watermark {o.high_watermark}) and no committed record at or after "
+        f"the end comes before it; retry when the transaction ends (kafka-eos txn hanging {tp[0]} shows it)")
+
+
 def resolve(spec: PipelineSpec, settings: KafkaSettings, text: str, field: str,
-            now: datetime | None = None) -> tuple[dict[TP, int], dict[TP, PartitionOffsets]]:
+            now: datetime | None = None, end: bool = False) -> tuple[dict[TP, int], dict[TP, PartitionOffsets]]:
     """The offsets ``text`` names in ``spec``'s source partitions, each within [log start, LSO].
 
     A timestamp names every partition: its first record at or after it, or its LSO when no
     committed record is that late. Explicit offsets name the partitions they list.
 
+    :param end: ``text`` ends a range: a timestamp no committed record reaches on a partition an
+        open transaction holds is refused (records before it may be in that transaction).
     :returns: the offsets, and every source partition's log start, LSO and high watermark.
     :raises PositionError: naming ``field`` (see :func:`parse_timestamp`, :func:`parse_offsets`),
         or an offset below the log start (deleted) or above the LSO (not committed yet).
+    :raises IntervalNotStable: ``end``, and the range's end is not known yet (above).
     """
     tps = source_partitions(spec, settings)
     ends = partition_offsets(settings, tps)
@@ -103,6 +115,9 @@ def resolve(spec: PipelineSpec, settings: KafkaSettings, text: str, field: str,
         return wanted, ends
     ts = parse_timestamp(text, field, now)
     found = offsets_for_time(settings, tps, ts)
+    for tp in tps:
+        if end and found[tp] is None and ends[tp].lso < ends[tp].high_watermark:
+            raise not_readable_yet(tp, f"the range up to {ts.isoformat()}", ends[tp], field)
     # No record that late: the end of what is committed; never below what retention kept.
     return {tp: max(ends[tp].log_start, min(ends[tp].lso, found[tp] if found[tp] is not None else ends[tp].lso))
             for tp in tps}, ends

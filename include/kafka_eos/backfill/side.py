@@ -35,7 +35,7 @@ from typing import Callable
 
 from kafka_eos.backfill.places import (GENERATION_COLUMN, GENERATION_HEADER, RANGE_COLUMN, RANGE_HEADER,  # noqa: F401
                                        check_side_runs, promote_sql, writes_to)
-from kafka_eos.errors import CheckpointConflict, DataLossError, IntervalNotStable
+from kafka_eos.errors import CheckpointConflict, DataLossError
 from kafka_eos.kafka_admin import TP, partition_offsets
 from kafka_eos.manifest import ManifestStore, now_iso
 from kafka_eos.pipeline import checkpoints, past_killed_attempt, source_partitions
@@ -231,7 +231,7 @@ def interval_ranges(spec: PipelineSpec, settings: KafkaSettings, start: datetime
         open transaction holds the LSO: records of the interval may be in it, so the interval's
         end is not known yet (a retry after the transaction ends reads the whole interval).
     """
-    from kafka_eos.backfill.positions import offsets_for_time
+    from kafka_eos.backfill.positions import not_readable_yet, offsets_for_time
 
     tps = source_partitions(spec, settings)
     ends = partition_offsets(settings, tps)
@@ -243,11 +243,7 @@ def interval_ranges(spec: PipelineSpec, settings: KafkaSettings, start: datetime
         if lasts[tp] is None and o.lso < o.high_watermark:
             # Found by the soak: a stranger's transaction held a partition while a backfill of a past
             # minute ran; ending at the LSO wrote that minute without the partition's records.
-            raise IntervalNotStable(
-                f"{tp[0]}-{tp[1]}: the interval {start.isoformat()} - {end.isoformat()} is not readable to its end "
-                f"yet: an open transaction holds the partition at offset {o.lso} (high watermark "
-                f"{o.high_watermark}) and no committed record at or after the interval's end comes before it; "
-                f"retry when the transaction ends (kafka-eos txn hanging {tp[0]} shows it)")
+            raise not_readable_yet(tp, f"the interval {start.isoformat()} - {end.isoformat()}", o)
         b = min(o.lso, lasts[tp] if lasts[tp] is not None else o.lso)
         # Offsets-for-times answers from the records kept: when its answer is the log start of a
         # partition that retention has cut, records of the interval may be among those deleted.
@@ -269,11 +265,13 @@ def replay_ranges(spec: PipelineSpec, settings: KafkaSettings, from_text: str,
 
     :raises PositionError: a bad value (see :mod:`kafka_eos.backfill.positions`), or an end
         before its start, naming the field.
+    :raises IntervalNotStable: a timestamp end no committed record reaches on a partition held
+        by an open transaction (as a backfill's interval).
     """
     from kafka_eos.backfill.positions import PositionError, resolve
 
     starts, _ends = resolve(spec, settings, from_text, "params.replay_from")
-    untils, _ends = resolve(spec, settings, until_text, "params.replay_until")
+    untils, _ends = resolve(spec, settings, until_text, "params.replay_until", end=True)
     ranges = {}
     for tp in sorted(set(starts) & set(untils)):
         if untils[tp] < starts[tp]:

@@ -492,8 +492,12 @@ class KafkaEosVerifyOperator(_PipelineOperator):
             summary["writes_to"] = side_writes_to(live_spec)
             if live_spec.sink.kind == "sql":
                 summary["promote_sql"] = promote_statement(live_spec, side_json)
-                self.log.info("%s %s: rows in %s; to promote them into the live table, after checking: %s",
-                              side.kind, side.key, live_spec.sink.backfill_table, summary["promote_sql"])
+                from kafka_eos.backfill.places import promote_caveat
+
+                summary["promote_caveat"] = promote_caveat(live_spec)
+                self.log.info("%s %s: rows in %s; to promote them into the live table, after checking: %s%s",
+                              side.kind, side.key, live_spec.sink.backfill_table, summary["promote_sql"],
+                              f" ({summary['promote_caveat']})" if summary["promote_caveat"] else "")
         set_run_note(context, self._note(summary, plan, side, context))
         if not plan.is_empty and summary["status"] not in ("committed", "noop", "written before"):
             # The checkpoints moved (verified above) but the summary record did not land: the
@@ -510,7 +514,8 @@ class KafkaEosVerifyOperator(_PipelineOperator):
         took = f" in {(datetime.now(timezone.utc) - started).total_seconds():.0f} s" if started else ""
         what = f"{side.kind} {side.key}: " if side else ""
         where = f" Written to {summary['writes_to']}." if side else ""
-        promote = f" Promote into the live table, after checking: {summary['promote_sql']}" \
+        caveat = f" ({summary['promote_caveat']})" if summary.get("promote_caveat") else ""
+        promote = f" Promote into the live table, after checking: {summary['promote_sql']}{caveat}" \
             if summary.get("promote_sql") else ""
         if plan.is_empty:
             return f"{what}empty: nothing new to read{took}.{where}{promote}"

@@ -231,6 +231,11 @@ def test_a_side_run_of_a_sql_sink_keeps_the_live_database_and_keys_its_rows_by_r
     assert promote_sql(spec, Side("replay", "abc", 2), ["a", "b"]) == (
         'INSERT INTO "t" ("a", "b") SELECT "a", "b" FROM "t_bf" WHERE "kafka_eos_range" = \'abc\' AND '
         '"kafka_eos_generation" = 2 ON CONFLICT ("a") DO UPDATE SET "b" = excluded."b";')
+    from kafka_eos.backfill.places import promote_caveat
+
+    assert promote_caveat(spec).startswith("merge: add: each key's live row is set to this range's total")
+    replaced = parse_spec({**SQL, "sink": {**SQL["sink"], "backfill_table": "t_bf", "merge": "replace"}})
+    assert promote_caveat(replaced) == ""  # the backfill's rows are the rows
 
 
 def test_an_additive_sql_sink_needs_its_key_columns():

@@ -43,6 +43,13 @@ def writes_to(spec: PipelineSpec) -> str:
             f"dead letters to `{s.backfill_table}_dead_letters`")
 
 
+def promote_caveat(spec: PipelineSpec) -> str:
+    """What a person must know before running :func:`promote_sql` of ``spec`` ("" when nothing)."""
+    if spec.sink.kind == "sql" and spec.sink.merge == "add":
+        return "merge: add: each key's live row is set to this range's total; promote ranges holding all of a key's records"
+    return ""
+
+
 def promote_sql(spec: PipelineSpec, side: "Side", columns: list[str]) -> str:
     """The SQL statement that copies side run ``side``'s rows from the backfill table into the
     live table (PostgreSQL and SQLite alike): for a keyed table each live row of a key the side

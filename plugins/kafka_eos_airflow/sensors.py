@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, AirflowSkipException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout, AirflowSkipException
 
 from kafka_eos.health import watch_threshold_s
 
@@ -85,6 +85,9 @@ class HungTransactionSensor(BaseSensorOperator):
             timeout=timedelta(seconds=self.healthy_for_s + 10 * self.poll_interval_s + 600))
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        if event["status"] == "unreachable":
+            raise AirflowException(f"{self.task_id}: the cluster of connection {self.kafka_conn_id!r} did not answer for "
+                                   f"{event['failing_s']}s; no partition could be checked: {event['error']}")
         if event["status"] == "stalled":
             raise HungTransactionsFound(
                 f"{len(event['stalls'])} partition(s) held by an open transaction for longer than "
@@ -132,6 +135,8 @@ class CommittedDataSensor(BaseSensorOperator):
         if event["status"] == "timeout":
             message = (f"pipeline {event['pipeline']}: no committed records beyond its checkpoint within "
                        f"{event['timeout_s']:g}s")
+            if event.get("error"):
+                message += f" (the cluster was not answering: {event['error']})"
             if self.soft_fail:
                 raise AirflowSkipException(message)
             raise AirflowSensorTimeout(message)

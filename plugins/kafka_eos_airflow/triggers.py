@@ -9,7 +9,56 @@ from typing import Any, AsyncIterator
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
+from confluent_kafka import KafkaException
+
+from kafka_eos.errors import BrokerError, BrokerUnreachable
 from kafka_eos.health import DEFAULT_OLDER_THAN_S
+from kafka_eos.kafka_admin import TRANSIENT_ERRORS, is_transient
+
+#: A look that fails because the cluster did not answer (a broker restarting, a leader moving) is
+#: tried again at the next poll; a watchdog reports the cluster unreachable only when its looks have
+#: failed this long in a row. Found by the soak: a killed partition leader made one look time out,
+#: and the trigger's exception failed the watchdog with Airflow's bare "Trigger failure".
+UNREACHABLE_AFTER_S = 300.0
+
+
+#: The errors a look may meet while the cluster is away (:func:`cluster_away` decides).
+LOOK_ERRORS = (BrokerError, KafkaException)
+
+
+def cluster_away(exc: BaseException) -> bool:
+    """True for an error of a look that clears by itself: no answer in time, or a retriable Kafka
+    error. A topic that does not exist, a refused authorization, a bad spec: raised as they are."""
+    if isinstance(exc, KafkaException):
+        err = exc.args[0]
+        return err.retriable() or err.name() in TRANSIENT_ERRORS or err.name() in ("_TRANSPORT", "_ALL_BROKERS_DOWN")
+    return isinstance(exc, BrokerUnreachable) or (isinstance(exc, BrokerError) and is_transient(exc))
+
+
+class Outage:
+    """Looks that failed in a row: since when, and the last error."""
+
+    def __init__(self, log) -> None:
+        self.log = log
+        self.since: float | None = None
+        self.error = ""
+
+    def failed(self, exc: Exception, poll_interval_s: float) -> float:
+        """Note a failed look; returns how long looks have been failing.
+
+        :raises Exception: ``exc`` itself, when it is no sign of the cluster being away."""
+        if not cluster_away(exc):
+            raise exc
+        now = time.monotonic()
+        self.since = now if self.since is None else self.since
+        self.error = str(exc)
+        self.log.warning("the cluster did not answer (%s); looking again in %gs", self.error, poll_interval_s)
+        return now - self.since
+
+    def ended(self) -> None:
+        if self.since is not None:
+            self.log.info("the cluster answers again after %.0fs", time.monotonic() - self.since)
+        self.since = None
 
 
 class HungTransactionTrigger(BaseTrigger):
@@ -17,7 +66,9 @@ class HungTransactionTrigger(BaseTrigger):
 
     Fires ``{"status": "stalled", "stalls": [...]}`` at the first such partition (attributed where
     the admin API allows), or ``{"status": "healthy", "partitions": n}`` once the partitions have
-    stayed clear for ``healthy_for_s``. Between looks it keeps only its last observation.
+    stayed clear for ``healthy_for_s``. Between looks it keeps only its last observation. A look
+    the cluster does not answer is tried again at the next poll; ``{"status": "unreachable"}`` once
+    looks have failed for ``unreachable_after_s`` in a row.
 
     :param topics: the topics to watch (all their partitions).
     :param kafka_conn_id: the ``kafka`` connection (see :class:`~kafka_eos_airflow.hooks.KafkaEosHook`).
@@ -27,9 +78,11 @@ class HungTransactionTrigger(BaseTrigger):
 
     def __init__(self, topics: list[str], kafka_conn_id: str, older_than_s: float = DEFAULT_OLDER_THAN_S,
                  healthy_for_s: float = 300.0, poll_interval_s: float = 30.0,
-                 pipelines: list[str] | None = None, missing_ok: list[str] | None = None) -> None:
+                 pipelines: list[str] | None = None, missing_ok: list[str] | None = None,
+                 unreachable_after_s: float = UNREACHABLE_AFTER_S) -> None:
         super().__init__()
         self.topics = list(topics)
+        self.unreachable_after_s = unreachable_after_s
         self.kafka_conn_id = kafka_conn_id
         self.older_than_s = older_than_s
         self.healthy_for_s = healthy_for_s
@@ -41,7 +94,8 @@ class HungTransactionTrigger(BaseTrigger):
         return ("kafka_eos_airflow.triggers.HungTransactionTrigger", {
             "topics": self.topics, "kafka_conn_id": self.kafka_conn_id, "older_than_s": self.older_than_s,
             "healthy_for_s": self.healthy_for_s, "poll_interval_s": self.poll_interval_s,
-            "pipelines": self.pipelines, "missing_ok": self.missing_ok})
+            "pipelines": self.pipelines, "missing_ok": self.missing_ok,
+            "unreachable_after_s": self.unreachable_after_s})
 
     def look(self, previous: dict[str, dict] | None) -> tuple[list, dict[str, dict], int]:
         """One look (blocking): the stalls found, the observation to keep, partitions checked."""
@@ -59,10 +113,19 @@ class HungTransactionTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         # {} not None: a partition whose age cannot be read is timed from this first look.
-        started, previous = time.monotonic(), {}
+        started, previous, outage = time.monotonic(), {}, Outage(self.log)
         while True:
-            # The clients block: off the event loop.
-            stalls, previous, checked = await asyncio.to_thread(self.look, previous)
+            try:
+                # The clients block: off the event loop.
+                stalls, previous, checked = await asyncio.to_thread(self.look, previous)
+            except LOOK_ERRORS as exc:  # the last observation is kept: ages go on from it
+                failing_s = outage.failed(exc, self.poll_interval_s)
+                if failing_s >= self.unreachable_after_s:
+                    yield TriggerEvent({"status": "unreachable", "failing_s": round(failing_s), "error": outage.error})
+                    return
+                await asyncio.sleep(self.poll_interval_s)
+                continue
+            outage.ended()
             if stalls:
                 yield TriggerEvent({"status": "stalled", "older_than_s": self.older_than_s,
                                     "stalls": [s.as_dict() for s in stalls],
@@ -91,7 +154,8 @@ class CommittedDataTrigger(BaseTrigger):
     """Fire when committed records wait beyond a pipeline's checkpoint: ``{"status": "available",
     "partitions": [...]}`` with each such partition's checkpoint, LSO, lag and oldest unprocessed
     record (:func:`kafka_eos.health.backlog.backlog`), or ``{"status": "timeout"}`` after
-    ``timeout_s`` without any. Aborted records and transaction markers are not data: a range
+    ``timeout_s`` without any (with the last error when the cluster was not answering then); a look
+    the cluster does not answer is tried again at the next poll. Aborted records and transaction markers are not data: a range
     that holds only those does not fire.
 
     :param pipeline: the pipeline (spec name or path).
@@ -112,14 +176,21 @@ class CommittedDataTrigger(BaseTrigger):
             "poll_interval_s": self.poll_interval_s, "timeout_s": self.timeout_s})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        started = time.monotonic()
+        started, outage = time.monotonic(), Outage(self.log)
         while True:
-            found = await asyncio.to_thread(committed_data_waiting, self.pipeline, self.kafka_conn_id)
+            try:
+                found = await asyncio.to_thread(committed_data_waiting, self.pipeline, self.kafka_conn_id)
+            except LOOK_ERRORS as exc:  # looked at again at the next poll, until the timeout
+                outage.failed(exc, self.poll_interval_s)
+                found = []
+            else:
+                outage.ended()
             if found:
                 yield TriggerEvent({"status": "available", "pipeline": self.pipeline, "partitions": found})
                 return
             if self.timeout_s is not None and time.monotonic() - started >= self.timeout_s:
-                yield TriggerEvent({"status": "timeout", "pipeline": self.pipeline, "timeout_s": self.timeout_s})
+                yield TriggerEvent({"status": "timeout", "pipeline": self.pipeline, "timeout_s": self.timeout_s,
+                                    "error": outage.error if outage.since is not None else None})
                 return
             await asyncio.sleep(self.poll_interval_s)
 
@@ -157,9 +228,15 @@ class CommittedDataEventTrigger(BaseEventTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         fired: dict[str, int] = {}  # how far (LSO) each partition's backlog reached when it last fired
-        fired_at = 0.0
+        fired_at, outage = 0.0, Outage(self.log)
         while True:
-            found = await asyncio.to_thread(committed_data_waiting, self.pipeline, self.kafka_conn_id)
+            try:
+                found = await asyncio.to_thread(committed_data_waiting, self.pipeline, self.kafka_conn_id)
+            except LOOK_ERRORS as exc:  # a watcher runs as long as the asset is watched: never ended by it
+                outage.failed(exc, self.poll_interval_s)
+                await asyncio.sleep(self.poll_interval_s)
+                continue
+            outage.ended()
             reach = {f"{p['topic']}-{p['partition']}": p["lso"] for p in found}
             new_data = any(lso > fired.get(tp, -1) for tp, lso in reach.items())
             if found and (new_data or time.monotonic() - fired_at >= self.refire_after_s):

@@ -161,3 +161,57 @@ def test_the_watchdog_over_a_pipeline_that_never_ran_watches_what_exists(tmp_pat
                               healthy_for_s=3, poll_interval_s=1).execute({})
     with pytest.raises(BrokerError, match=f"topic 'absent-{unique}' does not exist"):
         _events(deferred.value.trigger)
+
+
+def test_a_look_the_cluster_does_not_answer_is_tried_again_then_reported(kafka_settings, kafka_connection, free_ports,
+                                                                         monkeypatch, unique):
+    """Found by the soak: one look timed out while a partition's leader was down, and the trigger's
+    exception failed the watchdog with Airflow's bare "Trigger failure". A look the cluster does not
+    answer is now tried again at the next poll; only looks failing for unreachable_after_s in a row
+    end the watch, with an event that names the error."""
+    import os
+
+    from kafka_eos.errors import BrokerError
+    from kafka_eos.health import detect
+    from kafka_eos_airflow.triggers import HungTransactionTrigger, cluster_away
+
+    topic = f"watched-{unique}"
+    kafka_admin.create_topics(kafka_settings, {topic: 1})
+    live = os.environ["AIRFLOW_CONN_KAFKA_EOS_KAFKA"]
+    away = json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": f"127.0.0.1:{free_ports(1)}"}})
+    monkeypatch.setattr(detect, "ADMIN_TIMEOUT_S", 2.0)  # a look at nobody fails in 2 s, not 30
+
+    # Nobody answers: looks fail, are tried again, and after unreachable_after_s the watch ends.
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EOS_KAFKA", away)
+    trigger = HungTransactionTrigger([topic], kafka_connection, older_than_s=60, healthy_for_s=1,
+                                     poll_interval_s=0.2, unreachable_after_s=3)
+    event = _events(trigger)[0].payload
+    assert event["status"] == "unreachable" and event["failing_s"] >= 3, event
+    assert "transport" in event["error"].lower() or "timed out" in event["error"].lower(), event
+
+    from kafka_eos_airflow.sensors import HungTransactionSensor
+
+    sensor = HungTransactionSensor(task_id="hung_transactions", topics=[topic], kafka_conn_id=kafka_connection)
+    with pytest.raises(Exception, match=r"^hung_transactions: the cluster of connection 'kafka_eos_kafka' did not "
+                                        r"answer for \d+s; no partition could be checked: .*transport"):
+        sensor.execute_complete({}, event)
+
+    # The cluster answers again after a failed look: the watch goes on and ends healthy.
+    looks: list[str] = []
+    real_look = HungTransactionTrigger.look
+
+    def look(self, previous):
+        try:
+            return real_look(self, previous)
+        except Exception as exc:
+            looks.append(type(exc).__name__)
+            os.environ["AIRFLOW_CONN_KAFKA_EOS_KAFKA"] = live  # the cluster is back for the next look
+            raise
+
+    monkeypatch.setattr(HungTransactionTrigger, "look", look)
+    event = _events(HungTransactionTrigger([topic], kafka_connection, older_than_s=60, healthy_for_s=1,
+                                           poll_interval_s=0.2, unreachable_after_s=60))[0].payload
+    assert looks and (event["status"], event["partitions"]) == ("healthy", 1), (looks, event)
+
+    # What is no sign of the cluster being away still ends the watch at once, as it is.
+    assert not cluster_away(BrokerError(f"topic {topic!r} does not exist"))

@@ -9,11 +9,8 @@ from typing import Any, AsyncIterator
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
-from confluent_kafka import KafkaException
-
 from kafka_eos.errors import BrokerError, BrokerUnreachable
 from kafka_eos.health import DEFAULT_OLDER_THAN_S
-from kafka_eos.kafka_admin import TRANSIENT_ERRORS, is_transient
 
 #: A look that fails because the cluster did not answer (a broker restarting, a leader moving) is
 #: tried again at the next poll; a watchdog reports the cluster unreachable only when its looks have
@@ -22,13 +19,14 @@ from kafka_eos.kafka_admin import TRANSIENT_ERRORS, is_transient
 UNREACHABLE_AFTER_S = 300.0
 
 
-#: The errors a look may meet while the cluster is away (:func:`cluster_away` decides).
-LOOK_ERRORS = (BrokerError, KafkaException)
-
-
 def cluster_away(exc: BaseException) -> bool:
     """True for an error of a look that clears by itself: no answer in time, or a retriable Kafka
     error. A topic that does not exist, a refused authorization, a bad spec: raised as they are."""
+    # Imported here: DAG files import this module, and parsing them must not load the Kafka client.
+    from confluent_kafka import KafkaException
+
+    from kafka_eos.kafka_admin import TRANSIENT_ERRORS, is_transient
+
     if isinstance(exc, KafkaException):
         err = exc.args[0]
         return err.retriable() or err.name() in TRANSIENT_ERRORS or err.name() in ("_TRANSPORT", "_ALL_BROKERS_DOWN")
@@ -118,7 +116,8 @@ class HungTransactionTrigger(BaseTrigger):
             try:
                 # The clients block: off the event loop.
                 stalls, previous, checked = await asyncio.to_thread(self.look, previous)
-            except LOOK_ERRORS as exc:  # the last observation is kept: ages go on from it
+            except Exception as exc:  # noqa: BLE001 - failed() raises all but a cluster away
+                # The last observation is kept: ages go on from it.
                 failing_s = outage.failed(exc, self.poll_interval_s)
                 if failing_s >= self.unreachable_after_s:
                     yield TriggerEvent({"status": "unreachable", "failing_s": round(failing_s), "error": outage.error})
@@ -155,8 +154,8 @@ class CommittedDataTrigger(BaseTrigger):
     "partitions": [...]}`` with each such partition's checkpoint, LSO, lag and oldest unprocessed
     record (:func:`kafka_eos.health.backlog.backlog`), or ``{"status": "timeout"}`` after
     ``timeout_s`` without any (with the last error when the cluster was not answering then); a look
-    the cluster does not answer is tried again at the next poll. Aborted records and transaction markers are not data: a range
-    that holds only those does not fire.
+    the cluster does not answer is tried again at the next poll. Aborted records and transaction
+    markers are not data: a range that holds only those does not fire.
 
     :param pipeline: the pipeline (spec name or path).
     :param kafka_conn_id: the ``kafka`` connection (see :class:`~kafka_eos_airflow.hooks.KafkaEosHook`).
@@ -180,7 +179,7 @@ class CommittedDataTrigger(BaseTrigger):
         while True:
             try:
                 found = await asyncio.to_thread(committed_data_waiting, self.pipeline, self.kafka_conn_id)
-            except LOOK_ERRORS as exc:  # looked at again at the next poll, until the timeout
+            except Exception as exc:  # noqa: BLE001 - failed() raises all but a cluster away
                 outage.failed(exc, self.poll_interval_s)
                 found = []
             else:
@@ -189,8 +188,9 @@ class CommittedDataTrigger(BaseTrigger):
                 yield TriggerEvent({"status": "available", "pipeline": self.pipeline, "partitions": found})
                 return
             if self.timeout_s is not None and time.monotonic() - started >= self.timeout_s:
+                away = {"error": outage.error} if outage.since is not None else {}
                 yield TriggerEvent({"status": "timeout", "pipeline": self.pipeline, "timeout_s": self.timeout_s,
-                                    "error": outage.error if outage.since is not None else None})
+                                    **away})
                 return
             await asyncio.sleep(self.poll_interval_s)
 
@@ -232,7 +232,8 @@ class CommittedDataEventTrigger(BaseEventTrigger):
         while True:
             try:
                 found = await asyncio.to_thread(committed_data_waiting, self.pipeline, self.kafka_conn_id)
-            except LOOK_ERRORS as exc:  # a watcher runs as long as the asset is watched: never ended by it
+            except Exception as exc:  # noqa: BLE001 - failed() raises all but a cluster away
+                # A watcher runs as long as its asset is watched: a cluster away never ends it.
                 outage.failed(exc, self.poll_interval_s)
                 await asyncio.sleep(self.poll_interval_s)
                 continue

@@ -46,7 +46,8 @@ def writes_to(spec: PipelineSpec) -> str:
 def promote_caveat(spec: PipelineSpec) -> str:
     """What a person must know before running :func:`promote_sql` of ``spec`` ("" when nothing)."""
     if spec.sink.kind == "sql" and spec.sink.merge == "add":
-        return "merge: add: each key's live row is set to this range's total; promote ranges holding all of a key's records"
+        return ("merge: add: each key's live row is set to this range's total; promote ranges holding all of a "
+                "key's records")
     return ""
 
 

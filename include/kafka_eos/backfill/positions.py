@@ -81,13 +81,14 @@ def not_readable_yet(tp: TP, what: str, o: PartitionOffsets, field: str = "") ->
     """The one-line error of a range that ends at a time no committed record of ``tp`` reaches
     while an open transaction holds the partition: its records may belong to the range."""
     return IntervalNotStable(
-        f"{field + ': ' if field else ''}{tp[0]}-{tp[1]}: {what} is not readable to its end yet: an open transaction holds the "
-        f"partition at offset {o.lso} (high watermark {o.high_watermark}) and no committed record at or after "
-        f"the end comes before it; retry when the transaction ends (kafka-eos txn hanging {tp[0]} shows it)")
+        f"{field + ': ' if field else ''}{tp[0]}-{tp[1]}: {what} is not readable to its end yet: an open "
+        f"transaction holds the partition at offset {o.lso} (high watermark {o.high_watermark}) and no committed "
+        f"record at or after the end comes before it; retry when the transaction ends (kafka-eos txn hanging "
+        f"{tp[0]} shows it)")
 
 
-def resolve(spec: PipelineSpec, settings: KafkaSettings, text: str, field: str,
-            now: datetime | None = None, end: bool = False) -> tuple[dict[TP, int], dict[TP, PartitionOffsets]]:
+def resolve(spec: PipelineSpec, settings: KafkaSettings, text: str, field: str, now: datetime | None = None,
+            end: bool = False) -> tuple[dict[TP, int], dict[TP, PartitionOffsets]]:
     """The offsets ``text`` names in ``spec``'s source partitions, each within [log start, LSO].
 
     A timestamp names every partition: its first record at or after it, or its LSO when no

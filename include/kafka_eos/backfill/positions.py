@@ -77,10 +77,16 @@ def parse_offsets(text: str, field: str, tps: list[TP]) -> dict[TP, int]:
     return out
 
 
-def not_readable_yet(tp: TP, what: str, o: PartitionOffsets, field: str = "") -> IntervalNotStable:
-    """The one-line error of a range that ends at a time no committed record of ``tp`` reaches
-    while an open transaction holds the partition: its records may belong to the range."""
-    return IntervalNotStable(
+def ensure_end_known(tp: TP, last: int | None, o: PartitionOffsets, what: str, field: str = "") -> None:
+    """A range of ``tp`` that ends at a time: ``last`` is the first committed offset at or after
+    that time (None: none is). With none, while an open transaction holds the partition, the end
+    is not known yet: the transaction's records may belong to the range.
+
+    :raises IntervalNotStable: naming ``field`` (when given), the partition and the transaction's offset.
+    """
+    if last is not None or o.lso >= o.high_watermark:
+        return
+    raise IntervalNotStable(
         f"{field + ': ' if field else ''}{tp[0]}-{tp[1]}: {what} is not readable to its end yet: an open "
         f"transaction holds the partition at offset {o.lso} (high watermark {o.high_watermark}) and no committed "
         f"record at or after the end comes before it; retry when the transaction ends (kafka-eos txn hanging "
@@ -116,9 +122,9 @@ def resolve(spec: PipelineSpec, settings: KafkaSettings, text: str, field: str, 
         return wanted, ends
     ts = parse_timestamp(text, field, now)
     found = offsets_for_time(settings, tps, ts)
-    for tp in tps:
-        if end and found[tp] is None and ends[tp].lso < ends[tp].high_watermark:
-            raise not_readable_yet(tp, f"the range up to {ts.isoformat()}", ends[tp], field)
+    if end:
+        for tp in tps:
+            ensure_end_known(tp, found[tp], ends[tp], f"the range up to {ts.isoformat()}", field)
     # No record that late: the end of what is committed; never below what retention kept.
     return {tp: max(ends[tp].log_start, min(ends[tp].lso, found[tp] if found[tp] is not None else ends[tp].lso))
             for tp in tps}, ends

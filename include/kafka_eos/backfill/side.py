@@ -231,7 +231,7 @@ def interval_ranges(spec: PipelineSpec, settings: KafkaSettings, start: datetime
         open transaction holds the LSO: records of the interval may be in it, so the interval's
         end is not known yet (a retry after the transaction ends reads the whole interval).
     """
-    from kafka_eos.backfill.positions import not_readable_yet, offsets_for_time
+    from kafka_eos.backfill.positions import ensure_end_known, offsets_for_time
 
     tps = source_partitions(spec, settings)
     ends = partition_offsets(settings, tps)
@@ -240,10 +240,9 @@ def interval_ranges(spec: PipelineSpec, settings: KafkaSettings, start: datetime
     for tp in tps:
         o = ends[tp]
         a = min(o.lso, firsts[tp] if firsts[tp] is not None else o.lso)
-        if lasts[tp] is None and o.lso < o.high_watermark:
-            # Found by the soak: a stranger's transaction held a partition while a backfill of a past
-            # minute ran; ending at the LSO wrote that minute without the partition's records.
-            raise not_readable_yet(tp, f"the interval {start.isoformat()} - {end.isoformat()}", o)
+        # Found by the soak: a stranger's transaction held a partition while a backfill of a past
+        # minute ran; ending at the LSO wrote that minute without the partition's records.
+        ensure_end_known(tp, lasts[tp], o, f"the interval {start.isoformat()} - {end.isoformat()}")
         b = min(o.lso, lasts[tp] if lasts[tp] is not None else o.lso)
         # Offsets-for-times answers from the records kept: when its answer is the log start of a
         # partition that retention has cut, records of the interval may be among those deleted.

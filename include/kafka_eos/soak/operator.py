@@ -42,8 +42,8 @@ class Operator(threading.Thread):
         self.world, self.say = world, say
         self.actions: list[Action] = []
         self._seen_alerts = 0
-        #: Held partitions (topic, partition, LSO) the runbook was run for: its outcome, and how often.
-        self._aborted: dict[tuple[str, int, int], str] = {}
+        #: Held partitions (topic, partition, LSO) the runbook was run for: its last outcome, and how often.
+        self._outcomes: dict[tuple[str, int, int], str] = {}
         self._attempts: dict[tuple[str, int, int], int] = {}
         self._clears: dict[tuple[str, str], int] = {}
         #: A cleared run's end when it was cleared: it is cleared again only after a later failure.
@@ -70,9 +70,9 @@ class Operator(threading.Thread):
                 conf = stall["runbook"]["conf"]
                 key = (conf["topic"], int(conf["partition"]), int(conf["start_offset"]))
                 # Once per held partition; again at a later alert if the runbook did not end it.
-                if self._aborted.get(key) != "abort success" and self._attempts.get(key, 0) < MAX_ATTEMPTS:
+                if self._outcomes.get(key) != "abort success" and self._attempts.get(key, 0) < MAX_ATTEMPTS:
                     self._attempts[key] = self._attempts.get(key, 0) + 1
-                    self._aborted[key] = self.abort(*key).outcome
+                    self._outcomes[key] = self.abort(*key).outcome
         self.clear_failed()
 
     # --- the runbook -------------------------------------------------------------------------------

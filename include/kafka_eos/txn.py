@@ -174,16 +174,17 @@ class TransactionalCommit:
 
     def _explain(self, exc: BaseException) -> KafkaException | None:
         """The KafkaException behind ``exc``; for a bare SystemError from confluent-kafka (seen
-        from flush() when fencing lands mid-callback), ask the producer: in a fatal state
-        abort_transaction() raises the fatal error. None: there was none, and it did abort."""
+        from flush() when fencing lands mid-callback) or a bare _FATAL (produce() in a fatal state),
+        ask the producer: in a fatal state abort_transaction() raises the fatal error itself.
+        None: there was none, and it did abort."""
         kafka_exc = _kafka_exception(exc)
-        if kafka_exc is not None or self._producer is None:
+        if self._producer is None or (kafka_exc is not None and kafka_exc.args[0].code() != KafkaError._FATAL):
             return kafka_exc
         try:
             self._producer.abort_transaction(CALL_TIMEOUT_S)
         except (KafkaException, SystemError) as probe:
-            return _kafka_exception(probe)
-        return None
+            return _kafka_exception(probe) or kafka_exc
+        return kafka_exc
 
     def _ranges_text(self) -> str:
         return ", ".join(f"{r.topic}-{r.partition} [{r.from_offset}, {r.until})" for r in self.ranges)

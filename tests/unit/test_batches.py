@@ -78,3 +78,37 @@ def test_pack_and_unpack_round_trip_and_source_partitions():
     (back,) = list(batches.unpack([(packed[0].column(0)[0].as_py(),)]))
     assert back.equals(b)
     assert batches.source_partitions(b) == {("in", 4), ("in", 5)}
+
+
+def arrivals(order, sizes):
+    """Rows as Spark's Arrow collect hands them over: each partition's values then its end, the
+    partitions in the order their tasks ended."""
+    return [row for part in order for row in [(f"{part}.{i}".encode(), part) for i in range(sizes[part])]
+            + [(None, part)]]
+
+
+@pytest.mark.parametrize("order", [[0, 1, 2, 3], [3, 2, 1, 0], [1, 3, 0, 2], [2, 0, 3, 1]])
+@pytest.mark.parametrize("held_in_memory", [1 << 20, 3])
+def test_partitions_come_out_in_their_order_whatever_order_their_tasks_end(order, held_in_memory, monkeypatch):
+    monkeypatch.setattr(batches, "HELD_IN_MEMORY", held_in_memory)  # 3 bytes: held values go to a file
+    sizes = {0: 2, 1: 0, 2: 3, 3: 1}  # partition 1 is empty: only its end arrives
+    out = list(batches.in_order(arrivals(order, sizes)))
+    assert out == [b"0.0", b"0.1", b"2.0", b"2.1", b"2.2", b"3.0"]
+
+
+def test_a_partition_in_turn_goes_through_at_once_not_when_the_stream_ends():
+    pulled = []
+
+    def rows():
+        for row in arrivals([0, 2, 1], {0: 1, 1: 1, 2: 1}):
+            pulled.append(row)
+            yield row
+
+    seen = [(value, len(pulled)) for value in batches.in_order(rows())]
+    # 0.0 as soon as it arrives; 2.0 waits for partition 1, which goes through as it arrives
+    assert seen == [(b"0.0", 1), (b"1.0", 5), (b"2.0", 6)]
+
+
+def test_a_partition_whose_end_never_came_is_an_error_not_a_shorter_output():
+    with pytest.raises(RuntimeError, match=r"partition\(s\) \[2\] came without partition 1's end"):
+        list(batches.in_order([(b"0.0", 0), (None, 0), (b"2.0", 2), (None, 2)]))

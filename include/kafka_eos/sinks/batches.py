@@ -149,3 +149,123 @@ def unpack(rows: Iterable) -> Iterator["pa.RecordBatch"]:
 
     for row in rows:
         yield from pa.ipc.open_stream(row[0])
+
+
+#: Schema of a packed DataFrame whose rows say which Spark partition they come from; a row with
+#: no ``arrow_ipc`` ends its partition (see :func:`pack_marked`).
+MARKED_SCHEMA = "arrow_ipc binary, spark_partition int"
+
+#: Bytes of out-of-order partitions held in memory before the rest go to a temporary file.
+HELD_IN_MEMORY = 64 * 1024 * 1024
+
+
+def computed(df: "DataFrame") -> Iterator["pa.RecordBatch"]:
+    """The record batches of ``df`` in the order of its partitions, from one Spark job that
+    computes every partition at once and hands each over as its task ends: not cached first,
+    not one task at a time (``toLocalIterator``). Lazy: the job starts at the first ``next()``.
+
+    Through Spark Connect the server sends partitions in order itself; in a classic session the
+    partitions arrive in the order their tasks end, and those that come before their turn wait
+    (in memory up to :data:`HELD_IN_MEMORY`, then in a temporary file).
+    """
+    from kafka_eos.spark_io import is_connect
+
+    if is_connect(df):
+        yield from unpack(df.mapInArrow(pack, PACKED_SCHEMA).toLocalIterator())
+        return
+    yield from unpack((ipc,) for ipc in in_order(_marked_rows(df.mapInArrow(pack_marked, MARKED_SCHEMA))))
+
+
+def pack_marked(batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
+    """``mapInArrow`` function: :func:`pack`'s rows with the task's partition index, then one
+    row without ``arrow_ipc`` that ends the partition (an empty partition has only that one)."""
+    import pyarrow as pa
+    from pyspark import TaskContext
+
+    part = pa.array([TaskContext.get().partitionId()], pa.int32())
+    names = ["arrow_ipc", "spark_partition"]
+    for row in pack(batches):
+        yield pa.RecordBatch.from_arrays([row.column(0), part], names=names)
+    yield pa.RecordBatch.from_arrays([pa.array([None], pa.binary()), part], names=names)
+
+
+def _marked_rows(marked: "DataFrame") -> Iterator[tuple[bytes | None, int]]:
+    """(arrow_ipc, spark_partition) rows of ``marked`` as its tasks end, each partition's rows
+    together (Spark's Arrow collect: one job, every partition's result written as it arrives)."""
+    import pyarrow as pa
+    from uuid import uuid4
+    from pyspark.errors.exceptions.captured import unwrap_spark_exception
+    from pyspark.sql.pandas.serializers import ArrowCollectSerializer
+    from pyspark.traceback_utils import SCCallSiteSync
+    from pyspark.util import _load_from_socket
+
+    sc = marked.sparkSession.sparkContext
+    tag = f"kafka-eos-computed-{uuid4().hex}"
+    sc.addJobTag(tag)
+    try:
+        with SCCallSiteSync(sc):
+            port, secret, server = marked._jdf.collectAsArrowToPython()
+    finally:
+        sc.removeJobTag(tag)
+    whole = False
+    try:
+        with _load_from_socket((port, secret), ArrowCollectSerializer()) as stream:
+            for item in stream:
+                if isinstance(item, pa.RecordBatch):
+                    yield from zip(item.column(0).to_pylist(), item.column(1).to_pylist())
+        whole = True
+    finally:
+        if whole:
+            with unwrap_spark_exception():
+                server.getResult()  # the job's own error, if it failed
+        else:  # left before the end (the commit failed): stop the job, then let it go
+            sc.cancelJobsWithTag(tag)
+            try:
+                server.getResult()
+            except Exception:  # noqa: BLE001 - the commit's own error is the one that matters
+                pass
+
+
+def in_order(rows: Iterable[tuple[bytes | None, int]]) -> Iterator[bytes]:
+    """The ``arrow_ipc`` values of ``rows`` in partition order. ``rows`` come a partition at a
+    time in any order of partitions, each partition's rows in order and ended by a row whose
+    value is None; partitions ahead of their turn are held until it comes.
+
+    :raises RuntimeError: a partition's end never came (Spark lost a task's result).
+    """
+    from tempfile import SpooledTemporaryFile
+
+    turn = 0
+    held: dict[int, list[tuple[int, int]]] = {}  # partition -> (position, length) of its values in `spool`
+    ended: set[int] = set()
+    with SpooledTemporaryFile(max_size=HELD_IN_MEMORY) as spool:
+        def release():
+            nonlocal turn
+            while turn in held:
+                for pos, size in held.pop(turn):
+                    spool.seek(pos)
+                    yield spool.read(size)
+                if turn not in ended:
+                    return  # its remaining rows come next, in turn
+                ended.discard(turn)
+                turn += 1
+            if not held:  # nothing waits: the file starts over
+                spool.seek(0)
+                spool.truncate()
+
+        for ipc, part in rows:
+            if part != turn:
+                held.setdefault(part, [])
+                if ipc is None:
+                    ended.add(part)
+                else:
+                    spool.seek(0, 2)
+                    held[part].append((spool.tell(), len(ipc)))
+                    spool.write(ipc)
+            elif ipc is not None:
+                yield ipc
+            else:
+                turn += 1
+                yield from release()
+        if held:
+            raise RuntimeError(f"Spark partition(s) {sorted(held)[:5]} came without partition {turn}'s end")

@@ -1,7 +1,8 @@
 """Kafka sink: results and dead letters written transactionally with the consumed offsets.
 
-``atomic`` (here): one transaction on the driver; rows stream to it as Arrow batches with
-``toLocalIterator`` (one Spark partition at a time), never collected whole. ``per_partition``
+``atomic`` (here): one transaction on the driver; rows stream to it as Arrow batches as Spark's
+tasks end (one job computes every partition at once; :func:`kafka_eos.sinks.batches.computed`),
+never collected whole. ``per_partition``
 (:mod:`kafka_eos.sinks.per_partition`): one transaction per source partition, on the executors,
 under that partition's own transactional.id. Rows reach Python as Arrow batches in both
 (:mod:`kafka_eos.sinks.batches`). The output checks and manifest records both scopes share are here.
@@ -9,16 +10,17 @@ under that partition's own transactional.id. Rows reach Python as Arrow batches 
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from typing import TYPE_CHECKING, Iterable
 
-from kafka_eos.errors import SpecError
 from kafka_eos.manifest import COMMITTED, checkpoint_key, checkpoint_record, now_iso, run_key
 from kafka_eos.plan import PartitionRange, Plan
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
 from kafka_eos.transforms import DLQ_REASON
 from kafka_eos.sinks import batches
+from kafka_eos.errors import SpecError, TransactionTimedOut
 from kafka_eos.txn import CommitResult, TransactionalCommit
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -63,28 +65,58 @@ def write_atomic(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, setting
     :param tally: filled with per-source-partition counts (see :func:`kafka_eos.sinks.batches.records`).
     :param commit: a long-lived commit set to the plan's ranges (stream mode); else a new one.
     """
-    from pyspark import StorageLevel
-
-    if df is not None:
-        # Compute first, commit after: the transaction stays open only while cached rows stream
-        # to the producer, not while Spark reads and transforms (its timeout would abort it).
-        df = batches.prepared(df).persist(StorageLevel.MEMORY_AND_DISK)
-        df.count()
-    # From the cache to the driver as Arrow batches, one Spark task at a time; the executors
-    # pack the next while the driver produces.
-    rows = (df.mapInArrow(batches.pack, batches.PACKED_SCHEMA).toLocalIterator(prefetchPartitions=True)
-            if df is not None else ())
     commit = commit or atomic_commit(spec, plan, settings)
 
     def manifest(out: int, dead: int):
         return [(spec.manifest_topic, run_key(plan.pipeline, plan.run_id), {**summary, **committed_record(out, dead)}),
                 *checkpoint_records(spec, plan, plan.active)]
 
+    if df is None:
+        return commit.run(batches.records((), spec, tally), manifest)
+    df = batches.prepared(df)
     try:
+        # One pass: the transaction is open while Spark computes; rows go to the producer as
+        # each task ends (the job starts once the commit has fenced and checked its checkpoint).
+        return commit.run(batches.records(batches.computed(df), spec, tally), manifest)
+    except Exception as exc:  # noqa: BLE001 - only the two below fall back; the rest is raised
+        why = one_pass_limit(exc)
+        if why is None:
+            raise
+    # Nothing of the aborted transaction is visible. Two passes: computed and cached first, the
+    # transaction open only while the cached rows stream to the producer.
+    print(f"kafka-eos: {plan.pipeline}: {why}; computing the output first, then committing it",
+          file=sys.stderr, flush=True)
+    if tally is not None:
+        tally.clear()
+    commit.close()
+    return write_cached(df, commit, spec, tally, manifest)
+
+
+def one_pass_limit(exc: BaseException) -> str | None:
+    """What made a one-pass atomic run fail that two passes do not meet, or None: its transaction
+    outlasted the timeout while Spark computed, or its whole output was more than Spark lets one
+    job return to the driver (``spark.driver.maxResultSize``; two passes return a task per job)."""
+    if isinstance(exc, TransactionTimedOut):
+        return str(exc)
+    if "spark.driver.maxResultSize" in str(exc):
+        return "the output is larger than spark.driver.maxResultSize lets one Spark job return to the driver"
+    return None
+
+
+def write_cached(df: "DataFrame", commit: TransactionalCommit, spec: PipelineSpec, tally: Counter | None,
+                 manifest) -> CommitResult:
+    """Two passes: ``df`` computed and cached before the transaction opens, then its rows stream
+    from the cache to the producer one Spark task at a time (the executors pack the next while
+    the driver produces)."""
+    from pyspark import StorageLevel
+
+    df = df.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        df.count()
+        rows = df.mapInArrow(batches.pack, batches.PACKED_SCHEMA).toLocalIterator(prefetchPartitions=True)
         return commit.run(batches.records(batches.unpack(rows), spec, tally), manifest)
     finally:
-        if df is not None:
-            df.unpersist()
+        df.unpersist()
 
 
 def committed_record(out: int, dead: int) -> dict:

@@ -1,0 +1,128 @@
+"""Atomic scope in one pass: the transaction is open while Spark computes, rows reach the producer
+as Spark's tasks end, in the order of the Spark partitions, and a failure anywhere aborts the
+whole transaction (kafka_eos.sinks.kafka, kafka_eos.sinks.batches.computed)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from kafka_eos import kafka_admin
+from kafka_eos.batch import run_batch
+from kafka_eos.pipeline import prepare_plan
+from kafka_eos.readers import read_committed
+from kafka_eos.sample_data import produce_orders
+from kafka_eos.sinks import batches
+
+pytestmark = pytest.mark.integration
+
+SLOW = '''
+import time
+from pyspark.sql import functions as F
+
+@F.udf("long")
+def slow_in_first(part, x):
+    if part == 0:
+        time.sleep(0.01)
+    return x
+
+@F.udf("long")
+def slow_but_first(part, x):
+    if part != 0:
+        time.sleep(0.01)
+    return x
+'''
+
+#: A source partition 2 that fails, after a while, while the flag file exists.
+FAILING = '''
+import os, time
+from pyspark.sql import functions as F
+
+FLAG = {flag!r}
+
+@F.udf("binary")
+def _fail_in_2(partition, value):
+    if partition == 2 and os.path.exists(FLAG):
+        time.sleep(3)  # the other partitions' rows reach the producer first
+        raise ValueError("partition 2 fails")
+    return value
+
+def failing_identity(df):
+    return df.select("key", _fail_in_2("partition", "value").alias("value"), "headers", "topic", "partition",
+                     "offset", F.lit(None).cast("string").alias("dlq_reason"))
+'''
+
+
+def test_rows_come_in_partition_order_when_the_tasks_end_out_of_order(spark, transforms_from):
+    module = __import__(transforms_from("slow_udfs", SLOW))
+    from pyspark.sql import functions as F
+
+    # Partition 0's rows are slow: its task ends after the others'.
+    df = spark.range(0, 400, 1, 4).select(module.slow_in_first(F.spark_partition_id(), "id").alias("id"))
+    got = [i for batch in batches.computed(df) for i in batch.column("id").to_pylist()]
+    assert got == list(range(400))
+
+
+def test_a_computation_left_early_stops_its_spark_job(spark, transforms_from):
+    module = __import__(transforms_from("slow_udfs", SLOW))
+    from pyspark.sql import functions as F
+
+    # Partition 0 (first in turn) is quick; the others take about 10 s each.
+    df = spark.range(0, 4000, 1, 4).select(module.slow_but_first(F.spark_partition_id(), "id").alias("id"))
+    rows = batches.computed(df)
+    first = next(rows)
+    assert first.column("id")[0].as_py() == 0
+    started = time.monotonic()
+    rows.close()
+    assert time.monotonic() - started < 8, "closing waited for the whole job instead of cancelling it"
+    assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+    assert spark.range(3).count() == 3  # the session goes on
+
+
+def test_a_task_failing_after_rows_were_produced_aborts_the_whole_transaction(spark, kafka_settings, make_spec,
+                                                                              transforms_from, tmp_path):
+    flag = tmp_path / "fail"
+    flag.touch()
+    transform = transforms_from("failing_transforms", FAILING.format(flag=str(flag))) + ":failing_identity"
+    spec = make_spec(transform, "kafka", "atomic")
+    produce_orders(kafka_settings, spec.source.topics[0], 300, abort_every=0, malformed_every=0)
+    plan = prepare_plan(spec, kafka_settings, "r1")
+    with pytest.raises(Exception, match="partition 2 fails"):
+        run_batch(spark, spec, plan, kafka_settings)
+    out = kafka_admin.partition_offsets(kafka_settings, [(spec.sink.topic, p) for p in range(3)])
+    # Partitions 0 and 1's rows were produced into the transaction, then it was aborted.
+    assert sum(o.high_watermark for o in out.values()) > 100
+    assert read_committed(kafka_settings, spec.sink.topic) == []
+    tps = [r.tp for r in plan.ranges]
+    assert set(kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, tps).values()) == {None}
+
+    flag.unlink()  # the same plan again: committed once
+    summary = run_batch(spark, spec, plan, kafka_settings)
+    assert (summary.status, summary.records_out) == ("committed", 300)
+    assert len(read_committed(kafka_settings, spec.sink.topic)) == 300
+    assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, tps) == {
+        r.tp: r.until for r in plan.ranges}
+
+
+@pytest.fixture
+def max_result_size(spark):
+    """Set Spark's ``spark.driver.maxResultSize`` for the jobs this test starts (each job's task set
+    reads it from the live SparkContext's conf)."""
+    conf = spark.sparkContext._jsc.sc().conf()
+    before = conf.get("spark.driver.maxResultSize", "1g")
+    yield lambda size: conf.set("spark.driver.maxResultSize", size)
+    conf.set("spark.driver.maxResultSize", before)
+
+
+def test_an_output_larger_than_one_job_may_return_is_committed_in_two_passes(spark, kafka_settings, make_spec,
+                                                                             max_result_size, capfd):
+    spec = make_spec("identity", "kafka", "atomic")
+    produce_orders(kafka_settings, spec.source.topics[0], 600, abort_every=0, malformed_every=0)
+    plan = prepare_plan(spec, kafka_settings, "r1")
+    max_result_size("100k")  # about 50 KB per source partition's task, 150 KB in all
+    summary = run_batch(spark, spec, plan, kafka_settings)
+    assert (summary.status, summary.records_out) == ("committed", 600)
+    assert len(read_committed(kafka_settings, spec.sink.topic)) == 600
+    assert ("larger than spark.driver.maxResultSize lets one Spark job return to the driver; computing the "
+            "output first, then committing it") in capfd.readouterr().err

@@ -185,3 +185,33 @@ def read_ranges(spark: "SparkSession", settings: KafkaSettings,
             .option("failOnDataLoss", "true")
             .options(**({"maxRecordsPerPartition": str(max_records_per_task)} if max_records_per_task else {}))
             .load())
+
+
+#: Spark's classes the lineage walk of :func:`read_layout` goes through.
+_ONE_TO_ONE = "org.apache.spark.OneToOneDependency"
+_KAFKA_READ = "org.apache.spark.sql.kafka010.KafkaSourceRDD"
+
+
+def read_layout(df: "DataFrame") -> dict[int, tuple[tuple[str, int], int, int]] | None:
+    """What each Spark task of ``df`` reads, proven from the lineage of the RDD Spark runs for it,
+    before any task runs: ``{task index: ((topic, partition), from offset, until offset)}``.
+
+    None where it cannot be proven: some dependency from ``df``'s RDD back to the Kafka read is not
+    one-to-one (task *i*'s rows come from read task *i* only: no union, no coalesce, no shuffle),
+    or there is no JVM DataFrame to walk (Spark Connect), or the data is not a Kafka read.
+    """
+    try:
+        rdd = df._jdf.queryExecution().toRdd()
+        while rdd.getClass().getName() != _KAFKA_READ:
+            dependencies = rdd.dependencies()
+            if dependencies.size() != 1 or dependencies.head().getClass().getName() != _ONE_TO_ONE:
+                return None
+            rdd = dependencies.head().rdd()
+        read = {}
+        for task in rdd.partitions():
+            offsets = task.offsetRange()
+            tp = (offsets.topicPartition().topic(), offsets.topicPartition().partition())
+            read[task.index()] = (tp, offsets.fromOffset(), offsets.untilOffset())
+        return read
+    except Exception:  # noqa: BLE001 - no JVM DataFrame (Spark Connect), another reader: not proven
+        return None

@@ -53,6 +53,22 @@ def failing_identity(df):
                      "offset", F.lit(None).cast("string").alias("dlq_reason"))
 '''
 
+#: The first 100 offsets of each source partition are slow to transform.
+SLOW_START = '''
+import time
+from pyspark.sql import functions as F
+
+@F.udf("binary")
+def _slow_start(offset, value):
+    if offset < 100:
+        time.sleep(0.02)
+    return value
+
+def slow_start(df):
+    return df.select("key", _slow_start("offset", "value").alias("value"), "headers", "topic", "partition",
+                     "offset", F.lit(None).cast("string").alias("dlq_reason"))
+'''
+
 
 def test_rows_come_in_partition_order_when_the_tasks_end_out_of_order(spark, transforms_from):
     module = __import__(transforms_from("slow_udfs", SLOW))
@@ -126,3 +142,43 @@ def test_an_output_larger_than_one_job_may_return_is_committed_in_two_passes(spa
     assert len(read_committed(kafka_settings, spec.sink.topic)) == 600
     assert ("larger than spark.driver.maxResultSize lets one Spark job return to the driver; computing the "
             "output first, then committing it") in capfd.readouterr().err
+
+
+def test_a_source_partition_read_in_several_tasks_keeps_its_order_in_the_output(spark, kafka_settings, make_spec,
+                                                                                transforms_from, monkeypatch):
+    from kafka_eos import batch as batch_module
+
+    monkeypatch.setattr(batch_module, "DRIVER_TASK_RECORDS", 100)  # 3 tasks per source partition
+    transform = transforms_from("slow_start", SLOW_START) + ":slow_start"
+    spec = make_spec(transform, "kafka", "atomic", partitions=2)
+    produce_orders(kafka_settings, spec.source.topics[0], 600, abort_every=0, malformed_every=0)
+    plan = prepare_plan(spec, kafka_settings, "r1")
+    summary = run_batch(spark, spec, plan, kafka_settings)
+    assert (summary.status, summary.records_out) == ("committed", 600)
+    source = {(m.partition, m.value): m.offset for m in read_committed(kafka_settings, spec.source.topics[0])}
+    assert len(source) == 600
+    seen: dict[tuple, list] = {}
+    for m in read_committed(kafka_settings, spec.sink.topic):
+        for (p, value), offset in source.items():
+            if value == m.value:
+                seen.setdefault((m.partition, p), []).append(offset)
+    assert sum(len(v) for v in seen.values()) == 600
+    # Each source partition's records in every output partition in their source order, though the
+    # tasks holding its later offsets ended first.
+    assert all(offsets == sorted(offsets) for offsets in seen.values())
+
+
+def test_the_order_kept_follows_what_each_task_reads(spark, kafka_settings, make_spec):
+    from kafka_eos.spark_io import read_layout, read_ranges
+
+    spec = make_spec("identity", "kafka", "atomic", partitions=2)
+    produce_orders(kafka_settings, spec.source.topics[0], 400, abort_every=0, malformed_every=0)
+    plan = prepare_plan(spec, kafka_settings, "r1")
+    split = read_ranges(spark, kafka_settings, plan.active, 100)
+    source = spec.source.topics[0]
+    tasks = batches.turns(split)  # the parts of one source partition: a group
+    assert tasks == {task: tp for task, (tp, _f, _u) in read_layout(split).items()}
+    assert set(tasks.values()) == {(source, 0), (source, 1)}
+    assert all(list(tasks.values()).count(tp) >= 2 for tp in set(tasks.values()))
+    assert batches.turns(split.groupBy("partition").count()) is None  # a shuffle: any order
+    assert set(batches.turns(split.union(split)).values()) == {0}  # a union: one order for all

@@ -80,35 +80,56 @@ def test_pack_and_unpack_round_trip_and_source_partitions():
     assert batches.source_partitions(b) == {("in", 4), ("in", 5)}
 
 
+
 def arrivals(order, sizes):
-    """Rows as Spark's Arrow collect hands them over: each partition's values then its end, the
-    partitions in the order their tasks ended."""
-    return [row for part in order for row in [(f"{part}.{i}".encode(), part) for i in range(sizes[part])]
-            + [(None, part)]]
+    """Record batches as Spark's Arrow collect hands them over: each partition's batches together,
+    the partitions in the order their tasks ended; a partition without rows sends nothing."""
+    return [pa.RecordBatch.from_pydict({"v": [f"{part}.{i}"], batches.PART: pa.array([part], pa.int32())})
+            for part in order for i in range(sizes[part])]
+
+
+def values(out):
+    return [v for batch in out for v in batch.column("v").to_pylist()]
+
+
+ONE_GROUP = dict.fromkeys(range(4), 0)
 
 
 @pytest.mark.parametrize("order", [[0, 1, 2, 3], [3, 2, 1, 0], [1, 3, 0, 2], [2, 0, 3, 1]])
 @pytest.mark.parametrize("held_in_memory", [1 << 20, 3])
 def test_partitions_come_out_in_their_order_whatever_order_their_tasks_end(order, held_in_memory, monkeypatch):
-    monkeypatch.setattr(batches, "HELD_IN_MEMORY", held_in_memory)  # 3 bytes: held values go to a file
-    sizes = {0: 2, 1: 0, 2: 3, 3: 1}  # partition 1 is empty: only its end arrives
-    out = list(batches.in_order(arrivals(order, sizes)))
-    assert out == [b"0.0", b"0.1", b"2.0", b"2.1", b"2.2", b"3.0"]
+    monkeypatch.setattr(batches, "HELD_IN_MEMORY", held_in_memory)  # 3 bytes: held batches go to a file
+    sizes = {0: 2, 1: 0, 2: 3, 3: 1}  # partition 1 has no rows: it never comes
+    out = list(batches.in_order(arrivals(order, sizes), ONE_GROUP))
+    assert values(out) == ["0.0", "0.1", "2.0", "2.1", "2.2", "3.0"]
+    assert all(batch.schema.names == ["v"] for batch in out)
+
+
+def test_each_group_keeps_its_own_order_and_no_group_waits_for_another():
+    groups = {0: "a", 1: "b", 2: "a", 3: "b"}  # e.g. two source partitions read in two tasks each
+    out = values(batches.in_order(arrivals([3, 1, 2, 0], {0: 1, 1: 1, 2: 1, 3: 1}), groups))
+    assert out == ["1.0", "3.0", "0.0", "2.0"]
+
+
+def test_without_groups_batches_go_as_they_come():
+    out = values(batches.in_order(arrivals([2, 0, 1], {0: 1, 1: 1, 2: 1}), None))
+    assert out == ["2.0", "0.0", "1.0"]
 
 
 def test_a_partition_in_turn_goes_through_at_once_not_when_the_stream_ends():
     pulled = []
 
     def rows():
-        for row in arrivals([0, 2, 1], {0: 1, 1: 1, 2: 1}):
-            pulled.append(row)
-            yield row
+        for batch in arrivals([0, 2, 1], {0: 1, 1: 2, 2: 1}):
+            pulled.append(batch)
+            yield batch
 
-    seen = [(value, len(pulled)) for value in batches.in_order(rows())]
+    seen = [(v, len(pulled)) for batch in batches.in_order(rows(), dict.fromkeys(range(3), 0))
+            for v in batch.column("v").to_pylist()]
     # 0.0 as soon as it arrives; 2.0 waits for partition 1, which goes through as it arrives
-    assert seen == [(b"0.0", 1), (b"1.0", 5), (b"2.0", 6)]
+    assert seen == [("0.0", 1), ("1.0", 3), ("1.1", 4), ("2.0", 4)]
 
 
-def test_a_partition_whose_end_never_came_is_an_error_not_a_shorter_output():
-    with pytest.raises(RuntimeError, match=r"partition\(s\) \[2\] came without partition 1's end"):
-        list(batches.in_order([(b"0.0", 0), (None, 0), (b"2.0", 2), (None, 2)]))
+def test_a_batch_of_a_partition_the_plan_does_not_have_is_an_error():
+    with pytest.raises(RuntimeError, match="Spark partition 7, which the plan does not have"):
+        list(batches.in_order(arrivals([7], {7: 1}), ONE_GROUP))

@@ -151,47 +151,57 @@ def unpack(rows: Iterable) -> Iterator["pa.RecordBatch"]:
         yield from pa.ipc.open_stream(row[0])
 
 
-#: Schema of a packed DataFrame whose rows say which Spark partition they come from; a row with
-#: no ``arrow_ipc`` ends its partition (see :func:`pack_marked`).
-MARKED_SCHEMA = "arrow_ipc binary, spark_partition int"
 
-#: Bytes of out-of-order partitions held in memory before the rest go to a temporary file.
+#: Column :func:`computed` adds to every row while it moves: the index of its Spark partition.
+PART = "_kafka_eos_spark_partition"
+
+#: Bytes of record batches held for their turn in memory before the rest go to a temporary file.
 HELD_IN_MEMORY = 64 * 1024 * 1024
 
 
 def computed(df: "DataFrame") -> Iterator["pa.RecordBatch"]:
-    """The record batches of ``df`` in the order of its partitions, from one Spark job that
-    computes every partition at once and hands each over as its task ends: not cached first,
-    not one task at a time (``toLocalIterator``). Lazy: the job starts at the first ``next()``.
+    """The record batches of ``df`` from one Spark job that computes every task at once and hands
+    each task's rows over as the task ends: not cached first, not one task at a time
+    (``toLocalIterator``), and converted to Arrow on the JVM (no Python worker in between). Lazy:
+    the job starts at the first ``next()``; left early, the job is cancelled.
 
-    Through Spark Connect the server sends partitions in order itself; in a classic session the
-    partitions arrive in the order their tasks end, and those that come before their turn wait
-    (in memory up to :data:`HELD_IN_MEMORY`, then in a temporary file).
+    The rows of one source partition keep their order (:func:`turns`): through Spark Connect the
+    server sends the tasks in their order; in a classic session the tasks that end before their
+    turn wait (:func:`in_order`).
     """
     from kafka_eos.spark_io import is_connect
 
     if is_connect(df):
-        yield from unpack(df.mapInArrow(pack, PACKED_SCHEMA).toLocalIterator())
+        yield from _connect_batches(df)
         return
-    yield from unpack((ipc,) for ipc in in_order(_marked_rows(df.mapInArrow(pack_marked, MARKED_SCHEMA))))
+    from pyspark.sql import functions as F
+
+    yield from in_order(_collected(df.withColumn(PART, F.spark_partition_id())), turns(df))
 
 
-def pack_marked(batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
-    """``mapInArrow`` function: :func:`pack`'s rows with the task's partition index, then one
-    row without ``arrow_ipc`` that ends the partition (an empty partition has only that one)."""
-    import pyarrow as pa
-    from pyspark import TaskContext
+def turns(df: "DataFrame") -> dict[int, object] | None:
+    """Which Spark tasks of ``df`` must hand their rows over in the order of their index: a map of
+    every task to its group (the tasks of one group go in index order, groups independently), or
+    None when any order will do.
 
-    part = pa.array([TaskContext.get().partitionId()], pa.int32())
-    names = ["arrow_ipc", "spark_partition"]
-    for row in pack(batches):
-        yield pa.RecordBatch.from_arrays([row.column(0), part], names=names)
-    yield pa.RecordBatch.from_arrays([pa.array([None], pa.binary()), part], names=names)
+    Where the lineage proves what each task reads (:func:`kafka_eos.spark_io.read_layout`), the
+    tasks that read parts of one source partition are a group. A shuffle leaves no order across
+    tasks to keep (each key is in one task). Anything else (a union, a coalesce) is one group.
+    """
+    from kafka_eos.spark_io import read_layout
+
+    layout = read_layout(df)
+    if layout is not None:
+        return {task: tp for task, (tp, _from, _until) in layout.items()}
+    execution = df._jdf.queryExecution()
+    if "Exchange" in execution.executedPlan().toString():
+        return None
+    return dict.fromkeys(range(execution.toRdd().getNumPartitions()), 0)
 
 
-def _marked_rows(marked: "DataFrame") -> Iterator[tuple[bytes | None, int]]:
-    """(arrow_ipc, spark_partition) rows of ``marked`` as its tasks end, each partition's rows
-    together (Spark's Arrow collect: one job, every partition's result written as it arrives)."""
+def _collected(df: "DataFrame") -> Iterator["pa.RecordBatch"]:
+    """``df``'s record batches as its tasks end, each task's batches together (Spark's own Arrow
+    collect: one job, every task's result written out as it arrives)."""
     import pyarrow as pa
     from uuid import uuid4
     from pyspark.errors.exceptions.captured import unwrap_spark_exception
@@ -199,20 +209,20 @@ def _marked_rows(marked: "DataFrame") -> Iterator[tuple[bytes | None, int]]:
     from pyspark.traceback_utils import SCCallSiteSync
     from pyspark.util import _load_from_socket
 
-    sc = marked.sparkSession.sparkContext
+    sc = df.sparkSession.sparkContext
     tag = f"kafka-eos-computed-{uuid4().hex}"
     sc.addJobTag(tag)
     try:
         with SCCallSiteSync(sc):
-            port, secret, server = marked._jdf.collectAsArrowToPython()
+            port, secret, server = df._jdf.collectAsArrowToPython()
     finally:
         sc.removeJobTag(tag)
     whole = False
     try:
         with _load_from_socket((port, secret), ArrowCollectSerializer()) as stream:
             for item in stream:
-                if isinstance(item, pa.RecordBatch):
-                    yield from zip(item.column(0).to_pylist(), item.column(1).to_pylist())
+                if isinstance(item, pa.RecordBatch):  # the last item is the batches' order: not needed
+                    yield item
         whole = True
     finally:
         if whole:
@@ -226,46 +236,85 @@ def _marked_rows(marked: "DataFrame") -> Iterator[tuple[bytes | None, int]]:
                 pass
 
 
-def in_order(rows: Iterable[tuple[bytes | None, int]]) -> Iterator[bytes]:
-    """The ``arrow_ipc`` values of ``rows`` in partition order. ``rows`` come a partition at a
-    time in any order of partitions, each partition's rows in order and ended by a row whose
-    value is None; partitions ahead of their turn are held until it comes.
+def _connect_batches(df: "DataFrame") -> Iterator["pa.RecordBatch"]:
+    """``df``'s record batches from a Spark Connect server, which computes every task at once and
+    sends them in their order; left early, the operation is interrupted."""
+    from uuid import uuid4
+    from pyspark.sql.types import StructType
 
-    :raises RuntimeError: a partition's end never came (Spark lost a task's result).
+    session = df.sparkSession
+    tag = f"kafka-eos-computed-{uuid4().hex}"
+    session.addTag(tag)
+    whole = False
+    try:
+        for item in session.client.to_table_as_iterator(df._plan.to_proto(session.client), df._plan.observations):
+            if not isinstance(item, StructType):
+                yield from item.to_batches()
+        whole = True
+    finally:
+        session.removeTag(tag)
+        if not whole:
+            session.interruptTag(tag)
+
+
+def in_order(batches: Iterable["pa.RecordBatch"], groups: dict[int, object] | None) -> Iterator["pa.RecordBatch"]:
+    """``batches`` (each with the :data:`PART` column) without that column, each group's Spark
+    partitions in the order of their index (see :func:`turns`; None: as they come).
+
+    The batches come a partition at a time, in any order of partitions: a partition is whole when
+    another's batch (or the end) comes after it, and a partition with no rows never comes. A
+    partition whose group has an earlier one not yet whole (or, until the end, not yet seen) is
+    held: in memory up to :data:`HELD_IN_MEMORY` bytes, then in a temporary file.
     """
+    import pyarrow as pa
+    from collections import deque
     from tempfile import SpooledTemporaryFile
 
-    turn = 0
-    held: dict[int, list[tuple[int, int]]] = {}  # partition -> (position, length) of its values in `spool`
-    ended: set[int] = set()
+    if groups is None:
+        for batch in batches:
+            yield batch.drop_columns([PART])
+        return
+    waiting: dict[object, deque] = {}
+    for part in sorted(groups):
+        waiting.setdefault(groups[part], deque()).append(part)
+    whole: set[int] = set()
+    held: dict[int, list[tuple[int, int]]] = {}  # partition -> (position, length) of its batches in `spool`
+    schema = None
     with SpooledTemporaryFile(max_size=HELD_IN_MEMORY) as spool:
-        def release():
-            nonlocal turn
-            while turn in held:
-                for pos, size in held.pop(turn):
+        def turn_of(group) -> Iterator["pa.RecordBatch"]:
+            """The held batches of ``group``'s partitions whose turn has come."""
+            queue = waiting[group]
+            while queue:
+                for pos, size in held.pop(queue[0], ()):
                     spool.seek(pos)
-                    yield spool.read(size)
-                if turn not in ended:
-                    return  # its remaining rows come next, in turn
-                ended.discard(turn)
-                turn += 1
+                    yield pa.ipc.read_record_batch(pa.py_buffer(spool.read(size)), schema)
+                if queue[0] not in whole:
+                    return  # its turn, and its rows still to come: they go through as they come
+                queue.popleft()
             if not held:  # nothing waits: the file starts over
                 spool.seek(0)
                 spool.truncate()
 
-        for ipc, part in rows:
-            if part != turn:
-                held.setdefault(part, [])
-                if ipc is None:
-                    ended.add(part)
-                else:
-                    spool.seek(0, 2)
-                    held[part].append((spool.tell(), len(ipc)))
-                    spool.write(ipc)
-            elif ipc is not None:
-                yield ipc
+        current = None
+        for batch in batches:
+            if not len(batch):
+                continue
+            part = batch.column(PART)[0].as_py()
+            if part not in groups:
+                raise RuntimeError(f"a record batch of Spark partition {part}, which the plan does not have")
+            batch = batch.drop_columns([PART])
+            schema = batch.schema
+            if part != current and current is not None:
+                whole.add(current)
+                yield from turn_of(groups[current])
+            current = part
+            if waiting[groups[part]][0] == part:
+                yield batch
             else:
-                turn += 1
-                yield from release()
-        if held:
-            raise RuntimeError(f"Spark partition(s) {sorted(held)[:5]} came without partition {turn}'s end")
+                data = batch.serialize()
+                spool.seek(0, 2)
+                held.setdefault(part, []).append((spool.tell(), data.size))
+                spool.write(data)
+        whole.update(groups)  # the end: a partition not seen had no rows
+        for group in waiting:
+            yield from turn_of(group)

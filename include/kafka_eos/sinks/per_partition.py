@@ -47,7 +47,7 @@ from kafka_eos.plan import PartitionRange, Plan
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.sinks import batches
 from kafka_eos.sinks.kafka import checkpoint_records, committed_record
-from kafka_eos.spark_io import is_connect
+from kafka_eos.spark_io import is_connect, read_layout
 from kafka_eos.spec import PipelineSpec
 from kafka_eos.transforms import DLQ_REASON
 from kafka_eos.txn import CommitResult, TransactionalCommit
@@ -68,10 +68,6 @@ ROWLESS_COMMITS_AT_ONCE = 8
 #: A kept commit unused this long is closed at the next look into the cache (a stream that ended
 #: while its Python workers live on, e.g. in a Spark Connect server).
 KEPT_IDLE_S = 300.0
-
-#: Spark's classes the lineage proof walks through (see :func:`lineage_owner`).
-_ONE_TO_ONE = "org.apache.spark.OneToOneDependency"
-_KAFKA_READ = "org.apache.spark.sql.kafka010.KafkaSourceRDD"
 
 #: What the scan of each Spark task returns (:func:`task_sources`).
 _SCAN_SCHEMA = "task int, topics array<string>, partitions array<int>, dead string"
@@ -175,19 +171,8 @@ def lineage_owner(df: "DataFrame", plan: Plan) -> dict[int, TP] | None:
     from the same ranges each time the plan runs, so the task that commits reads what was checked
     here; each task still checks its rows' ``topic`` and ``partition`` as they stream.
     """
-    try:
-        rdd = df._jdf.queryExecution().toRdd()
-        while rdd.getClass().getName() != _KAFKA_READ:
-            dependencies = rdd.dependencies()
-            if dependencies.size() != 1 or dependencies.head().getClass().getName() != _ONE_TO_ONE:
-                return None
-            rdd = dependencies.head().rdd()
-        read = {}
-        for task in rdd.partitions():
-            offsets = task.offsetRange()
-            tp = (offsets.topicPartition().topic(), offsets.topicPartition().partition())
-            read[task.index()] = (tp, offsets.fromOffset(), offsets.untilOffset())
-    except Exception:  # noqa: BLE001 - no JVM DataFrame (Spark Connect), another reader: not proven
+    read = read_layout(df)
+    if read is None:
         return None
     planned = {r.tp: (r.from_offset, r.until) for r in plan.active if not r.empty}
     if sorted(tp for tp, _f, _u in read.values()) != sorted(planned) or \

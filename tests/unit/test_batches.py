@@ -133,3 +133,9 @@ def test_a_partition_in_turn_goes_through_at_once_not_when_the_stream_ends():
 def test_a_batch_of_a_partition_the_plan_does_not_have_is_an_error():
     with pytest.raises(RuntimeError, match="Spark partition 7, which the plan does not have"):
         list(batches.in_order(arrivals([7], {7: 1}), ONE_GROUP))
+
+
+def test_a_group_goes_in_the_order_it_is_given_not_by_index():
+    groups = {2: "a", 0: "a", 1: "a"}  # e.g. task 2 reads the lowest offsets
+    out = values(batches.in_order(arrivals([0, 1, 2], {0: 1, 1: 1, 2: 1}), groups))
+    assert out == ["2.0", "0.0", "1.0"]

@@ -180,19 +180,20 @@ def computed(df: "DataFrame") -> Iterator["pa.RecordBatch"]:
 
 
 def turns(df: "DataFrame") -> dict[int, object] | None:
-    """Which Spark tasks of ``df`` must hand their rows over in the order of their index: a map of
-    every task to its group (the tasks of one group go in index order, groups independently), or
-    None when any order will do.
+    """Which Spark tasks of ``df`` must hand their rows over in turn: a map of every task to its
+    group, in the order of their turns (the tasks of one group go in that order, groups
+    independently), or None when any order will do.
 
     Where the lineage proves what each task reads (:func:`kafka_eos.spark_io.read_layout`), the
-    tasks that read parts of one source partition are a group. A shuffle leaves no order across
-    tasks to keep (each key is in one task). Anything else (a union, a coalesce) is one group.
+    tasks that read parts of one source partition are a group, in the order of their offsets. A
+    shuffle leaves no order across tasks to keep (each key is in one task). Anything else (a
+    union, a coalesce) is one group, in the order of the tasks' index.
     """
     from kafka_eos.spark_io import read_layout
 
     layout = read_layout(df)
-    if layout is not None:
-        return {task: tp for task, (tp, _from, _until) in layout.items()}
+    if layout is not None:  # in the order of what they read
+        return {task: tp for task, (tp, _from, _until) in sorted(layout.items(), key=lambda t: (t[1][0], t[1][1]))}
     execution = df._jdf.queryExecution()
     if "Exchange" in execution.executedPlan().toString():
         return None
@@ -259,7 +260,7 @@ def _connect_batches(df: "DataFrame") -> Iterator["pa.RecordBatch"]:
 
 def in_order(batches: Iterable["pa.RecordBatch"], groups: dict[int, object] | None) -> Iterator["pa.RecordBatch"]:
     """``batches`` (each with the :data:`PART` column) without that column, each group's Spark
-    partitions in the order of their index (see :func:`turns`; None: as they come).
+    partitions in the order ``groups`` lists them (see :func:`turns`; None: as they come).
 
     The batches come a partition at a time, in any order of partitions: a partition is whole when
     another's batch (or the end) comes after it, and a partition with no rows never comes. A
@@ -275,8 +276,8 @@ def in_order(batches: Iterable["pa.RecordBatch"], groups: dict[int, object] | No
             yield batch.drop_columns([PART])
         return
     waiting: dict[object, deque] = {}
-    for part in sorted(groups):
-        waiting.setdefault(groups[part], deque()).append(part)
+    for part, group in groups.items():
+        waiting.setdefault(group, deque()).append(part)
     whole: set[int] = set()
     held: dict[int, list[tuple[int, int]]] = {}  # partition -> (position, length) of its batches in `spool`
     schema = None

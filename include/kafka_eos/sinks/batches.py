@@ -151,7 +151,6 @@ def unpack(rows: Iterable) -> Iterator["pa.RecordBatch"]:
         yield from pa.ipc.open_stream(row[0])
 
 
-
 #: Column :func:`computed` adds to every row while it moves: the index of its Spark partition.
 PART = "_kafka_eos_spark_partition"
 

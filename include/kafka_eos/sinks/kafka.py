@@ -1,11 +1,11 @@
 """Kafka sink: results and dead letters written transactionally with the consumed offsets.
 
 ``atomic`` (here): one transaction on the driver; rows stream to it as Arrow batches as Spark's
-tasks end (one job computes every partition at once; :func:`kafka_eos.sinks.batches.computed`),
-never collected whole. ``per_partition``
-(:mod:`kafka_eos.sinks.per_partition`): one transaction per source partition, on the executors,
-under that partition's own transactional.id. Rows reach Python as Arrow batches in both
-(:mod:`kafka_eos.sinks.batches`). The output checks and manifest records both scopes share are here.
+tasks end (one job computes every task at once: :func:`kafka_eos.sinks.batches.computed`), never
+collected whole. ``per_partition`` (:mod:`kafka_eos.sinks.per_partition`): one transaction per
+source partition, on the executors, under that partition's own transactional.id. Rows reach
+Python as Arrow batches in both (:mod:`kafka_eos.sinks.batches`). The output checks and manifest
+records both scopes share are here.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import sys
 from collections import Counter
 from typing import TYPE_CHECKING, Iterable
 
+from kafka_eos.errors import SpecError, TransactionTimedOut
 from kafka_eos.manifest import COMMITTED, checkpoint_key, checkpoint_record, now_iso, run_key
 from kafka_eos.plan import PartitionRange, Plan
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
 from kafka_eos.transforms import DLQ_REASON
 from kafka_eos.sinks import batches
-from kafka_eos.errors import SpecError, TransactionTimedOut
 from kafka_eos.txn import CommitResult, TransactionalCommit
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, TypeVar
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from kafka_eos.errors import BrokerError, BrokerUnreachable, TopicMissing
@@ -64,11 +64,15 @@ def admin_client(settings: KafkaSettings) -> AdminClient:
     return AdminClient(settings.client_config())
 
 
+def is_transient_error(err: KafkaError) -> bool:
+    """True for a Kafka error that clears by itself."""
+    return err.retriable() or err.name() in TRANSIENT_ERRORS
+
+
 def is_transient(exc: BaseException) -> bool:
     """True for a :class:`BrokerError` caused by a Kafka error that clears by itself."""
     cause = exc.__cause__
-    return isinstance(cause, KafkaException) and (
-        cause.args[0].retriable() or cause.args[0].name() in TRANSIENT_ERRORS)
+    return isinstance(cause, KafkaException) and is_transient_error(cause.args[0])
 
 
 def admin_result(future, what: str, timeout_s: float = ADMIN_TIMEOUT_S):

@@ -25,11 +25,11 @@ def cluster_away(exc: BaseException) -> bool:
     # Imported here: DAG files import this module, and parsing them must not load the Kafka client.
     from confluent_kafka import KafkaException
 
-    from kafka_eos.kafka_admin import TRANSIENT_ERRORS, is_transient
+    from kafka_eos.kafka_admin import is_transient, is_transient_error
 
     if isinstance(exc, KafkaException):
         err = exc.args[0]
-        return err.retriable() or err.name() in TRANSIENT_ERRORS or err.name() in ("_TRANSPORT", "_ALL_BROKERS_DOWN")
+        return is_transient_error(err) or err.name() in ("_TRANSPORT", "_ALL_BROKERS_DOWN")
     return isinstance(exc, BrokerUnreachable) or (isinstance(exc, BrokerError) and is_transient(exc))
 
 

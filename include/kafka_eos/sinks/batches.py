@@ -175,7 +175,9 @@ def computed(df: "DataFrame") -> Iterator["pa.RecordBatch"]:
         return
     from pyspark.sql import functions as F
 
-    yield from in_order(_collected(df.withColumn(PART, F.spark_partition_id())), turns(df))
+    # One DataFrame for both: Spark plans it (and asks Kafka for the read's offsets) once.
+    marked = df.withColumn(PART, F.spark_partition_id())
+    yield from in_order(_collected(marked), turns(marked))
 
 
 def turns(df: "DataFrame") -> dict[int, object] | None:

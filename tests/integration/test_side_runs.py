@@ -16,6 +16,7 @@ from kafka_eos.backfill.side import (BACKFILL, REPLAY, interval_key, interval_ra
 from kafka_eos.batch import run_batch
 from kafka_eos.errors import DataLossError
 from kafka_eos.readers import read_committed
+from waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -363,3 +364,56 @@ def test_a_replay_ending_at_a_time_inside_an_open_transaction_is_refused_until_i
     held.commit_transaction(30)
     ranges, _ = replay_ranges(spec, kafka_settings, *asked)
     assert ranges == {(topic, 0): (0, 1), (topic, 1): (0, 2)}  # the held record belongs to the range
+
+
+@pytest.mark.parametrize("kind", ["backfill", "replay"])
+def test_a_transaction_committed_between_the_offsets_read_and_the_time_lookup_stays_in_the_range(
+        kafka_settings, make_spec, unique, monkeypatch, kind):
+    """Kafka answers offsets-for-times below the LSO it has when it answers. A transaction X holds
+    the partition when the range's positions are read; X commits just before the lookup of the
+    range's end, which then finds the committed record after X's. The range ends there, with X's
+    records in it: not at the LSO read before the lookup (which left X's records out of the range,
+    and out of the next one too)."""
+    from kafka_eos.backfill import positions
+
+    spec = make_spec("identity", partitions=1)
+    topic = spec.source.topics[0]
+    _orders_at(kafka_settings, topic, [0.5])  # offset 0
+    x = Producer(kafka_settings.client_config(**{"transactional.id": f"x-{unique}"}))
+    x.init_transactions(30)
+    x.begin_transaction()
+    for _ in range(2):  # offsets 1, 2: in the interval
+        x.produce(topic, value=b"{}", partition=0, timestamp=_ms(T0 + timedelta(minutes=2)))
+    assert x.flush(30) == 0
+    late = Producer(kafka_settings.client_config())  # offset 3: after the interval, behind X
+    late.produce(topic, value=b"{}", partition=0, timestamp=_ms(T0 + timedelta(minutes=6)))
+    assert late.flush(30) == 0
+    end = T0 + timedelta(minutes=5)
+    real = positions.Consumer
+
+    class CommitsXFirst:
+        """A real consumer; X commits as the lookup of the range's end reaches the broker."""
+
+        def __init__(self, config):
+            self.consumer = real(config)
+
+        def offsets_for_times(self, partitions, timeout):
+            if any(p.offset == _ms(end) for p in partitions) and not committed:
+                x.commit_transaction(30)
+                committed.append(True)
+                # The commit returns before its markers are written: the LSO moves past X soon after.
+                wait_until("X's commit marker", lambda: kafka_admin.partition_offsets(
+                    kafka_settings, [(topic, 0)])[(topic, 0)].lso == 5)
+            return self.consumer.offsets_for_times(partitions, timeout)
+
+        def close(self):
+            self.consumer.close()
+
+    committed: list = []
+    monkeypatch.setattr(positions, "Consumer", CommitsXFirst)
+    if kind == "backfill":
+        ranges, _skipped = interval_ranges(spec, kafka_settings, T0, end)
+    else:
+        ranges, _ = replay_ranges(spec, kafka_settings, T0.isoformat(), end.isoformat())
+    assert committed
+    assert ranges == {(topic, 0): (0, 3)}  # X's records (1, 2) in the range, the late one (3) not

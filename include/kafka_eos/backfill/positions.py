@@ -6,6 +6,7 @@ runs; an error is one line naming the field."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from confluent_kafka import Consumer, TopicPartition
@@ -41,16 +42,56 @@ def parse_timestamp(text: str, field: str, now: datetime | None = None) -> datet
 def offsets_for_time(settings: KafkaSettings, tps: list[TP], ts: datetime) -> dict[TP, int | None]:
     """Per partition, the first offset whose record timestamp is at or after ``ts`` (Kafka's
     offsets-for-times, read_committed); None where no record is that late."""
+    return offsets_for_times(settings, tps, [ts])[0]
+
+
+def offsets_for_times(settings: KafkaSettings, tps: list[TP], times: list[datetime]) -> list[dict[TP, int | None]]:
+    """:func:`offsets_for_time` of each of ``times``, in that order, through one client."""
     consumer = Consumer(settings.client_config(**{
         # A throwaway group id: the consumer never joins or commits.
         "group.id": reader_group("positions"), "enable.auto.commit": False,
         "isolation.level": "read_committed"}))
     try:
-        ms = int(ts.timestamp() * 1000)
-        found = consumer.offsets_for_times([TopicPartition(t, p, ms) for t, p in tps], ADMIN_TIMEOUT_S)
+        answers = []
+        for ts in times:
+            ms = int(ts.timestamp() * 1000)
+            found = consumer.offsets_for_times([TopicPartition(t, p, ms) for t, p in tps], ADMIN_TIMEOUT_S)
+            answers.append({(f.topic, f.partition): (f.offset if f.offset >= 0 else None) for f in found})
     finally:
         consumer.close()
-    return {(f.topic, f.partition): (f.offset if f.offset >= 0 else None) for f in found}
+    return answers
+
+
+@dataclass(frozen=True)
+class TimedPositions:
+    """Offsets found by time, with the partitions' offsets read around the lookups.
+
+    Kafka answers offsets-for-times below the LSO it has *when it answers*: an offset found is
+    committed, and may lie above an LSO read earlier (a transaction committed in between). So a
+    found offset is never clamped by ``before``; the partitions' offsets are read on both sides:
+    ``before`` decides where no record is that late (every committed record below ``before``'s
+    LSO is earlier than the time, and the partition was or was not held by a transaction then),
+    ``after`` holds the freshest log start (what retention deleted).
+    """
+
+    before: dict[TP, PartitionOffsets]
+    found: list[dict[TP, int | None]]
+    after: dict[TP, PartitionOffsets]
+
+    def at(self, i: int, tp: TP) -> int:
+        """The offset of ``tp`` at the ``i``-th time: the one found, else the LSO read before the
+        lookup (no committed record up to there is that late; a later LSO could take in records
+        committed after the lookup that are)."""
+        found = self.found[i][tp]
+        return found if found is not None else self.before[tp].lso
+
+
+def timed_positions(settings: KafkaSettings, tps: list[TP], times: list[datetime]) -> TimedPositions:
+    """Offsets-for-times of ``times`` in ``tps``, with the partitions' offsets read before and
+    after the lookups (see :class:`TimedPositions`): never an LSO older than the answer it bounds."""
+    before = partition_offsets(settings, tps)
+    found = offsets_for_times(settings, tps, times)
+    return TimedPositions(before, found, partition_offsets(settings, tps))
 
 
 def parse_offsets(text: str, field: str, tps: list[TP]) -> dict[TP, int]:
@@ -108,8 +149,8 @@ def resolve(spec: PipelineSpec, settings: KafkaSettings, text: str, field: str, 
     :raises IntervalNotStable: ``end``, and the range's end is not known yet (above).
     """
     tps = source_partitions(spec, settings)
-    ends = partition_offsets(settings, tps)
     if text.strip().startswith(("{", "[")):
+        ends = partition_offsets(settings, tps)
         wanted = parse_offsets(text, field, tps)
         for (t, p), offset in sorted(wanted.items()):
             o = ends[(t, p)]
@@ -121,10 +162,11 @@ def resolve(spec: PipelineSpec, settings: KafkaSettings, text: str, field: str, 
                                     "(not committed yet)")
         return wanted, ends
     ts = parse_timestamp(text, field, now)
-    found = offsets_for_time(settings, tps, ts)
+    # The time lookup between two reads of the offsets: its answer is never bounded by an LSO
+    # read before it (a transaction that committed in between would cut the range short).
+    timed = timed_positions(settings, tps, [ts])
     if end:
         for tp in tps:
-            ensure_end_known(tp, found[tp], ends[tp], f"the range up to {ts.isoformat()}", field)
-    # No record that late: the end of what is committed; never below what retention kept.
-    return {tp: max(ends[tp].log_start, min(ends[tp].lso, found[tp] if found[tp] is not None else ends[tp].lso))
-            for tp in tps}, ends
+            ensure_end_known(tp, timed.found[0][tp], timed.before[tp], f"the range up to {ts.isoformat()}", field)
+    # No record that late: the end of what was committed; never below what retention kept.
+    return {tp: max(timed.after[tp].log_start, timed.at(0, tp)) for tp in tps}, timed.after

@@ -36,7 +36,7 @@ from typing import Callable
 from kafka_eos.backfill.places import (GENERATION_COLUMN, GENERATION_HEADER, RANGE_COLUMN, RANGE_HEADER,  # noqa: F401
                                        check_side_runs, promote_sql, writes_to)
 from kafka_eos.errors import CheckpointConflict, DataLossError
-from kafka_eos.kafka_admin import TP, partition_offsets
+from kafka_eos.kafka_admin import TP
 from kafka_eos.manifest import ManifestStore, now_iso
 from kafka_eos.pipeline import checkpoints, past_killed_attempt, source_partitions
 from kafka_eos.plan import PartitionRange, Plan, SkippedRange
@@ -223,7 +223,7 @@ def find(spec: PipelineSpec, settings: KafkaSettings, run_id: str, kind: str, ke
 def interval_ranges(spec: PipelineSpec, settings: KafkaSettings, start: datetime,
                     end: datetime) -> tuple[dict[TP, tuple[int, int]], list[SkippedRange]]:
     """The offsets of a data interval ``[start, end)`` by record timestamp (Kafka's
-    offsets-for-times), bounded by the LSO, per source partition.
+    offsets-for-times), per source partition; where no record is as late as a bound, the LSO.
 
     :raises DataLossError: retention deleted records of the interval (``on_data_loss: fail``);
         with ``skip`` the deleted part is skipped and returned.
@@ -231,28 +231,29 @@ def interval_ranges(spec: PipelineSpec, settings: KafkaSettings, start: datetime
         open transaction holds the LSO: records of the interval may be in it, so the interval's
         end is not known yet (a retry after the transaction ends reads the whole interval).
     """
-    from kafka_eos.backfill.positions import ensure_end_known, offsets_for_time
+    from kafka_eos.backfill.positions import ensure_end_known, timed_positions
 
     tps = source_partitions(spec, settings)
-    ends = partition_offsets(settings, tps)
-    firsts, lasts = offsets_for_time(settings, tps, start), offsets_for_time(settings, tps, end)
+    # The time lookups between two reads of the offsets: an offset found by time is committed and
+    # never bounded by an LSO read before it (docs/architecture.md, "Time lookups and the LSO").
+    timed = timed_positions(settings, tps, [start, end])
     ranges, skipped = {}, []
     for tp in tps:
-        o = ends[tp]
-        a = min(o.lso, firsts[tp] if firsts[tp] is not None else o.lso)
         # Found by the soak: a stranger's transaction held a partition while a backfill of a past
         # minute ran; ending at the LSO wrote that minute without the partition's records.
-        ensure_end_known(tp, lasts[tp], o, f"the interval {start.isoformat()} - {end.isoformat()}")
-        b = min(o.lso, lasts[tp] if lasts[tp] is not None else o.lso)
+        ensure_end_known(tp, timed.found[1][tp], timed.before[tp],
+                         f"the interval {start.isoformat()} - {end.isoformat()}")
+        a, b = timed.at(0, tp), timed.at(1, tp)
+        log_start = timed.after[tp].log_start
         # Offsets-for-times answers from the records kept: when its answer is the log start of a
         # partition that retention has cut, records of the interval may be among those deleted.
-        if a <= o.log_start and o.log_start > 0:
+        if a <= log_start and log_start > 0:
             if spec.source.on_data_loss == "fail":
                 raise DataLossError(
                     f"{tp[0]}-{tp[1]}: the interval {start.isoformat()} - {end.isoformat()} reaches back to the log "
-                    f"start {o.log_start}: records of it may have been deleted by retention (on_data_loss: fail)")
-            skipped.append(SkippedRange(tp[0], tp[1], 0, o.log_start))
-            a = o.log_start
+                    f"start {log_start}: records of it may have been deleted by retention (on_data_loss: fail)")
+            skipped.append(SkippedRange(tp[0], tp[1], 0, log_start))
+            a = log_start
         ranges[tp] = (a, max(a, b))
     return ranges, skipped
 

@@ -347,8 +347,10 @@ def cmd_checkpoint(args) -> int:
 
         done = refresh_checkpoints(spec, settings, every=True)
         Console(quiet=args.json).step(
-            f"refreshed {len(done)} checkpoint(s) of {spec.name}, unchanged: the brokers' offsets retention "
-            "counts from now" if done else f"{spec.name} has no checkpoint to refresh")
+            f"{spec.name}: refresh skipped: {done.skipped}; the stream commits its own checkpoints again"
+            if done.skipped else
+            f"refreshed {len(done.partitions)} checkpoint(s) of {spec.name}, unchanged: the brokers' offsets "
+            "retention counts from now" if done.partitions else f"{spec.name} has no checkpoint to refresh")
     rows, drift = backlog(spec, settings)
     pinned = _pinned(settings, [(r["topic"], r["partition"]) for r in rows], spec)
     if args.json:

@@ -158,16 +158,29 @@ def repair_drift(spec: PipelineSpec, settings: KafkaSettings, drift: list[Drift]
                         {(d.topic, d.partition): d.sink for d in drift if d.sink is not None})
 
 
+@dataclass(frozen=True)
+class Refreshed:
+    """What :func:`refresh_checkpoints` did: the partitions whose checkpoints it committed again,
+    or why it left the pipeline alone (``skipped``)."""
+
+    partitions: list[TP]
+    skipped: str = ""
+
+
 def refresh_checkpoints(spec: PipelineSpec, settings: KafkaSettings, *, every: bool = False,
-                        next_in_s: float | None = None) -> list[TP]:
+                        next_in_s: float | None = None) -> Refreshed:
     """Commit checkpoints again, unchanged, before the broker's offsets retention expires them:
     for pipelines that may not run for a long time (event-driven, manual), from the watchdog or
-    ``kafka-eos checkpoint PIPELINE --refresh``. Returns the partitions refreshed.
+    ``kafka-eos checkpoint PIPELINE --refresh``.
 
     Kafka sinks commit the same offsets the way a run does (an offsets-only transaction under
     the pipeline's own transactional ids): a run of the same partitions still in flight is fenced
     and retried, never overwritten, and a checkpoint that moved in between is left alone
     (:class:`CheckpointConflict`). SQL sinks republish the sink's checkpoint to the group.
+
+    A pipeline a stream owns is skipped (``skipped="streaming (…)"``): its offsets belong to the
+    stream, whose plans commit its idle checkpoints again themselves; a refresh's
+    init_transactions() would fence the stream's producer and stop it.
 
     :param every: every checkpoint; else those that might not live ``next_in_s`` more seconds
         (see :func:`kafka_eos.plan.stale_checkpoints`).
@@ -176,7 +189,13 @@ def refresh_checkpoints(spec: PipelineSpec, settings: KafkaSettings, *, every: b
     from datetime import datetime, timezone
 
     from kafka_eos.plan import PartitionRange
+    from kafka_eos.stream.lease import stream_owner
 
+    owner = stream_owner(spec, settings)
+    if owner is not None:
+        skipped = f"streaming ({owner.describe()})"
+        log.info("%s: refresh skipped: %s; the stream refreshes its own idle checkpoints", spec.name, skipped)
+        return Refreshed([], skipped)
     tps = source_partitions(spec, settings)
     cks, drift, times = _checkpoints_and_times(spec, settings, tps)
     if drift:
@@ -185,7 +204,7 @@ def refresh_checkpoints(spec: PipelineSpec, settings: KafkaSettings, *, every: b
     due = sorted(tp for tp, ck in cks.items() if ck is not None) if every else \
         sorted(stale_checkpoints(cks, times, offsets_retention_s(settings), now, next_in_s=next_in_s or 0.0))
     if not due:
-        return []
+        return Refreshed([])
     # The commits keep the time the pipeline's last run was planned: the planner's estimate of
     # how far apart runs come is not shortened by a refresh.
     planned = max((t.planned_at for t in times.values() if t.planned_at is not None), default=now)
@@ -203,7 +222,7 @@ def refresh_checkpoints(spec: PipelineSpec, settings: KafkaSettings, *, every: b
 
         commit_rowless(spec, plan, settings, plan.ranges)
     log.info("%s: refreshed the checkpoints of %s", spec.name, ", ".join(f"{t}-{p}" for t, p in due))
-    return due
+    return Refreshed(due)
 
 
 def prepare_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> Plan:

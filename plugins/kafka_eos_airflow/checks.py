@@ -73,7 +73,8 @@ class CheckpointRefreshOperator(BaseOperator):
     """Commit again, unchanged, every checkpoint of the pipelines that the brokers' offsets
     retention could expire before this task's next run: pipelines that run seldom (event-driven,
     manual) keep their checkpoints however long they wait. A pipeline that runs often refreshes
-    its own checkpoints and is left alone. Returns the partitions refreshed, per pipeline.
+    its own checkpoints and is left alone, and so is a pipeline a stream owns (``"skipped:
+    streaming (…)"``). Returns the partitions refreshed, per pipeline.
 
     :param pipelines: spec names or paths. (templated)
     :param next_in_s: how long until this task runs again (its DAG's interval, with room for a
@@ -90,7 +91,7 @@ class CheckpointRefreshOperator(BaseOperator):
         self.next_in_s = next_in_s
         self.kafka_conn_id = kafka_conn_id
 
-    def execute(self, context: Context) -> dict[str, list[str]]:
+    def execute(self, context: Context) -> dict[str, list[str] | str]:
         from kafka_eos.pipeline import refresh_checkpoints
 
         settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
@@ -105,9 +106,13 @@ class CheckpointRefreshOperator(BaseOperator):
             except KafkaEosError as exc:  # one broken pipeline does not keep another's checkpoints from refresh
                 errors.append(f"{pipeline}: {str(exc).splitlines()[0]}")
                 continue
-            done[spec.name] = [f"{t}-{p}" for t, p in refreshed]
-            self.log.info("%s: %s", spec.name, f"refreshed {', '.join(done[spec.name])}" if refreshed else
-                          "every checkpoint lives past the next refresh")
+            if refreshed.skipped:  # a stream owns it: its offsets are the stream's to commit
+                done[spec.name] = f"skipped: {refreshed.skipped}"
+                self.log.info("%s: %s", spec.name, done[spec.name])
+                continue
+            done[spec.name] = [f"{t}-{p}" for t, p in refreshed.partitions]
+            self.log.info("%s: %s", spec.name, f"refreshed {', '.join(done[spec.name])}" if refreshed.partitions
+                          else "every checkpoint lives past the next refresh")
         if errors:
             raise AirflowException("checkpoints not refreshed: " + " | ".join(errors))
         return done

@@ -90,7 +90,7 @@ def test_no_checkpoint_expires_while_runs_come_within_the_retention_and_an_expir
         return step
 
     def watchdog():
-        refreshed["watched"] += ("in", 1) in refresh_checkpoints(specs["watched"], settings, next_in_s=25)
+        refreshed["watched"] += ("in", 1) in refresh_checkpoints(specs["watched"], settings, next_in_s=25).partitions
 
     events = []
     for name, every, lag in (("quick", 0.3 * RETENTION_S, 8), ("slow", 0.7 * RETENTION_S, 20)):

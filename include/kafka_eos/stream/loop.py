@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Callable
 
 from kafka_eos.batch import BatchClients, RunSummary, check_transaction_timeout, run_batch
 from kafka_eos.errors import BrokerError, PipelineBusy, ProducerFenced, TransactionFailed
-from kafka_eos.kafka_admin import admin_client, partition_offsets
+from kafka_eos.kafka_admin import admin_client, offsets_retention_s, partition_offsets
 from kafka_eos.manifest import ManifestStore, now_iso
 from kafka_eos.pipeline import fresh_plan
 from kafka_eos.plan import Plan, plan_ranges
@@ -47,7 +47,9 @@ log = logging.getLogger(__name__)
 #: The run id of every batch of a stream (its manifest records replace each other).
 STREAM_RUN_ID = "stream"
 #: A full planning round this often: new partitions, checkpoints moved by someone else (a reset),
-#: idle checkpoints to commit again before the broker's offsets retention expires them.
+#: idle checkpoints to commit again before the broker's offsets retention expires them. More often
+#: where the retention is short: every quarter of it (a checkpoint is committed again once it is
+#: half the retention old, so a round comes before it is three quarters old).
 FULL_PLAN_EVERY_S = 60.0
 #: Failed batches in a row (aborted transactions, a broker away) before the stream gives up.
 MAX_CONSECUTIVE_FAILURES = 5
@@ -125,6 +127,7 @@ class StreamRunner:
         self._fenced_tps: list = []
         self._checkpoints: dict | None = None
         self._last_full = 0.0
+        self._full_every_s = FULL_PLAN_EVERY_S
 
     def stop(self, reason: str = "stop requested") -> None:
         """End the loop after the batch in flight (safe from a signal handler)."""
@@ -133,7 +136,7 @@ class StreamRunner:
 
     # -- planning -------------------------------------------------------------------------
     def _plan(self) -> Plan:
-        full = (self._checkpoints is None or time.monotonic() - self._last_full > FULL_PLAN_EVERY_S
+        full = (self._checkpoints is None or time.monotonic() - self._last_full > self._full_every_s
                 or any(ck is None for ck in self._checkpoints.values()))
         if full:
             plan = fresh_plan(self.spec, self.settings, STREAM_RUN_ID, may_fence=self._checkpoints is None)
@@ -180,6 +183,8 @@ class StreamRunner:
         ManifestStore.of(self.spec, self.settings).ensure_compaction()  # a record per batch: compacted hourly
         self._lease.acquire()
         self._admin = admin_client(self.settings)
+        # Nothing else refreshes a streaming pipeline's idle checkpoints (a refresh steps aside).
+        self._full_every_s = min(FULL_PLAN_EVERY_S, offsets_retention_s(self.settings) / 4)
         if self.spec.sink.kind == "kafka":
             check_transaction_timeout(self.spec, self.settings)
         else:

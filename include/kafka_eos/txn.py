@@ -304,11 +304,13 @@ class TransactionalCommit:
                     self._producer.flush(CALL_TIMEOUT_S)  # part of the output is on the broker
                     fault_point("after_produce")
         except (KafkaException, SystemError) as exc:
-            kafka_exc = self._explain(exc)
-            if kafka_exc is None:
+            # Only the error is kept, never an exception: a traceback kept in this frame would
+            # keep ``records`` (and a one-pass Spark job behind it) alive until a cyclic collection.
+            err = _error_of(self._explain(exc))
+            if err is None:
                 raise TransactionFailed(f"produce ({self.transactional_id}, {self._ranges_text()}): "
                                         f"aborted after {exc}") from None
-            raise self._failure("produce", kafka_exc.args[0]) from None
+            raise self._failure("produce", err) from None
         except Exception:
             self._abort()
             raise
@@ -437,6 +439,10 @@ def fence(settings: KafkaSettings, transactional_id: str, timeout_ms: int) -> No
     fencer = Producer(settings.client_config(**{
         "transactional.id": transactional_id, "transaction.timeout.ms": timeout_ms}))
     fencer.init_transactions(CALL_TIMEOUT_S)
+
+
+def _error_of(exc: KafkaException | None) -> KafkaError | None:
+    return exc.args[0] if exc is not None else None
 
 
 def _kafka_exception(exc: BaseException) -> KafkaException | None:

@@ -96,6 +96,55 @@ def test_a_computation_left_early_stops_its_spark_job(spark, transforms_from):
     assert spark.range(3).count() == 3  # the session goes on
 
 
+def test_a_commit_that_fails_mid_produce_cancels_its_spark_job_at_once(spark, kafka_settings, make_spec,
+                                                                       transforms_from):
+    """The one-pass job never outlives its transaction: a produce() that fails on the second row
+    (of 4 tasks, the later ones slow) aborts the transaction and cancels the job before the error
+    reaches the caller, with the garbage collector off (it used to wait for a cyclic collection:
+    the error's traceback kept the generators alive)."""
+    import gc
+
+    from confluent_kafka import KafkaError, KafkaException
+
+    from kafka_eos.errors import TransactionFailed
+    from kafka_eos.sinks.kafka import atomic_commit, write_atomic
+
+    module = __import__(transforms_from("slow_udfs", SLOW))
+    from pyspark.sql import functions as F
+
+    spec = make_spec("identity", "kafka", "atomic")
+    produce_orders(kafka_settings, spec.source.topics[0], 30, abort_every=0, malformed_every=0)
+    plan = prepare_plan(spec, kafka_settings, "r1")
+    # Partition 0 (first in turn) is quick; the others take about 10 s each.
+    df = spark.range(0, 4000, 1, 4).select(
+        F.col("id").cast("string").cast("binary").alias("key"),
+        module.slow_but_first(F.spark_partition_id(), "id").cast("string").cast("binary").alias("value"),
+        F.lit(spec.source.topics[0]).alias("topic"), F.lit(0).alias("partition"), F.col("id").alias("offset"),
+        F.lit(None).cast("string").alias("dlq_reason"))
+    commit = atomic_commit(spec, plan, kafka_settings)
+    real, produced = commit._produce, []
+
+    def produce(topic, key, value, headers):
+        produced.append(key)
+        if len(produced) == 2:
+            raise KafkaException(KafkaError(KafkaError.INVALID_RECORD, "refused for the test"))
+        real(topic, key, value, headers)
+
+    commit._produce = produce
+    gc.disable()
+    try:
+        with pytest.raises(TransactionFailed, match="aborted after INVALID_RECORD"):
+            write_atomic(df, spec, plan, kafka_settings, {}, commit=commit)
+        raised = time.monotonic()
+        while spark.sparkContext.statusTracker().getActiveJobsIds() and time.monotonic() - raised < 5:
+            time.sleep(0.1)
+        assert spark.sparkContext.statusTracker().getActiveJobsIds() == [], "the one-pass job outlived its commit"
+    finally:
+        gc.enable()
+    assert read_committed(kafka_settings, spec.sink.topic) == []
+    assert spark.range(3).count() == 3  # the session goes on
+
+
 def test_a_task_failing_after_rows_were_produced_aborts_the_whole_transaction(spark, kafka_settings, make_spec,
                                                                               transforms_from, tmp_path):
     flag = tmp_path / "fail"

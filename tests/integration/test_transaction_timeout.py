@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 @F.udf("binary")
 def _slowly(value):
     time.sleep(0.12)
-    return value
+    return value + b" " * 200_000  # 200 records: 40 MB of output
 
 def slow_identity(df):
     return df.select("key", _slowly("value").alias("value"), "headers", "topic", "partition", "offset",
@@ -38,13 +38,18 @@ def test_spark_time_that_outlasts_an_atomic_transaction_is_paid_again_not_fatal(
                                                                                 slow_transform, capfd):
     """One pass keeps the transaction open while Spark computes: here a task's 8 s of UDF time
     against a 1 s timeout (the coordinator looks every 5 s). The coordinator aborts it; the run
-    then computes the output first and commits it after, instead of failing on every try."""
+    then computes the output first and commits it after, instead of failing on every try.
+
+    40 MB of output: the one-pass job's results that nobody read any more once its transaction was
+    aborted filled the socket to the driver, and Spark's scheduler, blocked on it, never started
+    the fallback's job (a hang) until the one-pass job was cancelled by the garbage collector."""
     spec = make_spec(slow_transform, "kafka", "atomic", transaction_timeout_s=1)
     produce_orders(kafka_settings, spec.source.topics[0], 200, abort_every=0, malformed_every=0)
     plan = prepare_plan(spec, kafka_settings, "r1")
     summary = run_batch(spark, spec, plan, kafka_settings)
     assert (summary.status, summary.records_out) == ("committed", 200)
-    assert len(read_committed(kafka_settings, spec.sink.topic)) == 200
+    out = read_committed(kafka_settings, spec.sink.topic)
+    assert len(out) == 200 and all(len(m.value) > 200_000 for m in out)
     err = capfd.readouterr().err
     assert "aborted by the transaction coordinator after the transaction timeout of 1s" in err
     assert "computing the output first, then committing it" in err

@@ -162,7 +162,8 @@ def computed(df: "DataFrame") -> Iterator["pa.RecordBatch"]:
     """The record batches of ``df`` from one Spark job that computes every task at once and hands
     each task's rows over as the task ends: not cached first, not one task at a time
     (``toLocalIterator``), and converted to Arrow on the JVM (no Python worker in between). Lazy:
-    the job starts at the first ``next()``; left early, the job is cancelled.
+    the job starts at the first ``next()``; closed early (``close()``), the job is cancelled
+    before ``close()`` returns.
 
     The rows of one source partition keep their order (:func:`turns`): through Spark Connect the
     server sends the tasks in their order; in a classic session the tasks that end before their
@@ -177,7 +178,11 @@ def computed(df: "DataFrame") -> Iterator["pa.RecordBatch"]:
 
     # One DataFrame for both: Spark plans it (and asks Kafka for the read's offsets) once.
     marked = df.withColumn(PART, F.spark_partition_id())
-    yield from in_order(_collected(marked), turns(marked))
+    collected = _collected(marked)
+    try:
+        yield from in_order(collected, turns(marked))
+    finally:
+        collected.close()  # closed with this generator: its job is cancelled now, not at a collection
 
 
 def turns(df: "DataFrame") -> dict[int, object] | None:

@@ -74,14 +74,20 @@ def write_atomic(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, setting
     if df is None:
         return commit.run(batches.records((), spec, tally), manifest)
     df = batches.prepared(df)
+    rows = batches.computed(df)
     try:
         # One pass: the transaction is open while Spark computes; rows go to the producer as
         # each task ends (the job starts once the commit has fenced and checked its checkpoint).
-        return commit.run(batches.records(batches.computed(df), spec, tally), manifest)
+        return commit.run(batches.records(rows, spec, tally), manifest)
     except Exception as exc:  # noqa: BLE001 - only the two below fall back; the rest is raised
         why = one_pass_limit(exc)
         if why is None:
             raise
+    finally:
+        # The one-pass job never outlives its transaction: cancelled here, whatever ended it,
+        # not when the garbage collector gets to the generators (an exception's traceback keeps
+        # them alive; meanwhile the job's unread results block Spark's scheduler).
+        rows.close()
     # Nothing of the aborted transaction is visible. Two passes: computed and cached first, the
     # transaction open only while the cached rows stream to the producer.
     print(f"kafka-eos: {plan.pipeline}: {why}; computing the output first, then committing it",

@@ -3,6 +3,7 @@ the Spark entry point and the tests all run the same code."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -39,6 +40,8 @@ class BatchClients:
     atomic: "TransactionalCommit | None" = None
     sql: "SqlSink | None" = None
     keep_partition_commits: bool = False
+    #: The largest record each written topic takes, read at the first batch (``sink.record_limits``).
+    record_limits: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,14 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
     producers: dict = {}
     if spec.sink.kind == "kafka":
         from kafka_eos.sinks import kafka as kafka_sink
+        from kafka_eos.sinks.limits import with_record_limits
+
+        if clients is not None and clients.record_limits is not None:
+            spec = dataclasses.replace(spec, sink=dataclasses.replace(spec.sink, record_limits=clients.record_limits))
+        else:  # before anything is produced: a record too large for its topic is found before produce()
+            spec = with_record_limits(spec, settings)
+            if clients is not None:
+                clients.record_limits = spec.sink.record_limits
 
         if dead_letters is not None:
             raise SpecError(f"{spec.path}: transform: a Kafka sink needs one DataFrame with "

@@ -55,6 +55,11 @@ class DeadLetterWithoutTopic(KafkaEosError):
     """A transform dead-lettered a record but the Kafka sink has no ``dlq_topic``."""
 
 
+class RecordRefused(KafkaEosError):
+    """A record (or row) the sink cannot take for its own sake, with ``sink.on_refused_record: fail``:
+    names topic, partition, offset and why; nothing of the run is committed."""
+
+
 class IntervalNotStable(KafkaEosError):
     """A backfill's interval (or a replay's end, by time) may have records in a transaction still
     open: not readable yet."""

@@ -206,6 +206,24 @@ def set_topic_config(settings: KafkaSettings, topic: str, config: Mapping[str, s
     admin_result(admin.incremental_alter_configs([resource])[resource], f"setting {', '.join(config)} of topic {topic!r}")
 
 
+def topic_config(settings: KafkaSettings, topics: Iterable[str], name: str) -> dict[str, str]:
+    """One setting of each of ``topics`` (one request), where the cluster lets it be read: a
+    topic whose setting cannot be read (an ACL may forbid DescribeConfigs) is left out, and logged."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    resources = [ConfigResource(ResourceType.TOPIC, t) for t in dict.fromkeys(topics)]
+    if not resources:
+        return {}
+    admin = admin_client(settings)
+    found = {}
+    for resource, future in admin.describe_configs(resources, request_timeout=ADMIN_TIMEOUT_S).items():
+        try:
+            found[resource.name] = future.result(timeout=ADMIN_TIMEOUT_S)[name].value
+        except (KafkaException, KeyError) as exc:
+            log.warning("cannot read topic %s's %s (%s)", resource.name, name, exc)
+    return found
+
+
 def create_topics(settings: KafkaSettings, topics: Mapping[str, int], config: Mapping[str, str] | None = None) -> None:
     """Create topics (name -> partitions) with the brokers' default replication factor when
     missing; existing ones are kept. Returns once every partition of the new topics has a leader

@@ -69,6 +69,14 @@ class SinkSpec:
     columns: tuple[tuple[str, Any], ...] = ()
     #: sql: the table of dead letters (a side run's go to a table of its own; not in YAML).
     dead_letters_table: str = "kafka_eos_dead_letters"
+    #: A record (kafka) or row (sql) the sink refuses for its own sake (too large for the topic or
+    #: the producer, a value the database's column or constraint refuses): ``dead_letter`` (a
+    #: dead letter holding a reference to the source record, in the same transaction) or ``fail``
+    #: (the run fails, naming topic, partition, offset and why; nothing is committed).
+    on_refused_record: str = "dead_letter"
+    #: kafka: the largest record each written topic takes, ``((topic, bytes, why), ...)``: read
+    #: from the cluster when a run starts (:mod:`kafka_eos.sinks.limits`; not in YAML).
+    record_limits: tuple[tuple[str, int, str], ...] = ()
 
 
 #: ``schedule: stream``: the pipeline's DAG runs whenever committed records wait beyond its
@@ -116,6 +124,8 @@ def spec_document(spec: PipelineSpec) -> dict:
         sink["transaction_timeout_s"] = s.transaction_timeout_s
     if s.kind == "sql":
         sink.update(key_columns=list(s.key_columns), merge=s.merge)
+    if s.on_refused_record != "dead_letter":
+        sink["on_refused_record"] = s.on_refused_record
     src = spec.source
     doc = {"name": spec.name, "transform": spec.transform, "sink": sink, "manifest_topic": spec.manifest_topic,
            "source": {"topics": list(src.topics), "group_id": src.group_id,
@@ -313,7 +323,7 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
     snk = _mapping(top.get("sink"), where, "sink")
     _known(snk, where, "sink.", {"kind", "topic", "dlq_topic", "commit", "table",
                                  "key_columns", "merge", "url", "transaction_timeout_s", "backfill_topic",
-                                 "backfill_dlq_topic", "backfill_table"})
+                                 "backfill_dlq_topic", "backfill_table", "on_refused_record"})
     kind = _choice(snk, where, "kind", ("kafka", "sql"), "sink.", required=True)
     commit = _choice(snk, where, "commit", ("atomic", "per_partition"), "sink.")
     key_columns = snk.get("key_columns", [])
@@ -330,6 +340,7 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
         backfill_topic=_opt_topic(snk, where, "backfill_topic"),
         backfill_dlq_topic=_opt_topic(snk, where, "backfill_dlq_topic"),
         backfill_table=_opt_table(snk, where, "backfill_table"),
+        on_refused_record=_choice(snk, where, "on_refused_record", ("dead_letter", "fail"), "sink."),
     )
     if kind == "kafka":
         if not sink.topic:

@@ -12,6 +12,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 from kafka_eos.errors import DeadLetterWithoutTopic
+from kafka_eos.sinks.limits import refusing
 from kafka_eos.spec import PipelineSpec
 from kafka_eos.transforms import DLQ_REASON
 from kafka_eos.txn import OutRecord, dead_letter_headers
@@ -93,11 +94,14 @@ def records(batches: Iterable["pa.RecordBatch"], spec: PipelineSpec, tally: Coun
     :param tally: when given, counts ``((topic, partition), "out" | "dead")`` per source partition.
     :raises DeadLetterWithoutTopic: a dead letter, and the sink has no ``dlq_topic`` (the
         transaction it was meant for aborts: nothing of the batch is committed).
+    :raises RecordRefused: a record the sink cannot take, and ``sink.on_refused_record: fail``
+        (see :mod:`kafka_eos.sinks.limits`).
     """
     sink_topic, dlq_topic, added = spec.sink.topic, spec.sink.dlq_topic, list(spec.sink.headers)
     for batch in batches:
         if not len(batch):
             continue
+        batch = refusing(batch, spec)  # a record too large for its topic: a reference dead letter
         if dlq_topic is None and (dead := first_dead_letter(batch)) is not None:
             raise no_dead_letter_topic(spec, dead["topic"], dead["partition"], dead["offset"], dead[DLQ_REASON])
         if tally is not None:

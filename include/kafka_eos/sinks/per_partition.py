@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from kafka_eos import faults
-from kafka_eos.errors import DeadLetterWithoutTopic, SpecError
+from kafka_eos.errors import DeadLetterWithoutTopic, RecordRefused, SpecError
 from kafka_eos.kafka_admin import TP
 from kafka_eos.manifest import COMMITTED, NOOP, partition_key
 from kafka_eos.plan import PartitionRange, Plan
@@ -278,7 +278,7 @@ def _commit_task(spec: PipelineSpec, plan: Plan, settings: KafkaSettings, owner:
         refusal = reason = None
         try:
             res = commit_partition(spec, plan, settings, r, checked(arrow_batches), keep)
-        except (_Refused, DeadLetterWithoutTopic) as exc:  # the transaction was aborted
+        except (_Refused, DeadLetterWithoutTopic, RecordRefused) as exc:  # the transaction was aborted
             res = CommitResult(REFUSED)
             refusal, reason = type(exc).__name__, str(exc)
         yield pa.RecordBatch.from_pydict(
@@ -342,7 +342,7 @@ def _raise_refusal(rows: list) -> None:
     others = "; ".join(f"{r['topic']}-{r['partition']}" for r in refused[1:])
     text = (f"{refused[0]['reason']}{f' (refused too: {others})' if others else ''}; committed by their own "
             f"transactions: {', '.join(done) if done else 'no partition of this run'}")
-    raise (DeadLetterWithoutTopic if refused[0]["refusal"] == DeadLetterWithoutTopic.__name__ else SpecError)(text)
+    raise {cls.__name__: cls for cls in (DeadLetterWithoutTopic, RecordRefused)}.get(refused[0]["refusal"], SpecError)(text)
 
 
 def commit_rowless(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,

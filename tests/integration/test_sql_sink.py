@@ -35,3 +35,65 @@ def test_the_database_transaction_never_waits_on_spark(spark, kafka_settings, ma
     assert (summary.status, summary.dead_letters) == ("committed", truth.malformed)
     with create_engine(postgres_url).connect() as conn:
         assert conn.execute(text(f"select sum(order_count) from {table}")).scalar() == len(truth.committed)
+
+
+NAMES = '''
+from pyspark.sql import functions as F
+
+def names(df):
+    return df.select("topic", "partition", "offset", F.col("value").cast("string").alias("name"),
+                     F.lit(None).cast("string").alias("dlq_reason"))
+'''
+
+
+@pytest.mark.parametrize("on_refused", ["dead_letter", "fail"])
+def test_a_row_the_database_refuses_is_a_dead_letter_not_a_stopped_pipeline(spark, kafka_settings, make_spec,
+                                                                             postgres_url, transforms_from, unique,
+                                                                             on_refused):
+    """A value too long for its column (DataError) and one a CHECK constraint refuses
+    (IntegrityError): each failed the whole batch on every run. Now the rows the database refuses
+    are found (a savepoint per batch, split until found) and written as dead letters in the same
+    transaction, the rest as results; ``fail`` names the record and commits nothing."""
+    from confluent_kafka import Producer
+
+    from kafka_eos import kafka_admin
+    from kafka_eos.errors import RecordRefused
+    from kafka_eos.sinks.sql import BATCH_ROWS
+
+    table = f"names_{unique.replace('-', '_')}"[:60]
+    with create_engine(postgres_url).begin() as conn:
+        conn.execute(text(f'create table {table} (topic text, partition int, "offset" bigint, name varchar(8) '
+                          f"check (name <> 'bad'), primary key (topic, partition, \"offset\"))"))
+    transform = transforms_from("names_transform", NAMES) + ":names"
+    spec = make_spec(transform, "sql", "atomic", partitions=2, table=table, url=postgres_url,
+                     key_columns=["topic", "partition", "offset"], on_refused_record=on_refused)
+    topic = spec.source.topics[0]
+    producer = Producer(kafka_settings.client_config(**{"enable.idempotence": True}))
+    for i in range(BATCH_ROWS + 200):  # more than one batch of rows
+        name = "much-too-long" if i == 700 else "bad" if i == 1100 else f"n{i}"
+        producer.produce(topic, value=name.encode(), partition=i % 2)
+    assert producer.flush(30) == 0
+    plan = prepare_plan(spec, kafka_settings, "run-1")
+    if on_refused == "fail":
+        with pytest.raises(RecordRefused, match=rf"^{topic}-0 offset 350: the database refused its row for table "
+                                                rf"{table}: value too long for type character varying\(8\); "
+                                                r"sink.on_refused_record: fail \(nothing of the run is committed\)$"):
+            run_batch(spark, spec, plan, kafka_settings)
+        with create_engine(postgres_url).connect() as conn:
+            assert conn.execute(text(f"select count(*) from {table}")).scalar() == 0
+        assert set(kafka_admin.committed_offsets(kafka_settings, spec.source.group_id,
+                                                 [r.tp for r in plan.ranges]).values()) == {None}
+        return
+    summary = run_batch(spark, spec, plan, kafka_settings)
+    verify(spec, kafka_settings, plan)  # past the refused rows: the pipeline goes on
+    assert (summary.status, summary.records_out, summary.dead_letters) == ("committed", BATCH_ROWS + 198, 2)
+    with create_engine(postgres_url).connect() as conn:
+        assert conn.execute(text(f"select count(*) from {table}")).scalar() == BATCH_ROWS + 198
+        dead = conn.execute(text("select topic, partition, \"offset\", reason, value from kafka_eos_dead_letters "
+                                 "where pipeline = :p order by \"offset\""), {"p": spec.name}).all()
+    assert [(d.topic, d.partition, d.offset) for d in dead] == [(topic, 0, 350), (topic, 0, 550)]
+    assert dead[0].reason == (f"refused by the sink: the database refused its row for table {table}: value too long "
+                              "for type character varying(8)")
+    assert dead[1].reason.startswith(f"refused by the sink: the database refused its row for table {table}: new row "
+                                     f'for relation "{table}" violates check constraint')
+    assert b'"name": "much-too-long"' in bytes(dead[0].value)

@@ -11,6 +11,7 @@ timeout, SQLite's write lock) and lasts as long as the writes themselves.
 
 from __future__ import annotations
 
+import json
 import pickle
 import tempfile
 from dataclasses import dataclass
@@ -22,9 +23,9 @@ from sqlalchemy import (BigInteger, Boolean, Column, Date, DateTime, Float, Inte
                         MetaData, Numeric, String, Table, Text, create_engine, event, inspect, select,
                         update)
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DataError, IntegrityError
 
-from kafka_eos.errors import CheckpointConflict, SpecError
+from kafka_eos.errors import CheckpointConflict, RecordRefused, SpecError
 from kafka_eos.faults import fault_point
 from kafka_eos.kafka_admin import TP, alter_group_offsets
 from kafka_eos.manifest import COMMITTED, NOOP, ManifestStore, now_iso, run_key
@@ -245,10 +246,56 @@ class SqlSink:
                 conn.execute(insert(self.dead_letters).on_conflict_do_nothing(), batch)
             if results is not None:
                 for batch in _batches(results):
-                    out += len(batch)
-                    self._upsert(conn, table, batch, self.spec.sink.merge)
+                    refused = self._upsert_refusing(conn, table, batch)
+                    out += len(batch) - len(refused)
+                    if refused:  # rows the database refused for their own sake: dead letters, in this transaction
+                        dead += len(refused)
+                        conn.execute(insert(self.dead_letters).on_conflict_do_nothing(),
+                                     [self._refused_row(table, row, exc, plan) for row, exc in refused])
             fault_point("before_sql_commit")
         return COMMITTED, out, dead
+
+    def _upsert_refusing(self, conn, table: Table, rows: list[dict]) -> list[tuple[dict, Exception]]:
+        """Upsert ``rows``, each batch inside a savepoint; a batch the database refuses for a row's
+        own sake (a value too long for its column, a constraint: DataError, IntegrityError) is
+        rolled back to it and split until the refused rows are found. Returns them, with why;
+        every other row is written."""
+        try:
+            with conn.begin_nested():
+                self._upsert(conn, table, rows, self.spec.sink.merge)
+            return []
+        except (DataError, IntegrityError) as exc:
+            if len(rows) == 1:
+                return [(rows[0], exc)]
+        half = len(rows) // 2
+        return self._upsert_refusing(conn, table, rows[:half]) + self._upsert_refusing(conn, table, rows[half:])
+
+    def _refused_row(self, table: Table, row: dict, exc: Exception, plan: Plan) -> dict:
+        """The dead-letter row of a result row the database refused: the row itself (as JSON) with
+        the database's reason, under its source coordinates.
+
+        :raises RecordRefused: ``sink.on_refused_record: fail``, or a row without ``topic``,
+            ``partition`` and ``offset`` columns (an aggregate's: no record to dead-letter it by).
+        """
+        why = f"the database refused its row for table {table.name}: {_first_line(exc)}"
+        coords = all(row.get(c) is not None for c in ("topic", "partition", "offset"))
+        where = f"{row['topic']}-{row['partition']} offset {row['offset']}" if coords else \
+            f"the row of key {json.dumps({k: row.get(k) for k in self.spec.sink.key_columns}, default=str)}"
+        if self.spec.sink.on_refused_record == "fail" or not coords:
+            raise RecordRefused(f"{where}: {why}; " + (
+                "sink.on_refused_record: fail" if coords else "it carries no topic, partition and offset to "
+                "dead-letter it by") + " (nothing of the run is committed)")
+        return {"pipeline": self.spec.name, "topic": row["topic"], "partition": row["partition"],
+                "offset": row["offset"],
+                "key": json.dumps({k: row.get(k) for k in self.spec.sink.key_columns}, default=str).encode(),
+                "value": json.dumps(row, default=str).encode(), "reason": f"refused by the sink: {why}",
+                "run_id": plan.run_id}
+
+
+def _first_line(exc: Exception) -> str:
+    """The database's own message (the driver's error, first line), not SQLAlchemy's wrapping."""
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return (text.splitlines() or [type(exc).__name__])[0]
 
 
 def _batches(rows: Iterator[dict]) -> Iterator[list[dict]]:

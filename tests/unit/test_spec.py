@@ -228,7 +228,7 @@ def test_a_side_run_of_a_sql_sink_keeps_the_live_database_and_keys_its_rows_by_r
     assert (side.sink.table, side.sink.url, side.sink.dead_letters_table) == ("t_bf", default_url(spec), "t_bf_dead_letters")
     assert side.sink.key_columns == ("a", "kafka_eos_range", "kafka_eos_generation")
     assert side.sink.columns == (("kafka_eos_range", "abc"), ("kafka_eos_generation", 2))
-    assert promote_sql(spec, Side("replay", "abc", 2), ["a", "b"]) == (
+    assert promote_sql(spec, "abc", 2, ["a", "b"]) == (
         'INSERT INTO "t" ("a", "b") SELECT "a", "b" FROM "t_bf" WHERE "kafka_eos_range" = \'abc\' AND '
         '"kafka_eos_generation" = 2 ON CONFLICT ("a") DO UPDATE SET "b" = excluded."b";')
     from kafka_eos.backfill.places import promote_caveat

@@ -8,13 +8,8 @@ No Kafka client here: the DAG factory and the trigger form read it at parse time
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from kafka_eos.errors import SpecError
 from kafka_eos.spec import PipelineSpec
-
-if TYPE_CHECKING:  # pragma: no cover
-    from kafka_eos.backfill.side import Side
 
 #: Header names of side-run records: which range (or interval) and which generation wrote them.
 RANGE_HEADER, GENERATION_HEADER = "kafka-eos.range", "kafka-eos.generation"
@@ -51,8 +46,9 @@ def promote_caveat(spec: PipelineSpec) -> str:
     return ""
 
 
-def promote_sql(spec: PipelineSpec, side: "Side", columns: list[str]) -> str:
-    """The SQL statement that copies side run ``side``'s rows from the backfill table into the
+def promote_sql(spec: PipelineSpec, key: str, generation: int, columns: list[str]) -> str:
+    """The SQL statement that copies the rows of a side run (its ``key`` and ``generation``, see
+    :class:`kafka_eos.backfill.side.Side`) from the backfill table into the
     live table (PostgreSQL and SQLite alike): for a keyed table each live row of a key the side
     run produced is replaced by the side run's (with ``merge: add`` that is its total over the
     side run's range: promote ranges that cover every record of their keys, e.g. whole
@@ -64,7 +60,7 @@ def promote_sql(spec: PipelineSpec, side: "Side", columns: list[str]) -> str:
     q = lambda name: '"' + name.replace('"', '""') + '"'  # noqa: E731
     cols = ", ".join(q(c) for c in columns)
     sql = (f"INSERT INTO {q(s.table)} ({cols}) SELECT {cols} FROM {q(s.backfill_table)} "
-           f"WHERE {q(RANGE_COLUMN)} = '{side.key}' AND {q(GENERATION_COLUMN)} = {int(side.generation)}")
+           f"WHERE {q(RANGE_COLUMN)} = '{key}' AND {q(GENERATION_COLUMN)} = {int(generation)}")
     if s.key_columns:
         values = [c for c in columns if c not in s.key_columns]
         conflict = f" ON CONFLICT ({', '.join(q(c) for c in s.key_columns)}) "

@@ -119,7 +119,7 @@ def promote_statement(spec: PipelineSpec, side: Side) -> str:
                    if c["name"] not in (RANGE_COLUMN, GENERATION_COLUMN)]
     finally:
         engine.dispose()
-    return promote_sql(spec, side, columns)
+    return promote_sql(spec, side.key, side.generation, columns)
 
 
 def mapping_key(spec: PipelineSpec, kind: str, key: str) -> str:

@@ -19,7 +19,7 @@ import logging
 from datetime import datetime, timezone
 from typing import Iterable
 
-from kafka_eos.health.detect import Stall
+from kafka_eos.health.stall import Stall
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
 

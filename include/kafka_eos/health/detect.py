@@ -14,62 +14,15 @@ LSO at that offset, whichever is earlier. Each stall says which clock its age co
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Iterable, Mapping
 
 from kafka_eos.errors import BrokerError
-from kafka_eos.health import DEFAULT_OLDER_THAN_S, abort_command
+from kafka_eos.health import DEFAULT_OLDER_THAN_S
+from kafka_eos.health.attribute import LONG_RUNNING, attribute
+from kafka_eos.health.stall import Stall
 from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, TP, PartitionOffsets, admin_client, partition_offsets
 from kafka_eos.readers import first_records
 from kafka_eos.settings import KafkaSettings
-
-@dataclass
-class Stall:
-    """A partition whose LSO is pinned below its high watermark by an open transaction."""
-
-    topic: str
-    partition: int
-    lso: int
-    high_watermark: int
-    #: When the transaction's first record on this partition was written (epoch ms), or when
-    #: the caller first saw the LSO at this offset; None when neither is known.
-    open_since_ms: int | None
-    #: Seconds the LSO has been held, as of the observation.
-    stuck_s: float | None
-    #: Who holds it (see :mod:`kafka_eos.health.attribute`); None until attributed.
-    culprit: dict | None = None
-    #: Why attribution was not possible, when it was not.
-    attribution_error: str | None = None
-    #: Whose clock ``open_since_ms`` is: ``coordinator`` (the broker's transaction start),
-    #: ``observed`` (first seen held at this LSO) or ``record timestamp`` (the record at the LSO).
-    age_from: str | None = None
-    waiting: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        #: Offsets behind the LSO that read_committed readers cannot reach (records of the open
-        #: transaction and, possibly, committed records of others behind it).
-        self.waiting = self.high_watermark - self.lso
-
-    @property
-    def tp(self) -> TP:
-        return (self.topic, self.partition)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def summary(self) -> str:
-        """One line for a person: where, how long, who, and the command that aborts it."""
-        held = "for an unknown time" if self.stuck_s is None else f"for {self.stuck_s:.0f}s"
-        text = (f"{self.topic}-{self.partition}: LSO {self.lso} < HW {self.high_watermark} ({self.waiting} offsets "
-                f"waiting), held {held}")
-        c = self.culprit
-        if c:
-            owner = f", pipeline {c['pipeline']}" if c.get("pipeline") else ""
-            text += (f" by producer {c['producer_id']} epoch {c['producer_epoch']}, transactional.id "
-                     f"{c.get('transactional_id') or '?'}{owner}, {c['verdict']}")
-        elif self.attribution_error:
-            text += f"; attribution unavailable: {self.attribution_error}"
-        return f"{text}; abort: {abort_command(self.topic, self.partition, self.lso)}"
 
 
 def topic_partitions(settings: KafkaSettings, topics: Iterable[str] | None = None,
@@ -117,8 +70,6 @@ def observe(settings: KafkaSettings, tps: Iterable[TP], older_than_s: float = DE
     :returns: the stalls, and the observation to pass next time (JSON-serialisable: for every
         pinned partition, its LSO and since when it has been held there).
     """
-    from kafka_eos.health.attribute import LONG_RUNNING, attribute
-
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     tps = list(tps)
     offsets = {tp: offsets[tp] for tp in tps} if offsets is not None else partition_offsets(settings, tps)

@@ -126,6 +126,10 @@ class TransactionalCommit:
                 # hang too). The next attempt's init_transactions() under this transactional.id fences
                 # it and aborts its open transaction; a commit's outcome is settled the same way.
                 self._producer, self._group_md = None, None
+                if what == "init_transactions":
+                    # Its request may still reach the coordinator, and take a newer epoch than the
+                    # next attempt's: that attempt waits for it first (see _wait_for_hung_init).
+                    _hung_inits[self.transactional_id] = hung.worker
                 outcome = "outcome unknown" if what == "commit_transaction" else "left open"
                 raise TransactionFailed(f"{what} ({self.transactional_id}, {self._ranges_text()}): {hung}; the "
                                         f"transaction is {outcome} until the next attempt's init_transactions() "
@@ -345,6 +349,7 @@ class TransactionalCommit:
         transactions (:meth:`use` between them) fences once, at its first."""
         if self._producer is not None:
             return
+        _wait_for_hung_init(self.transactional_id)
         self._producer = Producer(self.settings.client_config(**{
             "transactional.id": self.transactional_id,
             "enable.idempotence": True,
@@ -403,7 +408,36 @@ class TransactionalCommit:
 
 
 class CallHung(Exception):
-    """A blocking client call did not return within its bound (see :data:`HUNG_CALL_GRACE_S`)."""
+    """A blocking client call did not return within its bound (see :data:`HUNG_CALL_GRACE_S`);
+    ``worker`` is the thread still inside it."""
+
+    def __init__(self, message: str, worker: threading.Thread | None = None) -> None:
+        super().__init__(message)
+        self.worker = worker
+
+
+#: The threads of this process still inside an abandoned init_transactions(), by transactional.id.
+_hung_inits: dict[str, threading.Thread] = {}
+
+
+def _wait_for_hung_init(transactional_id: str) -> None:
+    """Before a new producer of ``transactional_id`` inits: an earlier init_transactions() of this
+    process under the same id that was abandoned while it hung must have ended. Its handle still
+    asks the coordinator for the id's epoch; answered after the new producer's init, it would
+    take a newer epoch and fence the new producer mid-transaction.
+
+    :raises TransactionFailed: it has not ended within :data:`HUNG_CALL_GRACE_S` (retriable: a
+        later attempt waits again).
+    """
+    worker = _hung_inits.get(transactional_id)
+    if worker is None:
+        return
+    worker.join(HUNG_CALL_GRACE_S)
+    if worker.is_alive():
+        raise TransactionFailed(f"init_transactions ({transactional_id}): an earlier init_transactions() of this "
+                                "process under the same id still hangs; a new producer could be fenced when it "
+                                "returns: not started (a retry waits for it again)")
+    _hung_inits.pop(transactional_id, None)
 
 
 def _bounded(what: str, fn: Callable[[], object], limit_s: float) -> object:
@@ -425,7 +459,7 @@ def _bounded(what: str, fn: Callable[[], object], limit_s: float) -> object:
     worker.join(limit_s)
     if worker.is_alive():
         raise CallHung(f"no answer within {limit_s:g}s (the client ignored its own timeout of "
-                       f"{CALL_TIMEOUT_S:g}s: librdkafka#5456, a coordinator gone away)")
+                       f"{CALL_TIMEOUT_S:g}s: librdkafka#5456, a coordinator gone away)", worker)
     if "error" in outcome:
         raise outcome["error"]
     return outcome.get("value")
@@ -434,11 +468,20 @@ def _bounded(what: str, fn: Callable[[], object], limit_s: float) -> object:
 def fence(settings: KafkaSettings, transactional_id: str, timeout_ms: int) -> None:
     """Bump the epoch of ``transactional_id`` (aborting its open transaction) and let go.
 
-    :raises KafkaException: the coordinator refused or did not answer.
+    :raises KafkaException: the coordinator refused or did not answer (a call that hung past its
+        bound is abandoned, as :meth:`TransactionalCommit._call` does).
+    :raises TransactionFailed: an earlier init of the same id still hangs (:func:`_wait_for_hung_init`).
     """
+    _wait_for_hung_init(transactional_id)
     fencer = Producer(settings.client_config(**{
         "transactional.id": transactional_id, "transaction.timeout.ms": timeout_ms}))
-    fencer.init_transactions(CALL_TIMEOUT_S)
+    try:
+        _bounded("init_transactions", lambda: fencer.init_transactions(CALL_TIMEOUT_S),
+                 CALL_TIMEOUT_S + HUNG_CALL_GRACE_S)
+    except CallHung as hung:
+        _hung_inits[transactional_id] = hung.worker
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"init_transactions ({transactional_id}): {hung}")) \
+            from None
 
 
 def _error_of(exc: KafkaException | None) -> KafkaError | None:

@@ -116,3 +116,78 @@ def test_a_coordinator_call_that_ignores_its_timeout_fails_the_transaction_and_a
     with pytest.raises(TransactionFailed, match=r"aborted after INVALID_PRODUCER_EPOCH"):
         c._call("send_offsets_to_transaction", raising(err))
     assert c._producer.aborts == 1
+
+
+class Coordinator:
+    """A transactional.id's epoch, as the coordinator hands it out: every init takes the next one.
+    The first producer's init hangs until ``answer`` is set (a coordinator gone away), then
+    still takes its epoch, as librdkafka's handle, still alive, eventually does."""
+
+    def __init__(self):
+        import threading
+
+        self.epoch = 0
+        self.answer = threading.Event()
+        self.producers = []
+        coordinator = self
+
+        class Producer:
+            def __init__(self, _config):
+                self.first = not coordinator.producers
+                self.epoch = None
+                coordinator.producers.append(self)
+
+            def init_transactions(self, _timeout):
+                if self.first:
+                    coordinator.answer.wait(30)
+                coordinator.epoch += 1
+                self.epoch = coordinator.epoch
+
+        self.Producer = Producer
+
+
+def test_a_retry_waits_for_an_abandoned_init_so_it_cannot_be_fenced_by_it(monkeypatch):
+    """An init_transactions() abandoned as hung still reaches the coordinator later. Answered after
+    the retry's init, it took the newer epoch and fenced the retry mid-transaction; the retry now
+    waits for it (and is not started while it still hangs)."""
+    import threading
+    import time
+
+    from kafka_eos import txn
+
+    coordinator = Coordinator()
+    monkeypatch.setattr(txn, "Producer", coordinator.Producer)
+    monkeypatch.setattr(txn, "CALL_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(txn, "HUNG_CALL_GRACE_S", 0.4)
+
+    def attempt() -> TransactionalCommit:
+        return TransactionalCommit(KafkaSettings("127.0.0.1:1"), "kafka-eos.p", "kafka-eos.p",
+                                   [PartitionRange("orders", 2, 10, 20, 10)])
+
+    with pytest.raises(TransactionFailed, match=r"^init_transactions \(kafka-eos.p, .*no answer within 0.5s"):
+        attempt().open()
+    # The coordinator answers the abandoned init while the retry starts.
+    threading.Timer(0.2, coordinator.answer.set).start()
+    retry = attempt()
+    retry.open()
+    coordinator.answer.wait(5)
+    abandoned = coordinator.producers[0]
+    for _ in range(50):  # its init ends just after the answer
+        if abandoned.epoch is not None:
+            break
+        time.sleep(0.05)
+    assert abandoned.epoch == 1
+    assert retry._producer.epoch == coordinator.epoch == 2  # the newest epoch is the retry's: not fenced
+
+    # Still hanging past the wait: the retry is not started (retriable), and waits again next time.
+    coordinator2 = Coordinator()
+    monkeypatch.setattr(txn, "Producer", coordinator2.Producer)
+    with pytest.raises(TransactionFailed):
+        attempt().open()
+    with pytest.raises(TransactionFailed, match="an earlier init_transactions.* still hangs"):
+        attempt().open()
+    assert len(coordinator2.producers) == 1  # no second producer was built
+    coordinator2.answer.set()
+    again = attempt()
+    again.open()
+    assert again._producer.epoch == coordinator2.epoch == 2

@@ -14,7 +14,7 @@ from typing import Callable, TypeVar
 from confluent_kafka import KafkaError, KafkaException
 
 from kafka_eos.errors import BrokerError, CheckpointConflict, CheckpointLost, KafkaEosError
-from kafka_eos.kafka_admin import (TP, alter_group_offsets, cluster_metadata, committed_offsets_and_times,
+from kafka_eos.kafka_admin import (TP, cluster_metadata, committed_offsets_and_times,
                                    offsets_retention_s, partition_offsets, partitions_of)
 from kafka_eos.manifest import ManifestState, ManifestStore
 from kafka_eos.plan import Plan, plan_ranges, stale_checkpoints
@@ -153,9 +153,11 @@ def compute_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> tu
 
 
 def repair_drift(spec: PipelineSpec, settings: KafkaSettings, drift: list[Drift]) -> None:
-    """Republish the SQL sink's checkpoint to the Kafka group offsets."""
-    alter_group_offsets(settings, spec.source.group_id,
-                        {(d.topic, d.partition): d.sink for d in drift if d.sink is not None})
+    """Republish the SQL sink's checkpoint to the Kafka group offsets (as it is now, not as the
+    drift was read: see :meth:`kafka_eos.sinks.sql.SqlSink.publish_checkpoints`)."""
+    from kafka_eos.sinks.sql import SqlSink
+
+    SqlSink(spec).publish_checkpoints(settings, [(d.topic, d.partition) for d in drift if d.sink is not None])
 
 
 @dataclass(frozen=True)
@@ -211,8 +213,10 @@ def refresh_checkpoints(spec: PipelineSpec, settings: KafkaSettings, *, every: b
     plan = Plan(spec.name, f"refresh-{int(now)}",
                 tuple(PartitionRange(t, p, cks[(t, p)], cks[(t, p)], cks[(t, p)], refresh=True) for t, p in due),
                 created_at=datetime.fromtimestamp(planned, timezone.utc).isoformat())
-    if spec.sink.kind == "sql":
-        alter_group_offsets(settings, spec.source.group_id, {r.tp: r.until for r in plan.ranges}, plan.planned_ms)
+    if spec.sink.kind == "sql":  # the sink's checkpoints as they are now, a run's commit held off meanwhile
+        from kafka_eos.sinks.sql import SqlSink
+
+        SqlSink(spec).publish_checkpoints(settings, [r.tp for r in plan.ranges], plan.planned_ms)
     elif spec.sink.commit == "atomic":
         from kafka_eos.sinks.kafka import atomic_commit
 

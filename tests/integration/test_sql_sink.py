@@ -97,3 +97,48 @@ def test_a_row_the_database_refuses_is_a_dead_letter_not_a_stopped_pipeline(spar
     assert dead[1].reason.startswith(f"refused by the sink: the database refused its row for table {table}: new row "
                                      f'for relation "{table}" violates check constraint')
     assert b'"name": "much-too-long"' in bytes(dead[0].value)
+
+
+def test_a_refresh_never_moves_a_sql_sinks_mirror_back_behind_a_concurrent_run(spark, kafka_settings, make_spec,
+                                                                               monkeypatch):
+    """The refresh (and a drift repair) republished a SQL checkpoint it had read before a run's
+    commit; landing after that run's own mirror, it moved the Kafka group offsets back (the run's
+    final check then failed: "the mirror was not updated"). Now it reads and publishes while the
+    offsets rows are locked: the run's commit waits for it, and its mirror comes last."""
+    import threading
+
+    from kafka_eos import kafka_admin, pipeline
+    from kafka_eos.sinks import sql
+
+    spec = make_spec("spark_apps.transforms.revenue:revenue_per_minute", "sql", "atomic",
+                     key_columns=["minute", "category"], merge="add")
+    produce_orders(kafka_settings, spec.source.topics[0], 100, abort_every=0, malformed_every=0)
+    first = prepare_plan(spec, kafka_settings, "run-1")
+    run_batch(spark, spec, first, kafka_settings)
+    produce_orders(kafka_settings, spec.source.topics[0], 100, first_seq=100, abort_every=0, malformed_every=0,
+                   transactional_id="second")
+    second = prepare_plan(spec, kafka_settings, "run-2")
+
+    refresh_publishing, run_mirrored = threading.Event(), threading.Event()
+    real = kafka_admin.alter_group_offsets
+
+    def alter(settings, group_id, offsets, planned_ms=None):
+        if threading.current_thread().name == "refresh":
+            refresh_publishing.set()
+            run_mirrored.wait(5)  # the run's mirror first, if the run can get there meanwhile
+            return real(settings, group_id, offsets, planned_ms)
+        real(settings, group_id, offsets, planned_ms)
+        run_mirrored.set()
+
+    for module in (sql, pipeline):
+        monkeypatch.setattr(module, "alter_group_offsets", alter, raising=False)
+    refresh = threading.Thread(target=pipeline.refresh_checkpoints, args=(spec, kafka_settings),
+                               kwargs={"every": True}, name="refresh")
+    refresh.start()
+    assert refresh_publishing.wait(30)
+    run_batch(spark, spec, second, kafka_settings)
+    refresh.join(60)
+    tps = [r.tp for r in second.ranges]
+    assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, tps) == {
+        r.tp: r.until for r in second.ranges}
+    verify(spec, kafka_settings, second)

@@ -226,10 +226,27 @@ class SqlSink:
                 f"run {plan.run_id!r} expected {r.expected} (ends at {r.until}): a concurrent or stale plan")
         return True
 
-    def checkpoints_in(self, conn, tps: list[TP]) -> dict[TP, int | None]:
+    def publish_checkpoints(self, settings: KafkaSettings, tps: list[TP], planned_ms: int | None = None) -> dict:
+        """Mirror the sink's checkpoints of ``tps`` to the Kafka group offsets, read and published
+        while the offsets rows are locked (SQLite: the write lock of ``BEGIN IMMEDIATE``;
+        PostgreSQL: ``FOR UPDATE``): a run that commits meanwhile waits, and publishes its own
+        after, so a value read before a run's commit never lands after that run's mirror (which
+        moved the mirror backwards). Returns what was published."""
+        if not tps:
+            return {}
+        with self.engine.begin() as conn:
+            if not inspect(conn).has_table(OFFSETS_TABLE):
+                return {}
+            current = {tp: offset for tp, offset in self.checkpoints_in(conn, list(tps), lock=True).items()
+                       if offset is not None}
+            if current:
+                alter_group_offsets(settings, self.spec.source.group_id, current, planned_ms)
+        return current
+
+    def checkpoints_in(self, conn, tps: list[TP], lock: bool = False) -> dict[TP, int | None]:
         o = self.offsets
-        rows = conn.execute(select(o.c.topic, o.c.partition, o.c.next_offset)
-                            .where(o.c.pipeline == self.spec.name)).all()
+        query = select(o.c.topic, o.c.partition, o.c.next_offset).where(o.c.pipeline == self.spec.name)
+        rows = conn.execute(query.with_for_update() if lock and conn.dialect.name == "postgresql" else query).all()
         have = {(t, p): n for t, p, n in rows}
         return {tp: have.get(tp) for tp in tps}
 
@@ -386,7 +403,7 @@ def write(results: "DataFrame | None", dead_letters: "DataFrame | None", spec: P
             result_spool.close()
     fault_point("after_sql_commit")
     # The mirror: standard lag tools see progress; the planner repairs it if this is lost.
-    alter_group_offsets(settings, spec.source.group_id, {r.tp: r.until for r in plan.active}, plan.planned_ms)
+    sink.publish_checkpoints(settings, [r.tp for r in plan.active], plan.planned_ms)
     if status == COMMITTED:
         ManifestStore.of(spec, settings).put(
             run_key(spec.name, plan.run_id),

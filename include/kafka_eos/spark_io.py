@@ -148,7 +148,51 @@ def get_session(app_name: str = "kafka-eos", master: str | None = None,
         conf["spark.driver.extraJavaOptions"] = driver_java_options
     for key, value in conf.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    session = builder.getOrCreate()
+    bound_result_size(session)
+    return session
+
+
+#: What share of the driver's heap one job may return to it (``spark.driver.maxResultSize``) where
+#: nobody set it: an atomic commit in one pass returns every task's result through the driver, and
+#: Spark's default (1 GiB, with a 1 GiB heap by default) lets them fill the heap before Spark's own
+#: limit stops the job (an OutOfMemoryError instead of a fallback to two passes).
+RESULT_HEAP_SHARE = 0.4
+#: Above this share of the heap, an atomic commit does not try one pass (see :func:`result_limits`).
+ONE_PASS_HEAP_SHARE = 0.5
+
+
+def bound_result_size(session: "SparkSession") -> None:
+    """Set ``spark.driver.maxResultSize`` to :data:`RESULT_HEAP_SHARE` of the driver's heap on a
+    classic session where it was not set (a setting of the user's, or of spark-submit's, stays)."""
+    if is_connect(session):
+        return
+    conf = session.sparkContext._jsc.sc().conf()
+    if not conf.contains("spark.driver.maxResultSize"):
+        heap = session.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory()
+        conf.set("spark.driver.maxResultSize", str(int(heap * RESULT_HEAP_SHARE)))
+
+
+def result_limits(session: "SparkSession") -> tuple[int, int]:
+    """``spark.driver.maxResultSize`` and the driver's heap, in bytes (0: no limit). Through Spark
+    Connect, the server's settings (its heap as ``spark.driver.memory`` says)."""
+    if is_connect(session):
+        limit = size_bytes(session.conf.get("spark.driver.maxResultSize", "1g"), "b")
+        return limit, size_bytes(session.conf.get("spark.driver.memory", "1g"), "m")
+    sc = session.sparkContext
+    limit = sc._jvm.org.apache.spark.network.util.JavaUtils.byteStringAsBytes(
+        sc._jsc.sc().conf().get("spark.driver.maxResultSize", "1g"))
+    return int(limit), int(sc._jvm.java.lang.Runtime.getRuntime().maxMemory())
+
+
+def size_bytes(text: str, bare: str) -> int:
+    """Bytes of a Spark size (``512m``, ``1g``, ``400k``; a bare number in unit ``bare``)."""
+    units = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    text = text.strip().lower()
+    if len(text) > 1 and text[-1] == "b" and text[-2] in units:  # "512mb"
+        text = text[:-1]
+    unit = text[-1] if text[-1:] in units else bare
+    return int(float(text.rstrip("bkmgt") or 0) * units[unit])
 
 
 def read_ranges(spark: "SparkSession", settings: KafkaSettings,

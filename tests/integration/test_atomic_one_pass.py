@@ -193,6 +193,27 @@ def test_an_output_larger_than_one_job_may_return_is_committed_in_two_passes(spa
             "output first, then committing it") in capfd.readouterr().err
 
 
+def test_one_pass_is_not_tried_where_its_results_could_fill_the_drivers_heap(spark, kafka_settings, make_spec,
+                                                                           max_result_size, capfd):
+    """One pass returns every task's result through the driver's heap, bounded by
+    spark.driver.maxResultSize: a session's own sets it to 40 % of the heap; a limit above half the
+    heap, or none (0), could run the driver out of memory before Spark stops the job, so such a run
+    commits in two passes from the start."""
+    from kafka_eos.spark_io import result_limits
+
+    limit, heap = result_limits(spark)
+    assert 0 < limit <= 0.4 * heap + 1  # get_session bounded it
+    spec = make_spec("identity", "kafka", "atomic")
+    produce_orders(kafka_settings, spec.source.topics[0], 300, abort_every=0, malformed_every=0)
+    plan = prepare_plan(spec, kafka_settings, "r1")
+    max_result_size("0")  # no limit
+    summary = run_batch(spark, spec, plan, kafka_settings)
+    assert (summary.status, summary.records_out) == ("committed", 300)
+    assert len(read_committed(kafka_settings, spec.sink.topic)) == 300
+    assert ("spark.driver.maxResultSize (no limit) is more than 50% of the driver's heap "
+            f"({heap >> 20} MiB): one pass could fill the heap; computing the output first") in capfd.readouterr().err
+
+
 def test_a_source_partition_read_in_several_tasks_keeps_its_order_in_the_output(spark, kafka_settings, make_spec,
                                                                                 transforms_from, monkeypatch):
     from kafka_eos import batch as batch_module

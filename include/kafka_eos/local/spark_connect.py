@@ -83,6 +83,11 @@ class LocalSparkConnect:
                 "spark.connect.grpc.binding.address": HOST,
                 "spark.connect.grpc.binding.port": str(self.port),
                 **self.conf}
+        if "spark.driver.maxResultSize" not in conf:  # as spark_io.bound_result_size, of the server's heap
+            from kafka_eos.spark_io import RESULT_HEAP_SHARE, size_bytes
+
+            heap = size_bytes(conf.get("spark.driver.memory", "1g"), "m")
+            conf["spark.driver.maxResultSize"] = str(int(heap * RESULT_HEAP_SHARE))
         args = [str(Path(sys.executable).parent / "spark-submit"), "--master", self.master, "--class", SERVER_CLASS,
                 "--name", "kafka-eos-spark-connect"]
         for key, value in conf.items():

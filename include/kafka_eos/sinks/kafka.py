@@ -74,6 +74,11 @@ def write_atomic(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, setting
     if df is None:
         return commit.run(batches.records((), spec, tally), manifest)
     df = batches.prepared(df)
+    why = one_pass_unsafe(df)
+    if why is not None:  # two passes from the start
+        print(f"kafka-eos: {plan.pipeline}: {why}; computing the output first, then committing it",
+              file=sys.stderr, flush=True)
+        return write_cached(df, commit, spec, tally, manifest)
     rows = batches.computed(df)
     try:
         # One pass: the transaction is open while Spark computes; rows go to the producer as
@@ -96,6 +101,20 @@ def write_atomic(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, setting
         tally.clear()
     commit.close()
     return write_cached(df, commit, spec, tally, manifest)
+
+
+def one_pass_unsafe(df: "DataFrame") -> str | None:
+    """Why one pass could run the driver out of memory, or None: its tasks' results wait on the
+    driver's heap while the producer takes them, up to ``spark.driver.maxResultSize``, which must
+    then be well below the heap (0, no limit, is not) for Spark's own limit to stop the job (and
+    the run to fall back to two passes) before the heap is full."""
+    from kafka_eos.spark_io import ONE_PASS_HEAP_SHARE, result_limits
+
+    limit, heap = result_limits(df.sparkSession)
+    if limit and limit <= ONE_PASS_HEAP_SHARE * heap:
+        return None
+    return (f"spark.driver.maxResultSize ({'no limit' if not limit else f'{limit >> 20} MiB'}) is more than "
+            f"{ONE_PASS_HEAP_SHARE:.0%} of the driver's heap ({heap >> 20} MiB): one pass could fill the heap")
 
 
 def one_pass_limit(exc: BaseException) -> str | None:

@@ -235,7 +235,7 @@ def interval_ranges(spec: PipelineSpec, settings: KafkaSettings, start: datetime
 
     tps = source_partitions(spec, settings)
     # The time lookups between two reads of the offsets: an offset found by time is committed and
-    # never bounded by an LSO read before it (docs/architecture.md, "Time lookups and the LSO").
+    # never bounded by an LSO read before it (docs/architecture.md, "Offsets").
     timed = timed_positions(settings, tps, [start, end])
     ranges, skipped = {}, []
     for tp in tps:

@@ -20,7 +20,7 @@ demo: install jars
 TEST_WORKERS ?= 3
 
 test: install jars postgres chromium compose-tool
-	@echo "make test: every test, on $(TEST_WORKERS) workers: 12-21 minutes on 2 cores, by the host's speed (make test-quick: about a minute)"
+	@echo "make test: every test, on $(TEST_WORKERS) workers: 15-23 minutes on 2 cores, by the host's speed (make test-quick: about a minute)"
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 # The edit loop: the unit tests and the quick integration tests (marked quick) on the shared

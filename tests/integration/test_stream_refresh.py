@@ -29,7 +29,7 @@ KAFKA_EOS = Path(sys.executable).parent / "kafka-eos"
 RETENTION_S = 60
 #: How long the streams run while refreshes are asked for: past the retention after the idle
 #: partition's checkpoint was first committed, so it would have expired had nobody refreshed it.
-RUN_S = RETENTION_S + 25
+RUN_S = RETENTION_S + 10
 IDLE_RECORDS = 5
 
 

@@ -116,3 +116,23 @@ def test_a_sql_checkpoint_reset_moves_the_sink_and_its_mirror(kafka_settings, ma
         assert sink.checkpoints([(topic, 0)]) == {(topic, 0): target}
         assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [(topic, 0)]) == {(topic, 0): target}
         assert checkpoints(spec, kafka_settings, [(topic, 0), (topic, 1)]) == ({(topic, 0): target, (topic, 1): None}, [])
+
+
+def test_a_reset_steps_aside_while_a_stream_owns_the_pipeline(kafka_settings, make_spec):
+    """A streaming pipeline's offsets are the stream's: a reset's transaction would fence its
+    producer. Refused, naming the stream; nothing moves."""
+    from kafka_eos.errors import PipelineBusy
+    from kafka_eos.stream.lease import StreamLease
+
+    spec = make_spec(partitions=1)
+    topic = spec.source.topics[0]
+    _produce_at(kafka_settings, topic, 0, [0, 1, 2])
+    lease = StreamLease(spec, kafka_settings)
+    lease.acquire(wait_s=0)
+    try:
+        with pytest.raises(PipelineBusy, match=rf"^pipeline {spec.name} is owned by a stream, kafka-eos-stream:.*: a "
+                                               r"checkpoint reset waits until it stops"):
+            reset_checkpoint(spec, kafka_settings, {(topic, 0): 2}, run_id="reset-1", asked="2", who="bob", via="test")
+    finally:
+        lease.release()
+    assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [(topic, 0)]) == {(topic, 0): None}

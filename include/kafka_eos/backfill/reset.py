@@ -37,7 +37,12 @@ def reset_checkpoint(spec: PipelineSpec, settings: KafkaSettings, targets: dict[
     :param asked: what the person asked for (the timestamp or the offsets, as given).
     :raises CheckpointConflict: a run committed between reading the checkpoint and the reset.
     :raises TransactionFailed: the reset transaction failed; nothing moved.
+    :raises PipelineBusy: a stream owns the pipeline (its offsets are the stream's: the reset's
+        transaction would fence the stream's producer); nothing moved.
     """
+    from kafka_eos.stream.lease import refuse_if_streaming
+
+    refuse_if_streaming(spec, settings, "a checkpoint reset waits")
     from kafka_eos.sinks.kafka import atomic_commit
     from kafka_eos.sinks.per_partition import partition_commit
 

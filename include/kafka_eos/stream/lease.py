@@ -87,14 +87,15 @@ def stream_owner(spec: PipelineSpec, settings: KafkaSettings) -> StreamOwner | N
     return StreamOwner(m.client_id, m.host, m.member_id)
 
 
-def refuse_if_streaming(spec: PipelineSpec, settings: KafkaSettings) -> None:
-    """For a batch run: step aside while a stream owns the pipeline.
+def refuse_if_streaming(spec: PipelineSpec, settings: KafkaSettings, what: str = "batch runs wait") -> None:
+    """For a batch run (or a reset): step aside while a stream owns the pipeline.
 
+    :param what: who steps aside, in the message.
     :raises PipelineBusy: naming the stream.
     """
     owner = stream_owner(spec, settings)
     if owner is not None:
-        raise PipelineBusy(f"pipeline {spec.name} is owned by a stream, {owner.describe()}: batch runs wait until "
+        raise PipelineBusy(f"pipeline {spec.name} is owned by a stream, {owner.describe()}: {what} until "
                            f"it stops (SIGTERM; a killed stream lets go within {SESSION_TIMEOUT_MS / 1000:g} s)")
 
 

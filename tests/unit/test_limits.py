@@ -91,3 +91,17 @@ def test_fail_or_no_dead_letter_topic_raise_naming_the_record():
         refusing(_batch([b"a", b"x" * LIMIT]), _spec(record_limits=limits, on_refused_record="fail"))
     with pytest.raises(DeadLetterWithoutTopic, match=r"^in-0 offset 0: .* has no sink.dlq_topic"):
         refusing(_batch([b"x" * LIMIT]), _spec(record_limits=limits, dlq_topic=None))
+
+
+def test_headers_count_toward_a_records_size():
+    """A record whose carried headers make it too large is refused like one whose value does."""
+    spec = _spec(record_limits=(("out", LIMIT, 0), ("dlq", LIMIT, 0)))
+    header_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    batch = _batch([b"a", b"b"]).append_column(
+        "headers", pa.array([[{"key": "h", "value": b"v"}], [{"key": "big", "value": b"x" * LIMIT}]], header_type))
+    roomy = _spec(record_limits=(("out", 10 * LIMIT, 0), ("dlq", 10 * LIMIT, 0)))
+    assert refusing(batch, roomy) is batch  # under every limit: the batch as it is, no row in Python
+    out = refusing(batch, spec).to_pylist()
+    assert out[0][DLQ_REASON] is None and out[0]["headers"] == [{"key": "h", "value": b"v"}]
+    assert out[1][DLQ_REASON].startswith("refused by the sink: in-0 offset 1: its record for topic out is ")
+    assert out[1]["headers"] is None

@@ -137,7 +137,8 @@ def refusing(batch: "pa.RecordBatch", spec: PipelineSpec) -> "pa.RecordBatch":
 
 
 def _bound(batch: "pa.RecordBatch", spec: PipelineSpec) -> int:
-    """At least the largest record ``batch``'s rows make (Arrow's columns, no row in Python)."""
+    """At least the largest record ``batch``'s rows make (Arrow's columns, no row in Python): the
+    largest key and value, plus the most header bytes of a row."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -148,15 +149,14 @@ def _bound(batch: "pa.RecordBatch", spec: PipelineSpec) -> int:
     reasons = batch.column(DLQ_REASON)
     if reasons.null_count < len(batch):
         total = pc.add(total, pc.add(lengths(reasons), DEAD_LETTER_ROOM))
+    headers = 0  # the most header bytes a row carries (with the largest key and value: a bound)
     if "headers" in batch.schema.names:
         carried = batch.column("headers")
         flat = pc.list_flatten(carried)
         if len(flat):
-            import numpy as np
-
             per_header = pc.add(pc.add(lengths(pc.struct_field(flat, "key")), lengths(pc.struct_field(flat, "value"))),
-                                20).to_numpy()
-            sums = np.bincount(pc.list_parent_indices(carried).to_numpy(), weights=per_header, minlength=len(batch))
-            total = pc.add(total, pa.array(sums.astype("int64")))
+                                20)
+            rows = pa.table({"row": pc.list_parent_indices(carried), "bytes": per_header})
+            headers = pc.max(rows.group_by("row").aggregate([("bytes", "sum")]).column("bytes_sum")).as_py() or 0
     added = sum(len(name) + len(data) + 20 for name, data in spec.sink.headers)
-    return (pc.max(total).as_py() or 0) + RECORD_OVERHEAD + added
+    return (pc.max(total).as_py() or 0) + headers + RECORD_OVERHEAD + added

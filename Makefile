@@ -72,16 +72,19 @@ compat: install jars
 	done; cat .local/compat/results.txt; exit $$failed
 
 # The distribution a user installs (docs/first-pipeline.md): dist/kafka_eos-<version>-py3-none-any.whl.
+# build/ goes first: setuptools would put an earlier build's files (since removed) in the wheel.
 wheel: install
+	rm -rf build
 	$(PY) -m pip wheel -q --no-deps -w dist .
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt pyproject.toml
+# The package as pyproject.toml declares it (with the PostgreSQL extra), at the tested pins
+# (requirements.txt as constraints), and the test tools (requirements-dev.txt).
+$(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt
-	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m pip install -q -c requirements.txt -r requirements-dev.txt -e ".[postgres]"
 	touch $@
 
 jars: $(JARS)/kafka/.resolved $(JARS)/spark/.resolved

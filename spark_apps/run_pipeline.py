@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         if plan.pipeline != spec.name:
             raise KafkaEosError(f"{args.plan}: plan of pipeline {plan.pipeline!r}, not {spec.name!r}")
         settings = KafkaSettings.from_environ(os.environ)
-        summary = run_batch(get_session(f"kafka-eos {spec.name} {plan.run_id}"), spec, plan, settings)
+        spark = get_session(f"kafka-eos {spec.name} {plan.run_id}", conf=spec.spark_conf)
+        summary = run_batch(spark, spec, plan, settings)
     except KafkaEosError as exc:
         print(f"run_pipeline: {exc}", file=sys.stderr)
         return 1

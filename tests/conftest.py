@@ -27,6 +27,9 @@ from shared_servers import last_test_using
 logging.getLogger("py4j").setLevel(logging.WARNING)
 # Every Spark of the tests (in-process and spark-submit children) stays on loopback.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# Operators run in-process without a Kafka connection: the tests' broker stands in, as in the
+# local Airflow of `kafka-eos airflow start` (tests/unit/test_airflow_config.py turns it off).
+os.environ.setdefault("AIRFLOW__KAFKA_EOS__LOCAL_BROKER_FALLBACK", "True")
 
 
 ROOT = Path(__file__).resolve().parents[1]

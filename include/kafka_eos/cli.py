@@ -282,7 +282,7 @@ def cmd_run(args) -> int:
                       f"(Spark's log: {spark_log_file()})"))
         with child_stderr_to(spark_log_file(), enabled=not args.verbose):
             spark = get_session(f"kafka-eos {spec.name}", driver_java_options=spark_log4j_options(args.verbose),
-                                remote=args.spark_remote)
+                                remote=args.spark_remote, conf=spec.spark_conf)
         try:
             with console.spark_progress(spark):
                 summary = run_batch(spark, spec, plan, settings)
@@ -323,7 +323,8 @@ def cmd_stream(args) -> int:
                  f"{spec.sink.commit} commit, a batch at most every {args.interval:g} s "
                  f"(Spark's log: {spark_log_file()}); SIGTERM or Ctrl-C stops it after the batch in flight")
     with child_stderr_to(spark_log_file(), enabled=not args.verbose):
-        spark = get_session(f"kafka-eos stream {spec.name}", driver_java_options=spark_log4j_options(args.verbose))
+        spark = get_session(f"kafka-eos stream {spec.name}", driver_java_options=spark_log4j_options(args.verbose),
+                            conf=spec.spark_conf)
 
     def report(line: str) -> None:
         print(f"{datetime.now(timezone.utc).strftime('%H:%M:%S.%f')[:-3]} {line}", flush=True)

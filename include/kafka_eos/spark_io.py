@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from kafka_eos.errors import KafkaEosError
 from kafka_eos.paths import jars_dir
 from kafka_eos.plan import PartitionRange
 from kafka_eos.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -66,6 +69,26 @@ def session_conf() -> dict[str, str]:
     }
 
 
+#: Settings that hold a comma-separated list: a pipeline's own entries are added to kafka-eos's
+#: (the Kafka connector stays), not put in their place.
+LIST_SETTINGS = ("spark.jars", "spark.jars.packages", "spark.jars.repositories", "spark.submit.pyFiles",
+                 "spark.files", "spark.jars.excludes")
+
+
+def merged_conf(base: Mapping[str, str], pipeline: Mapping[str, str]) -> dict[str, str]:
+    """``pipeline``'s Spark settings (a spec's ``spark:`` section) over kafka-eos's ``base``: a
+    pipeline's value wins (``spark.pyspark.python`` included: the interpreter is set only where the
+    pipeline did not set one), except for :data:`LIST_SETTINGS`, whose entries are joined."""
+    out = dict(base)
+    for key, value in pipeline.items():
+        if key in LIST_SETTINGS and out.get(key):
+            entries = [e for e in out[key].split(",") if e]
+            out[key] = ",".join(entries + [e for e in value.split(",") if e and e not in entries])
+        else:
+            out[key] = value
+    return out
+
+
 def local_master_conf(master: str) -> dict[str, str]:
     """For a ``local[...]`` master: keep the driver on loopback. Spark binds the address the
     host name resolves to, which on many machines is a LAN interface."""
@@ -112,7 +135,8 @@ def check_reachable(remote: str, timeout_s: float = 10.0) -> None:
 
 
 def get_session(app_name: str = "kafka-eos", master: str | None = None,
-                driver_java_options: str | None = None, remote: str | None = None) -> "SparkSession":
+                driver_java_options: str | None = None, remote: str | None = None,
+                conf: Mapping[str, str] | None = None) -> "SparkSession":
     """The SparkSession of this process (``local[2]`` unless a master is given or configured), or
     a Spark Connect client's session of the server at ``remote``.
 
@@ -121,22 +145,32 @@ def get_session(app_name: str = "kafka-eos", master: str | None = None,
     :param remote: a Spark Connect URL (``sc://host:port``, see
         :class:`kafka_eos.local.spark_connect.LocalSparkConnect`): the server has the connector
         and the interpreter (its own settings); the session gets the settings a session may set.
+    :param conf: the pipeline's Spark settings (a spec's ``spark:`` section), merged over kafka-eos's
+        (:func:`merged_conf`) for a session this call starts. Through Spark Connect only the
+        ``spark.sql.*`` ones reach the session; the others are the server's.
     """
     from pyspark.sql import SparkSession
 
+    pipeline_conf = dict(conf or {})
     if remote:
         check_reachable(remote)
-        return (SparkSession.builder.remote(remote)
-                .config("spark.sql.session.timeZone", SESSION_TIME_ZONE)
-                .getOrCreate())
+        builder = SparkSession.builder.remote(remote).config("spark.sql.session.timeZone", SESSION_TIME_ZONE)
+        server_side = sorted(k for k in pipeline_conf if not k.startswith("spark.sql."))
+        if server_side:
+            log.info("Spark Connect: %s are the server's settings, not the session's: left out",
+                     ", ".join(server_side))
+        for key, value in pipeline_conf.items():
+            if key.startswith("spark.sql."):
+                builder = builder.config(key, value)
+        return builder.getOrCreate()
 
     # PySpark reads the workers' interpreter from PYSPARK_PYTHON when the context starts in
     # this process (spark.pyspark.python only reaches spark-submit): they run kafka_eos code.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_PYTHON", pipeline_conf.get("spark.pyspark.python", sys.executable))
     from pyspark import SparkConf
 
     builder = SparkSession.builder.appName(app_name)
-    conf = session_conf()
+    conf = merged_conf(session_conf(), pipeline_conf)
     if master or not (under_spark_submit() or SparkConf().contains("spark.master")):
         # Under spark-submit the master is already set (--master): never override it.
         master = master or os.environ.get("SPARK_MASTER") or "local[2]"

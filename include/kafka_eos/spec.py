@@ -93,6 +93,10 @@ class PipelineSpec:
     schedule: str | None = None
     manifest_topic: str = ""  # "" -> MANIFEST_TOPIC_PREFIX + name
     path: str = "<inline>"
+    #: The spec's ``spark:`` section: Spark settings of this pipeline's Spark applications (executor
+    #: memory and cores, packages, dynamic allocation ...), merged over kafka-eos's own
+    #: (:func:`kafka_eos.spark_io.merged_conf`).
+    spark_conf: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if not self.manifest_topic:
@@ -137,6 +141,8 @@ def spec_document(spec: PipelineSpec) -> dict:
         doc["source"]["freshness_limit_s"] = src.freshness_limit_s
     if spec.schedule is not None:
         doc["schedule"] = spec.schedule
+    if spec.spark_conf:
+        doc["spark"] = dict(spec.spark_conf)
     return doc
 
 
@@ -207,7 +213,10 @@ def load_spec(name_or_path: str, environ: Mapping[str, str] | None = None,
         first = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
         raise SpecError(f"{path}: not valid YAML ({first})") from None
     spec = parse_spec(raw, str(path), os.environ if environ is None else environ)
-    check_owners(spec, bundled_specs(exclude=path))
+    # The pipelines a spec could collide with: those of its own folder (the set the DAG factory
+    # makes DAGs of, wherever that folder is) and those of the pipelines folder.
+    folders = sorted({path.parent.resolve(), pipelines_dir().resolve()})
+    check_owners(spec, [other for folder in folders for other in bundled_specs(exclude=path, folder=folder)])
     if import_transform:
         spec.load_transform()  # a transform that does not import is a spec error, found up front
     return spec
@@ -233,10 +242,11 @@ def check_owners(spec: PipelineSpec, others: Iterable[PipelineSpec]) -> None:
                             f"{other.name!r} ({other.path}); each pipeline needs a manifest topic of its own")
 
 
-def bundled_specs(exclude: Path | None = None) -> list[PipelineSpec]:
-    """The parsable specs under include/pipelines/ other than ``exclude`` (transforms not imported)."""
+def bundled_specs(exclude: Path | None = None, folder: Path | str | None = None) -> list[PipelineSpec]:
+    """The parsable specs of ``folder`` (default :func:`~kafka_eos.paths.pipelines_dir`) other than
+    ``exclude`` (transforms not imported)."""
     found = []
-    for path in spec_paths():
+    for path in spec_paths(folder):
         if exclude is not None and path.resolve() == exclude.resolve():
             continue
         try:
@@ -246,9 +256,9 @@ def bundled_specs(exclude: Path | None = None) -> list[PipelineSpec]:
     return found
 
 
-def spec_paths() -> list[Path]:
-    """The bundled pipeline specs (``include/pipelines/*.yaml``), by name."""
-    return sorted(pipelines_dir().glob("*.yaml"))
+def spec_paths(folder: Path | str | None = None) -> list[Path]:
+    """The pipeline specs (``*.yaml``) of ``folder``, by name; default: :func:`~kafka_eos.paths.pipelines_dir`."""
+    return sorted(Path(folder if folder is not None else pipelines_dir()).glob("*.yaml"))
 
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -288,7 +298,7 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
         leaves the URL unexpanded.
     """
     top = _mapping(raw, where, "")
-    _known(top, where, "", {"name", "source", "transform", "sink", "schedule", "manifest_topic"})
+    _known(top, where, "", {"name", "source", "transform", "sink", "schedule", "manifest_topic", "spark"})
     name = _str(top, where, "name")
     if not _NAME_RE.match(name):
         raise SpecError(f"{where}: name: {name!r} must be letters, digits, '.', '_' or '-'")
@@ -393,7 +403,29 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
     if schedule is not None and not isinstance(schedule, str):
         raise SpecError(f"{where}: schedule: must be a cron string, or {STREAM_SCHEDULE!r}")
     return PipelineSpec(name=name, source=source, transform=transform, sink=sink,
-                        schedule=schedule, manifest_topic=manifest, path=where)
+                        schedule=schedule, manifest_topic=manifest, path=where,
+                        spark_conf=_spark_conf(top.get("spark"), where))
+
+
+def _spark_conf(raw: Any, where: str) -> dict[str, str]:
+    """The ``spark:`` section: Spark setting -> value (``spark.executor.memory: 4g``); a value may be
+    a string, a number or a boolean, or a list (joined with commas: ``spark.jars.packages``)."""
+    if raw is None:
+        return {}
+    conf = _mapping(raw, where, "spark")
+    out = {}
+    for key, value in conf.items():
+        if not isinstance(key, str) or not key.startswith("spark."):
+            raise SpecError(f"{where}: spark: {key!r}: not a Spark setting (the keys are Spark's own, e.g. "
+                            "spark.executor.memory)")
+        if isinstance(value, list) and all(isinstance(v, (str, int, float)) for v in value):
+            value = ",".join(str(v) for v in value)
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        if not isinstance(value, (str, int, float)) or value == "":
+            raise SpecError(f"{where}: spark: {key!r}: must be a string, a number, a boolean or a list")
+        out[key] = str(value)
+    return out
 
 
 def _mapping(value: Any, where: str, field: str) -> dict:

@@ -15,6 +15,7 @@ from typing import Any
 def get_provider_info() -> dict[str, Any]:
     """The provider's description for Airflow's ProvidersManager (read without importing Airflow)."""
     from kafka_eos import __version__
+    from kafka_eos_airflow.config import PROVIDER_CONFIG
 
     return {
         "package-name": "kafka-eos",
@@ -38,4 +39,6 @@ def get_provider_info() -> dict[str, Any]:
         "notifications": ["kafka_eos_airflow.notifiers.KafkaEosWebhookNotifier",
                           "kafka_eos_airflow.notifiers.KafkaEosEmailNotifier"],
         "plugins": [{"name": "kafka_eos", "plugin-class": "kafka_eos_airflow.plugin.KafkaEosPlugin"}],
+        # [kafka_eos]: `airflow config list` shows it, AIRFLOW__KAFKA_EOS__* sets it.
+        "config": PROVIDER_CONFIG,
     }

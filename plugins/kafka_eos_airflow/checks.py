@@ -12,6 +12,7 @@ from airflow.sdk.exceptions import AirflowException
 from kafka_eos.errors import KafkaEosError, TopicMissing
 from kafka_eos.spec import load_spec
 
+from kafka_eos_airflow import config
 from kafka_eos_airflow.hooks import KafkaEosHook
 from kafka_eos_airflow.notifiers import StaleDataFound
 
@@ -31,11 +32,11 @@ class FreshnessCheckOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("pipelines", "kafka_conn_id")
 
-    def __init__(self, *, pipelines: Sequence[str], kafka_conn_id: str = KafkaEosHook.default_conn_name,
+    def __init__(self, *, pipelines: Sequence[str], kafka_conn_id: str | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pipelines = list(pipelines)
-        self.kafka_conn_id = kafka_conn_id
+        self.kafka_conn_id = kafka_conn_id or config.kafka_conn_id()
 
     def execute(self, context: Context) -> list[str]:
         from kafka_eos.health.backlog import backlog, stale
@@ -85,11 +86,11 @@ class CheckpointRefreshOperator(BaseOperator):
     template_fields: Sequence[str] = ("pipelines", "kafka_conn_id")
 
     def __init__(self, *, pipelines: Sequence[str], next_in_s: float,
-                 kafka_conn_id: str = KafkaEosHook.default_conn_name, **kwargs: Any) -> None:
+                 kafka_conn_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pipelines = list(pipelines)
         self.next_in_s = next_in_s
-        self.kafka_conn_id = kafka_conn_id
+        self.kafka_conn_id = kafka_conn_id or config.kafka_conn_id()
 
     def execute(self, context: Context) -> dict[str, list[str] | str]:
         from kafka_eos.pipeline import refresh_checkpoints

@@ -4,10 +4,18 @@ A DAG file of your own needs two lines (``dags_folder/kafka_eos.py``)::
 
     from kafka_eos_airflow.dag_factory import kafka_eos_dags
 
-    globals().update(kafka_eos_dags("/opt/pipelines"))  # or KAFKA_EOS_PIPELINES_DIR
+    globals().update(kafka_eos_dags())  # the specs of [kafka_eos] pipelines_folder
 
 which gives one DAG per spec (``kafka_eos__<name>``: plan >> spark >> verify), its stream DAG
-(``kafka_eos_stream__<name>``), the watchdog over those pipelines and the abort runbook.
+(``kafka_eos_stream__<name>``), the watchdog over those pipelines and the abort runbook. What teams
+set on their DAGs goes in as keywords (:class:`DagOptions`): a DAG id prefix, ``default_args``,
+tags, the Spark tasks' pool and queue, notifiers of any provider, stream DAGs on or off, other
+DAG arguments (e.g. ``deadline``)::
+
+    globals().update(kafka_eos_dags("/opt/pipelines/payments", dag_id_prefix="payments__",
+                                    default_args={"owner": "payments", "retries": 4},
+                                    notifiers=[SlackNotifier(slack_conn_id="slack", text="...")],
+                                    pool="spark", queue="spark", stream_dags=False))
 
 Parse time only reads the YAML files (``kafka_eos.spec.parse_spec``): no transform import (that
 would import pyspark), no Kafka, no metadata DB, no Variables. Everything else happens when the
@@ -18,20 +26,21 @@ other pipelines' DAGs down.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from airflow.sdk import DAG, CronDataIntervalTimetable, CronTriggerTimetable, Param
 
 from kafka_eos.errors import SpecError
-from kafka_eos.paths import pipelines_dir
-from kafka_eos.spec import STREAM_SCHEDULE, PipelineSpec, check_owners, parse_spec
+from kafka_eos.spec import STREAM_SCHEDULE, PipelineSpec, check_owners, parse_spec, spec_paths
 from kafka_eos_airflow.assets import source_asset
 from kafka_eos_airflow.checks import CheckpointRefreshOperator, FreshnessCheckOperator
-from kafka_eos_airflow.hooks import KafkaEosHook
+from kafka_eos_airflow import config
 from kafka_eos_airflow.notifiers import RUNBOOK_DAG_ID, failure_notifiers
 from kafka_eos_airflow.operators import (KafkaEosPlanOperator, KafkaEosSparkSubmitOperator,
                                          KafkaEosVerifyOperator)
@@ -49,10 +58,82 @@ STREAM_DAG_ID_PREFIX = "kafka_eos_stream__"
 #: would make every parse a different DAG.
 START_DATE = datetime(2026, 1, 1, tzinfo=timezone.utc)
 #: Tasks are idempotent (a retry reuses the stored plan and no-ops a landed commit), so retrying
-#: is safe; 30 s lets a coordinator move or a leader election settle.
-DEFAULT_ARGS = {"owner": "kafka-eos", "retries": 2, "retry_delay": timedelta(seconds=30),
-                # Alerts go to the kafka_eos_alerts_webhook / _smtp connections, where defined.
-                "on_failure_callback": failure_notifiers()}
+#: is safe; 30 s lets a coordinator move or a leader election settle. (Failure alerts are added
+#: per DAG: :meth:`DagOptions.args`.)
+DEFAULT_ARGS = {"owner": "kafka-eos", "retries": 2, "retry_delay": timedelta(seconds=30)}
+
+
+@dataclass(frozen=True)
+class DagOptions:
+    """What a team sets on the DAGs the factory makes (every field optional).
+
+    :param dag_id_prefix: put before every DAG id (pipelines, streams, watchdog, runbook), so the
+        DAGs of two folders never collide; e.g. ``"payments__"``.
+    :param default_args: over kafka-eos's own (owner ``kafka-eos``, 2 retries after 30 s): owner,
+        retries, ``on_retry_callback``, ``email`` ...; an ``on_failure_callback`` here is called
+        besides the notifiers.
+    :param tags: added to each DAG's kafka-eos tags.
+    :param pool: the Airflow pool of the Spark tasks (the pipelines' ``spark`` and the streams' task).
+    :param queue: the executor queue of the Spark tasks (e.g. Celery workers with Spark and Java).
+    :param notifiers: Airflow notifiers (any provider's, e.g. Slack's ``SlackNotifier``) called when
+        a task fails and for the alerts a task sends while it goes on (records skipped by retention).
+    :param bundled_notifiers: also the webhook and e-mail notifiers of kafka-eos (each sends only
+        where its connection exists).
+    :param stream_dags: make the stream DAGs (``kafka_eos_stream__<name>``): True, False, or a
+        function of the spec (per pipeline).
+    :param dag_kwargs: further ``DAG`` arguments for every DAG (``deadline``, ``max_active_tasks``,
+        ``access_control`` ...).
+    :param kafka_conn_id: the ``kafka`` connection; None: ``[kafka_eos] kafka_conn_id``.
+    :param spark_conn_id: the Spark connection; None: ``[kafka_eos] spark_conn_id``.
+    """
+
+    dag_id_prefix: str = ""
+    default_args: Mapping[str, Any] = field(default_factory=dict)
+    tags: Sequence[str] = ()
+    pool: str | None = None
+    queue: str | None = None
+    notifiers: Sequence[Callable] = ()
+    bundled_notifiers: bool = True
+    stream_dags: bool | Callable[[PipelineSpec], bool] = True
+    dag_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    kafka_conn_id: str | None = None
+    spark_conn_id: str | None = None
+
+    def dag_id(self, base: str) -> str:
+        return self.dag_id_prefix + base
+
+    @property
+    def runbook_dag_id(self) -> str:
+        return self.dag_id(RUNBOOK_DAG_ID)
+
+    def on_failure(self) -> list[Callable]:
+        """The failure callbacks: the bundled notifiers (naming this prefix's runbook), the team's
+        notifiers, and an ``on_failure_callback`` of ``default_args``."""
+        callbacks = list(failure_notifiers(self.runbook_dag_id)) if self.bundled_notifiers else []
+        callbacks += list(self.notifiers)
+        theirs = self.default_args.get("on_failure_callback")
+        callbacks += list(theirs) if isinstance(theirs, (list, tuple)) else [theirs] if theirs else []
+        return callbacks
+
+    def args(self, **ours: Any) -> dict[str, Any]:
+        """A DAG's ``default_args``: kafka-eos's, ``ours`` (the DAG's own), the team's, the failure callbacks."""
+        return {**DEFAULT_ARGS, **ours, **self.default_args, "on_failure_callback": self.on_failure()}
+
+    def spark_task(self) -> dict[str, Any]:
+        """Pool and queue of a Spark task, where set."""
+        return {k: v for k, v in (("pool", self.pool), ("queue", self.queue)) if v}
+
+    def dag(self, dag_id: str, tags: Sequence[str], **kwargs: Any) -> DAG:
+        return DAG(dag_id=self.dag_id(dag_id), tags=[*tags, *self.tags], **{**kwargs, **self.dag_kwargs})
+
+    def wants_stream(self, spec: PipelineSpec) -> bool:
+        return self.stream_dags(spec) if callable(self.stream_dags) else bool(self.stream_dags)
+
+
+def _options(options: DagOptions | None, kwargs: dict[str, Any]) -> DagOptions:
+    if options is not None and kwargs:
+        raise TypeError("pass DagOptions or keywords, not both")
+    return options if options is not None else DagOptions(**kwargs)
 
 
 def _doc_md(spec: PipelineSpec) -> str:
@@ -90,14 +171,15 @@ def _doc_md(spec: PipelineSpec) -> str:
     ])
 
 
-def build_dag(spec: PipelineSpec, *, kafka_conn_id: str = KafkaEosHook.default_conn_name,
-              spark_conn_id: str = "spark_default") -> DAG:
+def build_dag(spec: PipelineSpec, options: DagOptions | None = None, **kwargs: Any) -> DAG:
     """The DAG of one pipeline spec (``kafka_eos__<name>``): plan >> spark >> verify.
 
     :param spec: a parsed spec; its ``path`` is what the tasks load at run time.
-    :param kafka_conn_id: the ``kafka`` connection of the cluster (see ``KafkaEosHook``).
-    :param spark_conn_id: the Spark connection spark-submit uses.
+    :param options: what the team sets on its DAGs (:class:`DagOptions`), or its fields as keywords
+        (e.g. ``kafka_conn_id``, ``spark_conn_id``).
     """
+    options = _options(options, kwargs)
+    kafka_conn_id = options.kafka_conn_id or config.kafka_conn_id()
     if spec.schedule == STREAM_SCHEDULE:
         # Event-driven: a run whenever committed records wait beyond the checkpoint.
         schedule = [source_asset(spec, kafka_conn_id)]
@@ -105,39 +187,40 @@ def build_dag(spec: PipelineSpec, *, kafka_conn_id: str = KafkaEosHook.default_c
         schedule = CronDataIntervalTimetable(spec.schedule, timezone="UTC")
     else:
         schedule = None
-    with DAG(
-        dag_id=DAG_ID_PREFIX + spec.name,
+    with options.dag(
+        DAG_ID_PREFIX + spec.name,
+        ["kafka-eos", spec.sink.kind, spec.sink.commit],
         schedule=schedule,
         start_date=START_DATE,
         catchup=False,
         # Runs of one pipeline must not overlap: each plan starts at the previous run's end.
         max_active_runs=1,
-        default_args=DEFAULT_ARGS,
+        default_args=options.args(),
         # The trigger form (max records, dry run); scheduled runs take its defaults.
         params=pipeline_params(spec),
-        tags=["kafka-eos", spec.sink.kind, spec.sink.commit],
         doc_md=_doc_md(spec),
     ) as dag:
         plan = KafkaEosPlanOperator(task_id="plan", pipeline=spec.path, kafka_conn_id=kafka_conn_id)
         spark = KafkaEosSparkSubmitOperator(task_id="spark", pipeline=spec.path, kafka_conn_id=kafka_conn_id,
-                                            conn_id=spark_conn_id)
+                                            conn_id=options.spark_conn_id, **options.spark_task())
         verify = KafkaEosVerifyOperator(task_id="verify", pipeline=spec.path, kafka_conn_id=kafka_conn_id)
         plan >> spark >> verify
     return dag
 
 
-def build_stream_dag(spec: PipelineSpec, *, kafka_conn_id: str = KafkaEosHook.default_conn_name,
-                     spark_conn_id: str = "spark_default") -> DAG:
+def build_stream_dag(spec: PipelineSpec, options: DagOptions | None = None, **kwargs: Any) -> DAG:
     """The DAG that runs a pipeline as a stream (``kafka_eos_stream__<name>``): triggered by hand,
     one long-running task; its retries restart a stream that died, its failure alerts."""
-    with DAG(
-        dag_id=STREAM_DAG_ID_PREFIX + spec.name,
+    options = _options(options, kwargs)
+    with options.dag(
+        STREAM_DAG_ID_PREFIX + spec.name,
+        ["kafka-eos", "stream", spec.sink.kind, spec.sink.commit],
         schedule=None,
         start_date=START_DATE,
         catchup=False,
         max_active_runs=1,
         # A stream that died restarts from its checkpoint after 30 s, three times, then alerts.
-        default_args={**DEFAULT_ARGS, "retries": 3},
+        default_args=options.args(retries=3),
         params={
             "interval_s": Param(1.0, type="number", minimum=0, title="Interval (seconds)",
                                 description="Least time between the starts of two batches."),
@@ -145,7 +228,6 @@ def build_stream_dag(spec: PipelineSpec, *, kafka_conn_id: str = KafkaEosHook.de
                                      description="Drain the backlog, then stop (instead of running until "
                                                  "the task is stopped)."),
         },
-        tags=["kafka-eos", "stream", spec.sink.kind, spec.sink.commit],
         doc_md="\n".join([
             f"### kafka-eos stream `{spec.name}`",
             "",
@@ -156,15 +238,18 @@ def build_stream_dag(spec: PipelineSpec, *, kafka_conn_id: str = KafkaEosHook.de
             "then the failure alerts. While it runs, the scheduled DAG's runs of this pipeline skip themselves.",
         ]),
     ) as dag:
-        KafkaEosStreamOperator(task_id="stream", pipeline=spec.path, kafka_conn_id=kafka_conn_id,
-                               spark_conn_id=spark_conn_id, interval_s="{{ params.interval_s }}")
+        KafkaEosStreamOperator(task_id="stream", pipeline=spec.path, kafka_conn_id=options.kafka_conn_id,
+                               spark_conn_id=options.spark_conn_id, interval_s="{{ params.interval_s }}",
+                               **options.spark_task())
     return dag
 
 
-def dags_from_folder(folder: str | Path, **kwargs) -> dict[str, DAG]:
-    """One DAG per ``*.yaml`` spec in ``folder`` (dag_id -> DAG); unparsable specs are logged and
-    skipped, and so are all the specs that share a pipeline name or a consumer group (a group
-    holds one pipeline's checkpoint). ``kwargs`` go to :func:`build_dag`."""
+def dags_from_folder(folder: str | Path, options: DagOptions | None = None, **kwargs: Any) -> dict[str, DAG]:
+    """One DAG per ``*.yaml`` spec in ``folder`` (dag_id -> DAG), and its stream DAG where
+    ``options.stream_dags`` wants it; unparsable specs are logged and skipped, and so are all the
+    specs that share a pipeline name or a consumer group (a group holds one pipeline's checkpoint).
+    ``options`` or ``kwargs``: :class:`DagOptions`."""
+    options = _options(options, kwargs)
     specs: list[PipelineSpec] = []
     for path in sorted(Path(folder).glob("*.yaml")):
         try:
@@ -184,8 +269,11 @@ def dags_from_folder(folder: str | Path, **kwargs) -> dict[str, DAG]:
         except SpecError as exc:
             log.error("kafka-eos: skipping pipeline spec %s", exc)
             continue
-        dags[DAG_ID_PREFIX + spec.name] = build_dag(spec, **kwargs)
-        dags[STREAM_DAG_ID_PREFIX + spec.name] = build_stream_dag(spec, **kwargs)
+        dag = build_dag(spec, options)
+        dags[dag.dag_id] = dag
+        if options.wants_stream(spec):
+            stream = build_stream_dag(spec, options)
+            dags[stream.dag_id] = stream
     return dags
 
 
@@ -217,18 +305,19 @@ records who aborted what in the `kafka-eos.audit` topic.
 """
 
 
-def watchdog_dag(pipelines: Sequence[str], *, kafka_conn_id: str = KafkaEosHook.default_conn_name) -> DAG:
+def watchdog_dag(pipelines: Sequence[str], options: DagOptions | None = None, **kwargs: Any) -> DAG:
     """The watchdog over ``pipelines`` (spec paths), every 5 minutes: hung transactions, freshness,
-    checkpoint refresh."""
-    with DAG(
-        dag_id=WATCHDOG_DAG_ID,
+    checkpoint refresh. ``options`` or ``kwargs``: :class:`DagOptions`."""
+    options = _options(options, kwargs)
+    kafka_conn_id = options.kafka_conn_id
+    with options.dag(
+        WATCHDOG_DAG_ID,
+        ["kafka-eos", "watchdog"],
         schedule=CronTriggerTimetable("*/5 * * * *", timezone="UTC"),
         start_date=START_DATE,
         catchup=False,
         max_active_runs=1,
-        default_args={"owner": "kafka-eos", "retries": 1, "retry_delay": timedelta(seconds=30),
-                      "on_failure_callback": failure_notifiers()},
-        tags=["kafka-eos", "watchdog"],
+        default_args=options.args(retries=1),
         doc_md=WATCHDOG_DOC,
     ) as dag:
         pipelines = list(pipelines)
@@ -248,31 +337,38 @@ def watchdog_dag(pipelines: Sequence[str], *, kafka_conn_id: str = KafkaEosHook.
     return dag
 
 
-def runbook_dag(*, kafka_conn_id: str = KafkaEosHook.default_conn_name) -> DAG:
-    """``kafka_eos_runbook_abort_transaction``: the operator's abort of a held partition's transaction."""
-    with DAG(
-        dag_id=RUNBOOK_DAG_ID,
+def runbook_dag(options: DagOptions | None = None, *, pipelines_folder: str | Path | None = None,
+                **kwargs: Any) -> DAG:
+    """``kafka_eos_runbook_abort_transaction``: the operator's abort of a held partition's
+    transaction, knowing the pipelines of ``pipelines_folder`` (default ``[kafka_eos]
+    pipelines_folder``). ``options`` or ``kwargs``: :class:`DagOptions`."""
+    options = _options(options, kwargs)
+    with options.dag(
+        RUNBOOK_DAG_ID,
+        ["kafka-eos", "runbook"],
         schedule=None,
         start_date=START_DATE,
         catchup=False,
         max_active_runs=1,
         params=RUNBOOK_PARAMS,
-        default_args={"owner": "kafka-eos", "retries": 0, "on_failure_callback": failure_notifiers()},
-        tags=["kafka-eos", "runbook"],
+        default_args=options.args(),
         doc_md=RUNBOOK_DOC,
     ) as dag:
         # No retries: a refused or failed abort needs a person, not a second try.
-        AbortTransactionOperator(task_id="abort_transaction", kafka_conn_id=kafka_conn_id)
+        AbortTransactionOperator(task_id="abort_transaction", kafka_conn_id=options.kafka_conn_id,
+                                 pipelines_folder=None if pipelines_folder is None else str(pipelines_folder),
+                                 retries=0)
     return dag
 
 
-def kafka_eos_dags(folder: str | Path | None = None, **kwargs) -> dict[str, DAG]:
-    """Every kafka-eos DAG for the specs in ``folder`` (default: ``KAFKA_EOS_PIPELINES_DIR``): each
-    pipeline's DAG and stream DAG (:func:`dags_from_folder`), the watchdog over them and the
-    runbook. ``kwargs`` (``kafka_conn_id``, ``spark_conn_id``) go to the pipelines' DAGs."""
-    folder = Path(folder) if folder is not None else pipelines_dir()
-    dags = dags_from_folder(folder, **kwargs)
-    conn = {k: v for k, v in kwargs.items() if k == "kafka_conn_id"}
-    dags[WATCHDOG_DAG_ID] = watchdog_dag([str(p.resolve()) for p in sorted(folder.glob("*.yaml"))], **conn)
-    dags[RUNBOOK_DAG_ID] = runbook_dag(**conn)
-    return dags
+def kafka_eos_dags(folder: str | Path | None = None, options: DagOptions | None = None,
+                   **kwargs: Any) -> dict[str, DAG]:
+    """Every kafka-eos DAG for the specs in ``folder`` (default: ``[kafka_eos] pipelines_folder``):
+    each pipeline's DAG and stream DAG (:func:`dags_from_folder`), the watchdog over them and the
+    runbook. ``options`` or ``kwargs``: what the team sets on the DAGs (:class:`DagOptions`)."""
+    options = _options(options, kwargs)
+    folder = Path(folder) if folder is not None else config.pipelines_folder()
+    dags = dags_from_folder(folder, options)
+    watchdog = watchdog_dag([str(p.resolve()) for p in spec_paths(folder)], options)
+    runbook = runbook_dag(options, pipelines_folder=folder.resolve())
+    return {**dags, watchdog.dag_id: watchdog, runbook.dag_id: runbook}

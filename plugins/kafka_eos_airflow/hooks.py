@@ -1,10 +1,13 @@
 """The Airflow Connection of a Kafka cluster, turned into kafka-eos settings.
 
-The connection is the Kafka provider's type (``kafka``): its extra is a librdkafka config dict.
+The connection is the Kafka provider's type (``kafka``): its extra is a librdkafka config dict, so
+one connection (e.g. apache-airflow-providers-apache-kafka's ``kafka_default``) serves both
+providers. Which connection: ``[kafka_eos] kafka_conn_id`` (:mod:`kafka_eos_airflow.config`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -13,9 +16,26 @@ from airflow.sdk.exceptions import AirflowException, AirflowNotFoundException
 
 from kafka_eos.local.kafka import LocalBroker
 from kafka_eos.settings import KafkaSettings
+from kafka_eos_airflow import config
+
+log = logging.getLogger(__name__)
 
 #: The librdkafka key that names the cluster; every other extra key is passed through.
 BOOTSTRAP_KEY = "bootstrap.servers"
+#: Settings of one consumer application that a shared connection may carry (the Kafka provider's
+#: form suggests a ``group.id``): kafka-eos sets its own per client (the pipeline's group,
+#: read_committed, no auto commit), so they are left out rather than let near its checkpoints.
+APPLICATION_KEYS = ("group.id", "group.instance.id", "enable.auto.commit", "enable.auto.offset.store",
+                    "auto.offset.reset", "isolation.level", "transactional.id", "enable.idempotence")
+#: Callback settings: Python callables, which the Spark and kafka-python clients cannot take.
+CALLBACK_KEYS = ("error_cb", "throttle_cb", "stats_cb", "log_cb", "oauth_cb", "on_commit", "on_delivery")
+
+
+def _setting(value: Any) -> str:
+    """A JSON value as librdkafka reads it (``true``, not Python's ``True``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def settings_from_connection(conn: Connection) -> KafkaSettings:
@@ -34,22 +54,33 @@ def settings_from_connection(conn: Connection) -> KafkaSettings:
         raise AirflowException(
             f"connection {conn.conn_id!r}: extra has no {BOOTSTRAP_KEY!r} "
             f'(e.g. {{"{BOOTSTRAP_KEY}": "broker-1:9092"}})')
+    callbacks = sorted(k for k in extra if k in CALLBACK_KEYS)
+    if callbacks:
+        raise AirflowException(
+            f"connection {conn.conn_id!r}: extra sets {', '.join(callbacks)}: kafka-eos passes the connection to "
+            "Spark's and kafka-python's clients too, which take no Python callbacks; use a connection without them "
+            "(for OAUTHBEARER: sasl.oauthbearer.method=oidc and its client settings)")
+    left_out = sorted(k for k in extra if k in APPLICATION_KEYS)
+    if left_out:
+        log.info("connection %r: leaving out %s (kafka-eos sets these per client)", conn.conn_id, ", ".join(left_out))
     if conn.login:
         extra["sasl.username"] = conn.login
     if conn.password:
         extra["sasl.password"] = conn.password
-    return KafkaSettings(bootstrap_servers=str(servers), extra={str(k): str(v) for k, v in extra.items()})
+    return KafkaSettings(bootstrap_servers=str(servers),
+                         extra={str(k): _setting(v) for k, v in extra.items() if k not in APPLICATION_KEYS})
 
 
 class KafkaEosHook(BaseHook):
     """Reads a ``kafka`` Connection into :class:`~kafka_eos.settings.KafkaSettings`.
 
-    When the connection does not exist, the settings come from the environment like the CLI's:
-    ``KAFKA_BOOTSTRAP_SERVERS`` (and ``KAFKA_EOS_CLIENT_CONFIG``), else the embedded default, the
-    local single-node broker of ``kafka-eos kafka start`` (127.0.0.1:19092). That keeps a fresh
-    checkout's DAGs runnable with no setup; production defines the connection.
+    A connection that does not exist is an error naming it. Only where ``[kafka_eos]
+    local_broker_fallback`` is on (``kafka-eos airflow start``, the demo) do the settings then come
+    from the environment like the CLI's: ``KAFKA_BOOTSTRAP_SERVERS`` (and ``KAFKA_EOS_CLIENT_CONFIG``),
+    else the embedded local broker of ``kafka-eos kafka start`` (127.0.0.1:19092).
 
-    :param kafka_conn_id: the Airflow connection id (default ``kafka_eos_kafka``).
+    :param kafka_conn_id: the Airflow connection id; None: ``[kafka_eos] kafka_conn_id`` (default
+        ``kafka_eos_kafka``).
     """
 
     conn_name_attr = "kafka_conn_id"
@@ -57,22 +88,30 @@ class KafkaEosHook(BaseHook):
     conn_type = "kafka"
     hook_name = "kafka-eos (Apache Kafka)"
 
-    def __init__(self, kafka_conn_id: str = default_conn_name) -> None:
+    def __init__(self, kafka_conn_id: str | None = None) -> None:
         super().__init__()
-        self.kafka_conn_id = kafka_conn_id
+        self.kafka_conn_id = kafka_conn_id or config.kafka_conn_id()
 
     def get_settings(self) -> KafkaSettings:
-        """The settings of the connection, or of the environment / embedded default without one.
+        """The settings of the connection (or, with the fallback on and no connection, of the
+        environment / embedded local broker).
 
+        :raises AirflowNotFoundException: no such connection (and no fallback), naming it.
         :raises AirflowException: the connection exists but has no ``bootstrap.servers``.
-        :raises KafkaEosError: no connection and ``KAFKA_EOS_CLIENT_CONFIG`` is not a JSON object.
+        :raises KafkaEosError: the fallback's ``KAFKA_EOS_CLIENT_CONFIG`` is not a JSON object.
         """
         try:
             conn = self.get_connection(self.kafka_conn_id)
         except AirflowNotFoundException:
+            if not config.local_broker_fallback():
+                raise AirflowNotFoundException(
+                    f"Kafka connection {self.kafka_conn_id!r} is not defined: define it (type kafka, extra "
+                    f'{{"{BOOTSTRAP_KEY}": "broker-1:9092", ...}}) or set [kafka_eos] kafka_conn_id to the one '
+                    "you have (e.g. kafka_default)") from None
             settings = KafkaSettings.from_environ(os.environ, default_bootstrap=LocalBroker.default().bootstrap)
             self.log.info("No connection %r: using Kafka at %s (KAFKA_BOOTSTRAP_SERVERS or the embedded "
-                          "local broker)", self.kafka_conn_id, settings.bootstrap_servers)
+                          "local broker; [kafka_eos] local_broker_fallback is on)", self.kafka_conn_id,
+                          settings.bootstrap_servers)
             return settings
         return settings_from_connection(conn)
 

@@ -20,6 +20,7 @@ An alert says what is wrong and what to do: DAG, run, task, the one-line error, 
 
 from __future__ import annotations
 
+import copy
 import html
 import json
 from typing import TYPE_CHECKING, Any
@@ -68,9 +69,12 @@ class StaleDataFound(KafkaEosAlertError):
         super().__init__(message, stale=stale)
 
 
-def alert(context: Context) -> dict[str, Any]:
+def alert(context: Context, runbook_dag_id: str = RUNBOOK_DAG_ID) -> dict[str, Any]:
     """The alert of a failed task (or of :func:`send_alert`): the facts, and a Slack-compatible
-    one-paragraph ``text``."""
+    one-paragraph ``text``.
+
+    :param runbook_dag_id: the abort runbook's DAG, which the alert names for each held partition.
+    """
     ti, dag_run = context["ti"], context.get("dag_run")
     exc = context.get("exception")
     sent = context.get(ALERT_KEY)
@@ -86,7 +90,7 @@ def alert(context: Context) -> dict[str, Any]:
         "transactional_id": (s.get("culprit") or {}).get("transactional_id"),
         "verdict": (s.get("culprit") or {}).get("verdict"), "attribution_error": s.get("attribution_error"),
         "abort": abort_command(s["topic"], s["partition"], s["lso"]),
-        "runbook": {"dag_id": RUNBOOK_DAG_ID,
+        "runbook": {"dag_id": runbook_dag_id,
                     "conf": {"topic": s["topic"], "partition": s["partition"], "start_offset": s["lso"]}},
     } for s in details.get("stalls", [])]
     text = f"kafka-eos: {ti.dag_id} / {ti.task_id} {what} (run {run_id}, try {ti.try_number}): {error}"
@@ -96,13 +100,27 @@ def alert(context: Context) -> dict[str, Any]:
 
 
 def send_alert(context: Context, message: str, **details: list[dict[str, Any]]) -> None:
-    """Alert through every channel while the task goes on (a warning, not a failure).
+    """Alert through every channel while the task goes on (a warning, not a failure): the task's
+    own failure callbacks (the DAG factory's notifiers, any Airflow notifier included); a task
+    without any: the bundled two.
+    An Airflow notifier of another provider finds the alert in its template context as
+    ``kafka_eos_alert`` (``message``, ``details``, ``text``).
 
     :param message: one line: what happened and what it means.
     :param details: lists of dicts for the alert's ``stale`` / ``skipped`` / ``stalls``.
     """
-    for notifier in failure_notifiers():
-        notifier({**context, ALERT_KEY: {"message": message, "details": details}})
+    task = context.get("task")
+    callbacks = getattr(task, "on_failure_callback", None) if task is not None else None
+    if callable(callbacks):
+        callbacks = [callbacks]
+    if not callbacks:  # a task built without any: the bundled channels, as for every kafka-eos DAG
+        callbacks = failure_notifiers()
+    sent = {"message": message, "details": details}
+    text = alert({**context, ALERT_KEY: sent})["text"]
+    for notifier in callbacks:
+        # A copy: a notifier renders its templates onto itself, and the task's own must stay
+        # templates for a failure that may follow.
+        copy.copy(notifier)({**context, ALERT_KEY: {**sent, "text": text}})
 
 
 def connection_or_none(conn_id: str, log) -> Any | None:
@@ -118,23 +136,27 @@ class KafkaEosWebhookNotifier(HttpNotifier):
     """POST the alert as JSON to the ``kafka_eos_alerts_webhook`` connection (Slack incoming
     webhooks read its ``text``)."""
 
-    def __init__(self, *, http_conn_id: str = WEBHOOK_CONN_ID, endpoint: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, http_conn_id: str = WEBHOOK_CONN_ID, endpoint: str | None = None,
+                 runbook_dag_id: str = RUNBOOK_DAG_ID, **kwargs: Any) -> None:
         super().__init__(http_conn_id=http_conn_id, endpoint=endpoint,
                          headers={"Content-Type": "application/json"}, **kwargs)
+        self.runbook_dag_id = runbook_dag_id
 
     def notify(self, context: Context) -> None:
         if connection_or_none(self.http_conn_id, self.log) is None:
             return
         # Set after template rendering: the payload is data, not a Jinja template.
-        self.json = alert(context)
+        self.json = alert(context, self.runbook_dag_id)
         super().notify(context)
 
 
 class KafkaEosEmailNotifier(SmtpNotifier):
     """Mail the alert through the ``kafka_eos_alerts_smtp`` connection, to its extra's ``to``."""
 
-    def __init__(self, *, smtp_conn_id: str = SMTP_CONN_ID, **kwargs: Any) -> None:
+    def __init__(self, *, smtp_conn_id: str = SMTP_CONN_ID, runbook_dag_id: str = RUNBOOK_DAG_ID,
+                 **kwargs: Any) -> None:
         super().__init__(to=[], smtp_conn_id=smtp_conn_id, **kwargs)
+        self.runbook_dag_id = runbook_dag_id
 
     def notify(self, context: Context) -> None:
         conn = connection_or_none(self.smtp_conn_id, self.log)
@@ -146,13 +168,13 @@ class KafkaEosEmailNotifier(SmtpNotifier):
             self.log.warning("kafka-eos alert not sent: connection %r has no 'to' in its extra", self.smtp_conn_id)
             return
         self.from_email = extra.get("from_email") or self.from_email or "kafka-eos@localhost"
-        a = alert(context)
+        a = alert(context, self.runbook_dag_id)
         self.subject = a["text"][:200]
         rows = "".join(
             f"<li><b>{html.escape(s['partition'])}</b>: LSO {s['lso']} &lt; HW {s['high_watermark']}, open "
             f"{s['open_for_s']} s, producer {s['producer_id']}, transactional.id "
             f"{html.escape(str(s['transactional_id']))} ({s['verdict']}). To abort it, trigger the DAG "
-            f"<code>{RUNBOOK_DAG_ID}</code> with <code>{html.escape(json.dumps(s['runbook']['conf']))}</code> "
+            f"<code>{html.escape(self.runbook_dag_id)}</code> with <code>{html.escape(json.dumps(s['runbook']['conf']))}</code> "
             f"(a dry run first), or run <code>{html.escape(s['abort'])}</code></li>" for s in a["stalls"])
         rows += "".join(
             f"<li><b>{html.escape(s['topic'])}-{s['partition']}</b> ({html.escape(s['pipeline'])}): the oldest "
@@ -169,7 +191,7 @@ class KafkaEosEmailNotifier(SmtpNotifier):
         super().notify(context)
 
 
-def failure_notifiers() -> list:
+def failure_notifiers(runbook_dag_id: str = RUNBOOK_DAG_ID) -> list:
     """What every kafka-eos DAG calls when a task fails: both channels (each sends only when its
-    connection exists)."""
-    return [KafkaEosWebhookNotifier(), KafkaEosEmailNotifier()]
+    connection exists), naming the abort runbook ``runbook_dag_id``."""
+    return [KafkaEosWebhookNotifier(runbook_dag_id=runbook_dag_id), KafkaEosEmailNotifier(runbook_dag_id=runbook_dag_id)]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 from typing import Any
 from urllib.parse import quote
 
@@ -46,14 +45,15 @@ _cache = None
 
 
 def _load():
-    """The Kafka settings (the ``kafka_eos_kafka`` connection, else the environment) and the specs
-    the DAGs are made from (``KAFKA_EOS_PIPELINES_DIR``, default include/pipelines/)."""
+    """The Kafka settings (``[kafka_eos] kafka_conn_id``) and the specs of ``[kafka_eos]
+    pipelines_folder`` (:mod:`kafka_eos_airflow.config`)."""
     from kafka_eos.overview.snapshot import one_line, unreadable_spec
     from kafka_eos.spec import load_spec, spec_paths
+    from kafka_eos_airflow import config
     from kafka_eos_airflow.hooks import KafkaEosHook
 
     specs, unreadable = [], []
-    for path in spec_paths():
+    for path in spec_paths(config.pipelines_folder()):
         try:
             specs.append(load_spec(str(path), import_transform=False))
         except Exception as exc:  # noqa: BLE001 - one bad spec hides no other: it gets a row with its error
@@ -65,9 +65,11 @@ def overview() -> dict:
     """The current snapshot (see :class:`~kafka_eos.overview.snapshot.CachedOverview`)."""
     global _cache
     if _cache is None:
-        from kafka_eos.overview.snapshot import CACHE_TTL_S, CachedOverview
+        from kafka_eos.overview.snapshot import CachedOverview
 
-        _cache = CachedOverview(_load, float(os.environ.get("KAFKA_EOS_PAGE_CACHE_S", CACHE_TTL_S)))
+        from kafka_eos_airflow.config import page_cache_seconds
+
+        _cache = CachedOverview(_load, page_cache_seconds())
     return _cache.get()
 
 

@@ -31,6 +31,7 @@ from kafka_eos.paths import spark_app
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec, load_spec
 
+from kafka_eos_airflow import config
 from kafka_eos_airflow.hooks import KafkaEosHook
 from kafka_eos_airflow.notes import ranges_text, set_run_note
 from kafka_eos_airflow.notifiers import send_alert
@@ -183,11 +184,11 @@ class _PipelineOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("pipeline", "kafka_conn_id")
 
-    def __init__(self, *, pipeline: str, kafka_conn_id: str = KafkaEosHook.default_conn_name,
+    def __init__(self, *, pipeline: str, kafka_conn_id: str | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pipeline = pipeline
-        self.kafka_conn_id = kafka_conn_id
+        self.kafka_conn_id = kafka_conn_id or config.kafka_conn_id()
 
 
 class KafkaEosPlanOperator(_PipelineOperator):
@@ -343,12 +344,12 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
 
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "pipeline", "kafka_conn_id")
 
-    def __init__(self, *, pipeline: str, kafka_conn_id: str = KafkaEosHook.default_conn_name,
-                 application: str = RUN_PIPELINE_APP, conn_id: str = "spark_default",
+    def __init__(self, *, pipeline: str, kafka_conn_id: str | None = None,
+                 application: str = RUN_PIPELINE_APP, conn_id: str | None = None,
                  name: str | None = None, **kwargs: Any) -> None:
-        super().__init__(application=application, conn_id=conn_id, name=name, **kwargs)
+        super().__init__(application=application, conn_id=conn_id or config.spark_conn_id(), name=name, **kwargs)
         self.pipeline = pipeline
-        self.kafka_conn_id = kafka_conn_id
+        self.kafka_conn_id = kafka_conn_id or config.kafka_conn_id()
 
     @staticmethod
     def plan_to_run(settings: KafkaSettings, spec: PipelineSpec, run_id: str) -> Plan:
@@ -361,9 +362,18 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
         stored_plan(settings, spec, run_id)  # the plan task ran: a plan is stored under this run
         return prepare_plan(spec, settings, run_id)
 
-    def execute(self, context: Context) -> None:
-        from kafka_eos.spark_io import local_master_conf, session_conf
+    def submit_conf(self, spec: PipelineSpec) -> dict[str, str]:
+        """What spark-submit gets as ``--conf``: kafka-eos's session settings (connector, interpreter,
+        loopback for a local master), the spec's ``spark:`` section over them, the operator's own
+        ``conf`` over both; the jar and package lists are joined (:func:`kafka_eos.spark_io.merged_conf`)."""
+        from kafka_eos.spark_io import local_master_conf, merged_conf, session_conf
 
+        # A local master keeps the driver on loopback, as the CLI's in-process runs do; on a
+        # cluster the executors must reach the driver at the address Spark picks.
+        ours = {**session_conf(), **local_master_conf(self._get_hook()._connection["master"])}
+        return merged_conf(merged_conf(ours, spec.spark_conf), self.conf or {})
+
+    def execute(self, context: Context) -> None:
         run_id = context["run_id"]
         with task_errors():
             options, spec = run_spec(self.pipeline, context)
@@ -378,9 +388,7 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
                 spec, plan, side_json = side.find(spec, settings, run_id)
             remote = self.connect_url()
             if not remote:
-                # A local master keeps the driver on loopback, as the CLI's in-process runs do; on a
-                # cluster the executors must reach the driver at the address Spark picks.
-                spark_conf = {**session_conf(), **local_master_conf(self._get_hook()._connection["master"])}
+                spark_conf = self.submit_conf(spec)
         if plan.is_empty:
             self.log.info("pipeline %s run %s: empty plan, nothing to read: Spark is not started",
                           spec.name, run_id)
@@ -392,7 +400,7 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
         self.log.info("pipeline %s run %s: %d partition(s), plan created at %s", spec.name, run_id,
                       len(plan.active), plan.created_at)
         self.name = self.name or f"kafka-eos-{spec.name}"
-        self.conf = {**spark_conf, **(self.conf or {})}
+        self.conf = spark_conf
         # A private folder (mode 0700): the plan, and the Kafka client settings in a file of
         # their own, which the environment only names.
         with tempfile.TemporaryDirectory(prefix="kafka-eos-plan-") as tmp:
@@ -423,7 +431,7 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
 
         self.log.info("pipeline %s run %s: %d partition(s) through Spark connection %r (Spark Connect)",
                       spec.name, plan.run_id, len(plan.active), self._conn_id)
-        spark = get_session(remote=remote)
+        spark = get_session(remote=remote, conf=spec.spark_conf)
         try:
             summary = run_batch(spark, spec, plan, settings)
         finally:
@@ -438,9 +446,10 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
         Kafka settings with their secrets in a file under ``folder`` (see
         :meth:`KafkaSettings.to_environ`). Nothing secret is in it: Airflow's Spark hook turns
         it into ``--conf`` arguments on YARN and Kubernetes masters."""
-        # The driver and its Python workers run kafka_eos's commit code: this interpreter.
-        return {**(self.env_vars or {}), "PYSPARK_PYTHON": sys.executable,
-                **settings.to_environ(folder / "kafka-client.json")}
+        # The driver and its Python workers run kafka_eos's commit code: this interpreter, unless
+        # the pipeline's or the operator's Spark settings name another (the executors' own).
+        python = (self.conf or {}).get("spark.pyspark.python", sys.executable)
+        return {**(self.env_vars or {}), "PYSPARK_PYTHON": python, **settings.to_environ(folder / "kafka-client.json")}
 
 
 class KafkaEosVerifyOperator(_PipelineOperator):

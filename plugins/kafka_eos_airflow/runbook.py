@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator, Param
 from airflow.sdk.exceptions import AirflowFailException
 
+from kafka_eos_airflow import config
 from kafka_eos_airflow.hooks import KafkaEosHook
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,14 +51,18 @@ class AbortTransactionOperator(BaseOperator):
     """Abort the open transaction named by the run's params (see :data:`PARAMS`). Returns what it
     found and, in a real run, the audit record.
 
-    :param kafka_conn_id: the ``kafka`` connection. (templated)
+    :param kafka_conn_id: the ``kafka`` connection; None: ``[kafka_eos] kafka_conn_id``. (templated)
+    :param pipelines_folder: the folder of the pipelines whose transactions it knows (whose
+        producer a transaction is); None: ``[kafka_eos] pipelines_folder``.
     """
 
     template_fields = ("kafka_conn_id",)
 
-    def __init__(self, *, kafka_conn_id: str = KafkaEosHook.default_conn_name, **kwargs: Any) -> None:
+    def __init__(self, *, kafka_conn_id: str | None = None, pipelines_folder: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.kafka_conn_id = kafka_conn_id
+        self.kafka_conn_id = kafka_conn_id or config.kafka_conn_id()
+        self.pipelines_folder = pipelines_folder
 
     def execute(self, context: Context) -> dict[str, Any]:
         from kafka_eos.errors import KafkaEosError
@@ -68,7 +73,7 @@ class AbortTransactionOperator(BaseOperator):
         topic, partition, start = params["topic"], int(params["partition"]), int(params["start_offset"])
         force, older_than = bool(params.get("force")), params.get("older_than_s")
         older_than = None if older_than is None else float(older_than)
-        specs = bundled_specs()
+        specs = bundled_specs(folder=self.pipelines_folder or config.pipelines_folder())
         try:
             settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
         except KafkaEosError as exc:

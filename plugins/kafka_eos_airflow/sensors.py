@@ -12,7 +12,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 
 from kafka_eos.health import watch_threshold_s
 
-from kafka_eos_airflow.hooks import KafkaEosHook
+from kafka_eos_airflow import config
 from kafka_eos_airflow.notifiers import HungTransactionsFound
 from kafka_eos_airflow.triggers import CommittedDataTrigger, HungTransactionTrigger
 
@@ -52,7 +52,7 @@ class HungTransactionSensor(BaseSensorOperator):
 
     def __init__(self, *, topics: Sequence[str] = (), pipelines: Sequence[str] = (),
                  older_than_s: float | None = None, healthy_for_s: float = 300.0,
-                 poll_interval_s: float = 30.0, kafka_conn_id: str = KafkaEosHook.default_conn_name,
+                 poll_interval_s: float = 30.0, kafka_conn_id: str | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.topics = list(topics)
@@ -60,7 +60,7 @@ class HungTransactionSensor(BaseSensorOperator):
         self.older_than_s = older_than_s
         self.healthy_for_s = healthy_for_s
         self.poll_interval_s = poll_interval_s
-        self.kafka_conn_id = kafka_conn_id
+        self.kafka_conn_id = kafka_conn_id or config.kafka_conn_id()
 
     def execute(self, context: Context) -> None:
         derived = [t for p in self.pipelines for t in pipeline_topics(p)]
@@ -118,11 +118,11 @@ class CommittedDataSensor(BaseSensorOperator):
     template_fields: Sequence[str] = ("pipeline", "kafka_conn_id")
 
     def __init__(self, *, pipeline: str, poll_interval_s: float = 30.0,
-                 kafka_conn_id: str = KafkaEosHook.default_conn_name, **kwargs: Any) -> None:
+                 kafka_conn_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pipeline = pipeline
         self.poll_interval_s = poll_interval_s
-        self.kafka_conn_id = kafka_conn_id
+        self.kafka_conn_id = kafka_conn_id or config.kafka_conn_id()
 
     def execute(self, context: Context) -> None:
         timeout_s = float(self.timeout)

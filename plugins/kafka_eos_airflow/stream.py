@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseHook, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowNotFoundException
 
+from kafka_eos_airflow import config
 from kafka_eos_airflow.hooks import KafkaEosHook
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -46,13 +47,13 @@ class KafkaEosStreamOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("pipeline", "kafka_conn_id", "interval_s")
 
-    def __init__(self, *, pipeline: str, kafka_conn_id: str = KafkaEosHook.default_conn_name,
+    def __init__(self, *, pipeline: str, kafka_conn_id: str | None = None,
                  interval_s: float | str = 1.0, until_caught_up: bool = False,
-                 spark_conn_id: str = "spark_default", **kwargs: Any) -> None:
+                 spark_conn_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pipeline = pipeline
-        self.kafka_conn_id = kafka_conn_id
-        self.spark_conn_id = spark_conn_id
+        self.kafka_conn_id = kafka_conn_id or config.kafka_conn_id()
+        self.spark_conn_id = spark_conn_id or config.spark_conn_id()
         self.interval_s = interval_s
         self.until_caught_up = until_caught_up
         self._proc: subprocess.Popen | None = None

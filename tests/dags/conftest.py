@@ -178,9 +178,11 @@ def airflow_deployment(kafka_settings, free_ports, postgres_url):
     (home / "dags").mkdir()
     (home / "specs").mkdir()
     write_specs_dag_file(home / "dags", home / "specs", "kafka_eos_deployed.py")
-    # The operator page shows the pipelines of the specs folder.
-    environ = {**connections_environ(kafka_settings, "local[2]"), "KAFKA_EOS_PIPELINES_DIR": str(home / "specs"),
-               "KAFKA_EOS_PAGE_CACHE_S": "1"}
+    # The operator page, the runbook and the watchdog read the pipelines of the specs folder from
+    # Airflow's own configuration, as in a deployment (no KAFKA_EOS_PIPELINES_DIR).
+    environ = {**connections_environ(kafka_settings, "local[2]"),
+               "AIRFLOW__KAFKA_EOS__PIPELINES_FOLDER": str(home / "specs"),
+               "AIRFLOW__KAFKA_EOS__PAGE_CACHE_SECONDS": "1"}
     deployment = LocalAirflow(home / "home", free_ports(1), home / "dags", environ,
                               database_url=postgres_url.rsplit("/", 1)[0] + f"/{database}")
     deployment.start()

@@ -1,6 +1,6 @@
 """docs/first-pipeline.md, followed literally: its ``bash`` blocks run in order, in an empty folder
-outside the repository, with the wheel built from this checkout and the pinned requirements in a
-fresh virtualenv, against the session's broker. Then what the guide promises is checked: the
+outside the repository, with the wheel built from this checkout installed into a fresh virtualenv at
+the tested pins (requirements.txt as constraints), against the session's broker. Then what the guide promises is checked: the
 pipeline's output holds every valid record once and the bad one as a dead letter, the checkpoint
 is at the source's end, and the guide's Airflow, still running before its last block stops it,
 shows the provider, its plugin and the DAGs through the REST API its UI reads.
@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import zipfile
 from collections import Counter
 from pathlib import Path
@@ -24,6 +23,7 @@ from kafka_eos import kafka_admin
 from kafka_eos.local.airflow import LocalAirflow
 from kafka_eos.readers import read_committed
 from waiting import wait_until
+from wheel_build import build_wheel
 
 pytestmark = pytest.mark.integration
 
@@ -71,13 +71,11 @@ def test_the_first_pipeline_guide_runs_as_written(tmp_path_factory, kafka_settin
     work = tmp_path_factory.mktemp("first-pipeline")
     project, state = work / "project", work / "state"
     project.mkdir()
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(work / "dist"), str(ROOT)],
-                   check=True, timeout=600)
-    (wheel,) = (work / "dist").glob("kafka_eos-*.whl")
+    wheel = build_wheel(work)
     packages = {name.rsplit("/", 1)[0] for name in zipfile.ZipFile(wheel).namelist() if name.endswith(".py")}
     assert {"kafka_eos", "kafka_eos/local", "kafka_eos/health", "kafka_eos/stream", "kafka_eos/backfill",
             "kafka_eos/overview", "kafka_eos/sinks", "kafka_eos_airflow", "spark_apps", "spark_apps/transforms"} <= packages
-    assert not {"kafka_eos/bench", "kafka_eos/chaos"} & packages  # the repository's, not the runtime's
+    assert not {"kafka_eos/bench", "kafka_eos/chaos", "kafka_eos/soak"} & packages  # the repository's, not the runtime's
     shutil.copy(wheel, project)
     shutil.copy(ROOT / "requirements.txt", project)
     _forget_the_guides_pipeline(kafka_settings)

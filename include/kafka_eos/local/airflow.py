@@ -134,6 +134,9 @@ class LocalAirflow:
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
             # Spark binds to the loopback address too.
             "SPARK_LOCAL_IP": HOST,
+            # A local Airflow of kafka-eos's own: where the Kafka connection is not defined, the
+            # local broker (KAFKA_BOOTSTRAP_SERVERS, else 127.0.0.1:19092) stands in.
+            "AIRFLOW__KAFKA_EOS__LOCAL_BROKER_FALLBACK": "True",
             # Tasks write their run's note through the REST API, as the admin.
             f"AIRFLOW_CONN_{API_CONN_ID.upper()}": json.dumps({
                 "conn_type": "http", "host": HOST, "port": self.port, "schema": "http", "login": ADMIN,

@@ -168,9 +168,9 @@ class World:
         write_all_dags_file(dags, self.specs_dir)
         environ = {
             **connections_environ(self.settings, spark_remote=self.connect.url),
-            "KAFKA_EOS_PIPELINES_DIR": str(self.specs_dir), SQL_URL_VAR: self.sql_url,
+            "AIRFLOW__KAFKA_EOS__PIPELINES_FOLDER": str(self.specs_dir), SQL_URL_VAR: self.sql_url,
             # The operator page's figures are read fresh for the audit.
-            "KAFKA_EOS_PAGE_CACHE_S": "1",
+            "AIRFLOW__KAFKA_EOS__PAGE_CACHE_SECONDS": "1",
             "AIRFLOW_CONN_KAFKA_EOS_ALERTS_WEBHOOK": json.dumps({
                 "conn_type": "http", "host": "127.0.0.1", "port": self.inbox.port, "schema": "http"}),
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S),

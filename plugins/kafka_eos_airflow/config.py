@@ -1,0 +1,86 @@
+"""kafka-eos's configuration in Airflow: the ``[kafka_eos]`` section.
+
+Declared in the provider's ``get_provider_info()["config"]`` (:data:`OPTIONS`), so ``airflow config
+list`` shows it with its defaults and ``AIRFLOW__KAFKA_EOS__<OPTION>`` sets it like any Airflow
+option. The DAG factory, the operators, the triggers, the operator page and the runbook read it
+here; the ``kafka-eos`` command outside Airflow keeps its environment variables
+(docs/configuration.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+SECTION = "kafka_eos"
+
+#: The section's options, as Airflow's provider config schema wants them (string defaults).
+OPTIONS: dict[str, dict[str, Any]] = {
+    "pipelines_folder": {
+        "description": "The folder of the pipeline specs (*.yaml): the DAG factory's default, and what the "
+                       "operator page, the runbook and the owner check (no two pipelines share a consumer "
+                       "group) read. Empty: $KAFKA_EOS_PIPELINES_DIR, else ./pipelines.\n",
+        "version_added": "0.2.0", "type": "string", "example": "/opt/airflow/pipelines", "default": "",
+    },
+    "kafka_conn_id": {
+        "description": "The Airflow connection of the Kafka cluster, of type kafka (the format of "
+                       "apache-airflow-providers-apache-kafka: bootstrap.servers and client settings in the "
+                       "extra JSON). Set it to kafka_default to share that provider's connection. A connection "
+                       "named here that does not exist fails the task, naming it.\n",
+        "version_added": "0.2.0", "type": "string", "example": "kafka_default", "default": "kafka_eos_kafka",
+    },
+    "spark_conn_id": {
+        "description": "The Airflow connection spark-submit uses (type spark: master, deploy mode, queue), or "
+                       "a spark_connect connection for Spark Connect runs.\n",
+        "version_added": "0.2.0", "type": "string", "example": "spark_yarn", "default": "spark_default",
+    },
+    "local_broker_fallback": {
+        "description": "Where the Kafka connection is not defined, use $KAFKA_BOOTSTRAP_SERVERS or the "
+                       "embedded local broker (127.0.0.1:19092) instead of failing. `kafka-eos airflow start` "
+                       "and the demo turn it on; leave it off in a deployment.\n",
+        "version_added": "0.2.0", "type": "boolean", "example": None, "default": "False",
+    },
+    "page_cache_seconds": {
+        "description": "How long the operator page (Browse > Kafka pipelines) reuses one read of the "
+                       "cluster.\n",
+        "version_added": "0.2.0", "type": "float", "example": None, "default": "5",
+    },
+}
+
+#: What :func:`kafka_eos_airflow.get_provider_info` returns under ``config``.
+PROVIDER_CONFIG = {SECTION: {"description": "kafka-eos: exactly-once Kafka -> Spark pipelines.\n",
+                             "options": OPTIONS}}
+
+
+def _get(option: str) -> str:
+    from airflow.configuration import conf
+
+    return conf.get(SECTION, option, fallback=OPTIONS[option]["default"])
+
+
+def pipelines_folder() -> Path:
+    """``[kafka_eos] pipelines_folder``; empty: :func:`kafka_eos.paths.pipelines_dir` (its
+    environment variable, else ./pipelines)."""
+    from kafka_eos.paths import pipelines_dir
+
+    return Path(_get("pipelines_folder").strip() or pipelines_dir())
+
+
+def kafka_conn_id() -> str:
+    """``[kafka_eos] kafka_conn_id``."""
+    return _get("kafka_conn_id") or OPTIONS["kafka_conn_id"]["default"]
+
+
+def spark_conn_id() -> str:
+    """``[kafka_eos] spark_conn_id``."""
+    return _get("spark_conn_id") or OPTIONS["spark_conn_id"]["default"]
+
+
+def local_broker_fallback() -> bool:
+    """``[kafka_eos] local_broker_fallback``."""
+    return _get("local_broker_fallback").strip().lower() in ("true", "1", "t", "yes", "on")
+
+
+def page_cache_seconds() -> float:
+    """``[kafka_eos] page_cache_seconds``."""
+    return float(_get("page_cache_seconds"))

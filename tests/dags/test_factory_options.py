@@ -1,0 +1,248 @@
+"""What a team sets on the DAGs the factory makes (:class:`kafka_eos_airflow.dag_factory.DagOptions`),
+the ``[kafka_eos]`` configuration section, the Kafka connection shared with the Kafka provider, and a
+spec's ``spark:`` section reaching spark-submit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from kafka_eos.spec import parse_spec, spec_document
+
+ORDERS = {"source": {"topics": ["orders"]}, "sink": {"kind": "kafka", "topic": "orders.out"}}
+
+
+def _folder(path, **specs):
+    """A pipelines folder holding one spec per keyword (name -> extra spec fields)."""
+    path.mkdir(exist_ok=True)
+    for name, extra in specs.items():
+        spec = parse_spec({"name": name, "source": {"topics": [f"{name}.in"]},
+                           "sink": {"kind": "kafka", "topic": f"{name}.out"}, "schedule": "*/5 * * * *", **extra},
+                          str(path / f"{name}.yaml"))
+        (path / f"{name}.yaml").write_text(yaml.safe_dump(spec_document(spec)))
+    return path
+
+
+def test_the_factory_options_shape_every_dag_and_two_folders_never_collide(tmp_path):
+    from airflow.providers.smtp.notifications.smtp import SmtpNotifier
+
+    from kafka_eos_airflow.dag_factory import kafka_eos_dags
+    from kafka_eos_airflow.notifiers import KafkaEosEmailNotifier, KafkaEosWebhookNotifier
+
+    theirs = SmtpNotifier(to="payments-oncall@example.com", subject="{{ ti.dag_id }} failed")
+    pay = _folder(tmp_path / "payments", charges={}, refunds={})
+    dags = kafka_eos_dags(pay, dag_id_prefix="payments__", default_args={"owner": "payments", "retries": 5},
+                          tags=["team-payments"], pool="spark", queue="spark_workers", notifiers=[theirs],
+                          stream_dags=lambda spec: spec.name == "charges", dag_kwargs={"max_active_tasks": 2})
+    assert sorted(dags) == ["payments__kafka_eos__charges", "payments__kafka_eos__refunds",
+                            "payments__kafka_eos_runbook_abort_transaction", "payments__kafka_eos_stream__charges",
+                            "payments__kafka_eos_watchdog"]
+    for dag_id, dag in dags.items():
+        assert dag.dag_id == dag_id
+        assert "team-payments" in dag.tags and "kafka-eos" in dag.tags
+        assert dag.max_active_tasks == 2
+        for task in dag.tasks:
+            assert task.owner == "payments", (dag_id, task.task_id)
+            callbacks = task.on_failure_callback
+            assert [type(c) for c in callbacks] == [KafkaEosWebhookNotifier, KafkaEosEmailNotifier, SmtpNotifier]
+            assert callbacks[2] is theirs
+            # The bundled alerts name this prefix's runbook.
+            assert {c.runbook_dag_id for c in callbacks[:2]} == {"payments__kafka_eos_runbook_abort_transaction"}
+    pipeline = dags["payments__kafka_eos__charges"]
+    assert {t.task_id: (t.pool, t.queue, t.retries) for t in pipeline.tasks} == {
+        "plan": ("default_pool", "default", 5), "spark": ("spark", "spark_workers", 5),
+        "verify": ("default_pool", "default", 5)}
+    (stream,) = dags["payments__kafka_eos_stream__charges"].tasks
+    assert (stream.pool, stream.queue) == ("spark", "spark_workers")
+    watchdog = dags["payments__kafka_eos_watchdog"]
+    assert {t.task_id: t.retries for t in watchdog.tasks} == {"hung_transactions": 0, "freshness": 0,
+                                                              "refresh_checkpoints": 0}
+    assert {tuple(t.pipelines) for t in watchdog.tasks} == {(str(pay / "charges.yaml"), str(pay / "refunds.yaml"))}
+    (abort,) = dags["payments__kafka_eos_runbook_abort_transaction"].tasks
+    assert (abort.pipelines_folder, abort.retries) == (str(pay), 0)
+
+    # A second folder, another prefix: no DAG id in common; no stream DAGs where they are off.
+    other = kafka_eos_dags(_folder(tmp_path / "risk", scores={}), dag_id_prefix="risk__", stream_dags=False)
+    assert sorted(other) == ["risk__kafka_eos__scores", "risk__kafka_eos_runbook_abort_transaction",
+                             "risk__kafka_eos_watchdog"]
+    assert not set(other) & set(dags)
+    # Without options: kafka-eos's own defaults, the bundled notifiers only.
+    plain = kafka_eos_dags(pay)
+    assert "kafka_eos__charges" in plain and "kafka_eos_stream__refunds" in plain
+    (task,) = [t for t in plain["kafka_eos__charges"].tasks if t.task_id == "spark"]
+    assert (task.owner, task.retries, task.pool) == ("kafka-eos", 2, "default_pool")
+    assert [type(c) for c in task.on_failure_callback] == [KafkaEosWebhookNotifier, KafkaEosEmailNotifier]
+
+
+def test_the_configuration_section_is_the_providers_and_is_read_from_airflows_config(tmp_path, monkeypatch):
+    from airflow.configuration import conf
+
+    from kafka_eos_airflow import config, get_provider_info
+    from kafka_eos_airflow.dag_factory import kafka_eos_dags
+    from kafka_eos_airflow.hooks import KafkaEosHook
+
+    options = get_provider_info()["config"]["kafka_eos"]["options"]
+    assert {"pipelines_folder", "kafka_conn_id", "spark_conn_id", "local_broker_fallback",
+            "page_cache_seconds"} <= set(options)
+    assert all(isinstance(o["default"], str) and o["description"] for o in options.values())
+
+    folder = _folder(tmp_path / "configured", configured={})
+    monkeypatch.setenv("AIRFLOW__KAFKA_EOS__PIPELINES_FOLDER", str(folder))
+    monkeypatch.setenv("AIRFLOW__KAFKA_EOS__KAFKA_CONN_ID", "kafka_default")
+    monkeypatch.setenv("AIRFLOW__KAFKA_EOS__SPARK_CONN_ID", "spark_yarn")
+    assert conf.get("kafka_eos", "pipelines_folder") == str(folder)
+    assert config.pipelines_folder() == folder
+    assert KafkaEosHook().kafka_conn_id == "kafka_default"
+    dags = kafka_eos_dags()  # no folder: the configured one
+    assert sorted(dags) == ["kafka_eos__configured", "kafka_eos_runbook_abort_transaction",
+                            "kafka_eos_stream__configured", "kafka_eos_watchdog"]
+    spark = dags["kafka_eos__configured"].get_task("spark")
+    assert (spark._conn_id, spark.kafka_conn_id) == ("spark_yarn", "kafka_default")
+    assert dags["kafka_eos_stream__configured"].get_task("stream").spark_conn_id == "spark_yarn"
+    # The operator page and the runbook read the same setting.
+    from kafka_eos_airflow.operator_page import _load  # noqa: F401 - importable where the API server runs
+    from kafka_eos_airflow.runbook import AbortTransactionOperator
+
+    assert AbortTransactionOperator(task_id="abort").kafka_conn_id == "kafka_default"
+
+
+def test_a_named_connection_that_does_not_exist_is_an_error_naming_it(monkeypatch):
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    from kafka_eos_airflow.hooks import KafkaEosHook
+
+    monkeypatch.setenv("AIRFLOW__KAFKA_EOS__LOCAL_BROKER_FALLBACK", "False")
+    monkeypatch.delenv("AIRFLOW_CONN_KAFKA_PROD", raising=False)
+    with pytest.raises(AirflowNotFoundException, match=r"^Kafka connection 'kafka_prod' is not defined: define it "
+                                                       r"\(type kafka, extra \{\"bootstrap.servers\""):
+        KafkaEosHook("kafka_prod").get_settings()
+    # Where the local Airflow turned the fallback on, the local broker stands in.
+    monkeypatch.setenv("AIRFLOW__KAFKA_EOS__LOCAL_BROKER_FALLBACK", "True")
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+    assert KafkaEosHook("kafka_prod").get_settings().bootstrap_servers == "127.0.0.1:1"
+
+
+@pytest.mark.integration
+def test_one_kafka_connection_serves_both_kafka_providers(kafka_settings, monkeypatch, unique):
+    """A ``kafka_default`` as apache-airflow-providers-apache-kafka writes it (a consumer's
+    ``group.id`` and offsets settings included): the Kafka provider produces through it, kafka-eos
+    reads through it, and its consumer settings never reach kafka-eos's clients."""
+    from airflow.providers.apache.kafka.hooks.produce import KafkaProducerHook
+    from airflow.sdk.exceptions import AirflowException
+
+    from kafka_eos import kafka_admin
+    from kafka_eos.readers import read_committed
+    from kafka_eos_airflow.hooks import KafkaEosHook, settings_from_connection
+
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps({"conn_type": "kafka", "extra": {
+        "bootstrap.servers": kafka_settings.bootstrap_servers, "group.id": "their-app", "enable.auto.commit": True,
+        "auto.offset.reset": "earliest", "socket.keepalive.enable": True}}))
+    monkeypatch.setenv("AIRFLOW__KAFKA_EOS__KAFKA_CONN_ID", "kafka_default")
+    monkeypatch.setenv("AIRFLOW__KAFKA_EOS__LOCAL_BROKER_FALLBACK", "False")
+    topic = f"shared-{unique}"
+    kafka_admin.create_topics(kafka_settings, {topic: 1})
+    producer = KafkaProducerHook(kafka_config_id="kafka_default").get_producer()
+    producer.produce(topic, value=b"through the Kafka provider")
+    assert producer.flush(30) == 0
+
+    settings = KafkaEosHook().get_checked_settings()
+    assert settings.bootstrap_servers == kafka_settings.bootstrap_servers
+    assert dict(settings.extra) == {"socket.keepalive.enable": "true"}  # JSON true as librdkafka spells it
+    assert [m.value for m in read_committed(settings, topic)] == [b"through the Kafka provider"]
+
+    from airflow.sdk import Connection
+
+    callback = Connection(conn_id="kafka_cb", conn_type="kafka", extra=json.dumps({
+        "bootstrap.servers": "b:9092", "oauth_cb": "my_company.kafka.auth.oauth_cb"}))
+    with pytest.raises(AirflowException, match=r"^connection 'kafka_cb': extra sets oauth_cb: kafka-eos passes the "
+                                               r"connection to Spark's and kafka-python's clients too"):
+        settings_from_connection(callback)
+
+
+def test_a_specs_spark_section_reaches_spark_submit(tmp_path, monkeypatch):
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    from kafka_eos.spark_io import connector_conf
+    from kafka_eos_airflow.operators import KafkaEosSparkSubmitOperator
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_TEAM", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    spec = parse_spec({**ORDERS, "name": "sized", "spark": {
+        "spark.executor.memory": "3g", "spark.dynamicAllocation.enabled": True,
+        "spark.jars.packages": ["org.example:udfs:1.0"], "spark.pyspark.python": "/opt/team/bin/python"}},
+        str(tmp_path / "sized.yaml"))
+    op = KafkaEosSparkSubmitOperator(task_id="spark", pipeline=spec.path, conn_id="spark_team",
+                                     conf={"spark.executor.cores": "2", "spark.executor.memory": "4g"})
+    conf = op.submit_conf(spec)
+    # The operator's own conf over the spec's, the spec's over kafka-eos's; package lists joined.
+    assert (conf["spark.executor.memory"], conf["spark.executor.cores"]) == ("4g", "2")
+    assert conf["spark.dynamicAllocation.enabled"] == "true"
+    assert conf["spark.pyspark.python"] == "/opt/team/bin/python"  # the user's interpreter, not ours
+    ours = connector_conf()
+    key = "spark.jars" if "spark.jars" in ours else "spark.jars.packages"
+    assert conf[key].startswith(ours[key])
+    assert conf["spark.jars.packages"].endswith("org.example:udfs:1.0")
+    op.conf = conf
+    assert op.spark_environ(type("S", (), {"to_environ": lambda self, f: {}})(), tmp_path)["PYSPARK_PYTHON"] == \
+        "/opt/team/bin/python"
+    command = SparkSubmitHook(conf=conf, conn_id="spark_team")._build_spark_submit_command("run_pipeline.py")
+    assert "spark.executor.memory=4g" in command and "spark.dynamicAllocation.enabled=true" in command
+
+    with pytest.raises(Exception, match=r"sized.yaml: spark: 'executor.memory': not a Spark setting"):
+        parse_spec({**ORDERS, "name": "sized", "spark": {"executor.memory": "3g"}}, str(tmp_path / "sized.yaml"))
+
+
+ALERTS_DAG = '''
+from datetime import datetime
+from airflow.providers.http.notifications.http import HttpNotifier
+from airflow.sdk import DAG, task
+from kafka_eos_airflow.dag_factory import DagOptions
+from kafka_eos_airflow.operators import KafkaEosPlanOperator
+
+# An Airflow notifier of the HTTP provider's own, templated: the only channel of these DAGs.
+options = DagOptions(bundled_notifiers=False, notifiers=[HttpNotifier(
+    http_conn_id="kafka_eos_alerts_webhook", endpoint="/theirs",
+    json={{"said": "{{{{ kafka_eos_alert.text if kafka_eos_alert is defined else 'failed: ' ~ exception }}}}"}})])
+
+with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
+         default_args=options.args(retries=0)) as dag:
+    @task
+    def boom():
+        raise ValueError("boom")
+
+    KafkaEosPlanOperator(task_id="plan", pipeline={pipeline!r}) >> boom()
+'''
+
+
+@pytest.mark.integration
+def test_an_airflow_notifier_of_the_teams_gets_the_alerts_and_the_failures(run_dag, kafka_settings, alert_receivers,
+                                                                           tmp_path, unique):
+    from confluent_kafka import Producer, TopicPartition
+
+    from kafka_eos import kafka_admin
+
+    topic = f"in-{unique}"
+    kafka_admin.create_topics(kafka_settings, {topic: 1, f"out-{unique}": 1})
+    spec = parse_spec({"name": unique, "source": {"topics": [topic], "on_data_loss": "skip"},
+                       "sink": {"kind": "kafka", "topic": f"out-{unique}"}}, "p.yaml")
+    path = tmp_path / f"{unique}.yaml"
+    path.write_text(yaml.safe_dump(spec_document(spec)))
+    producer = Producer(kafka_settings.client_config())
+    for _ in range(6):
+        producer.produce(topic, value=b"order", partition=0)
+    assert producer.flush(30) == 0
+    kafka_admin.alter_group_offsets(kafka_settings, f"kafka-eos.{unique}", {(topic, 0): 1})
+    admin = kafka_admin.admin_client(kafka_settings)
+    admin.delete_records([TopicPartition(topic, 0, 4)])[TopicPartition(topic, 0, 4)].result(30)
+
+    dag_id = f"theirs_{unique.replace('-', '_')}"
+    dag_run = run_dag(dag_id, ALERTS_DAG.format(dag_id=dag_id, pipeline=str(path)))
+    assert {ti.task_id: ti.state for ti in dag_run.get_task_instances()} == {"plan": "success", "boom": "failed"}
+    bodies, mails = alert_receivers
+    assert mails == []  # the bundled notifiers are off
+    said = sorted(body["said"] for endpoint, _type, body in bodies if endpoint == "/theirs")
+    assert len(bodies) == 2 and len(said) == 2, bodies
+    assert said[0] == "failed: boom"
+    assert said[1].startswith(f"kafka-eos: {dag_id} / plan reports (run manual__")
+    assert f"{topic}-0 [1, 4)" in said[1]

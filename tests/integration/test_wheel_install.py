@@ -1,0 +1,141 @@
+"""The wheel in an estate that already runs Airflow: a fresh virtualenv holding only Apache Airflow
+(the tested version), then ``pip install kafka_eos-*.whl`` with no requirements or constraints file,
+so pip's resolver takes what the wheel declares. Then, as the adopter would: the provider imports
+and Airflow lists it, ``airflow config list`` shows the ``[kafka_eos]`` section, a DAG file of the
+user's own over a folder made by ``kafka-eos new`` parses, and that pipeline's DAG runs end to end
+(``airflow dags test``, spark-submit included) on the session's broker, exactly once.
+
+(The same wheel with the constraints file, requirements.txt, is installed by the first-pipeline
+guide's test.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from confluent_kafka import Producer
+
+from kafka_eos import kafka_admin
+from kafka_eos.readers import read_committed
+from wheel_build import ROOT, build_wheel
+
+pytestmark = pytest.mark.integration
+
+
+def _tested_airflow() -> str:
+    """The Airflow version the pins hold (requirements.txt)."""
+    (version,) = re.findall(r"^apache-airflow==(\S+)$", (ROOT / "requirements.txt").read_text(), flags=re.M)
+    return version
+
+
+def _run(command: list[str], env: dict, cwd: Path, timeout: int = 600) -> str:
+    """The command's stdout and stderr, one after the other; it must exit 0."""
+    done = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{' '.join(command)}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def airflow_only(tmp_path_factory):
+    """A virtualenv with Apache Airflow only, then the wheel: (venv bin folder, work folder)."""
+    work = tmp_path_factory.mktemp("wheel-install")
+    wheel = build_wheel(work)
+    venv = work / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile", "--disable-pip-version-check"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_CONSTRAINT", "PIP_REQUIRE"))}
+    _run([*pip, f"apache-airflow=={_tested_airflow()}"], env, work, timeout=900)
+    _run([*pip, str(wheel)], env, work, timeout=900)
+    return venv / "bin", work
+
+
+def test_the_wheel_runs_a_pipeline_in_an_airflow_only_environment(airflow_only, kafka_settings):
+    bin_dir, work = airflow_only
+    project, home = work / "project", work / "airflow"
+    project.mkdir()
+    (work / "dags").mkdir()
+    name = f"wheel_{uuid.uuid4().hex[:8]}"
+    venv_path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if not p.startswith(str(ROOT)))
+    env = {k: v for k, v in os.environ.items()
+           if k in ("HOME", "LANG", "LC_ALL", "JAVA_HOME", "TMPDIR", "SPARK_SUBMIT_OPTS")}
+    env.update({
+        "PATH": f"{bin_dir}{os.pathsep}{venv_path}", "SPARK_LOCAL_IP": "127.0.0.1",
+        "KAFKA_EOS_HOME": str(work / "state"), "KAFKA_BOOTSTRAP_SERVERS": kafka_settings.bootstrap_servers,
+        "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(work / "dags"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        # The adopter's configuration: kafka-eos's section, its connections.
+        "AIRFLOW__KAFKA_EOS__PIPELINES_FOLDER": str(project / "pipelines"),
+        "AIRFLOW_CONN_KAFKA_EOS_KAFKA": json.dumps({"conn_type": "kafka", "extra": {
+            "bootstrap.servers": kafka_settings.bootstrap_servers}}),
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+    })
+
+    _run([str(bin_dir / "python"), "-c", "import kafka_eos_airflow.notifiers, kafka_eos_airflow.dag_factory, "
+          "kafka_eos_airflow.operator_page, kafka_eos_airflow.stream"], env, work)
+    providers = _json_out(_run([str(bin_dir / "airflow"), "providers", "list", "-o", "json"], env, work))
+    assert "kafka-eos" in {p["package_name"] for p in providers}
+    section = _run([str(bin_dir / "airflow"), "config", "list", "--section", "kafka_eos", "--show-values"], env, work)
+    assert "[kafka_eos]" in section and f"pipelines_folder = {project / 'pipelines'}" in section, section
+    assert "kafka_conn_id = kafka_eos_kafka" in section and "local_broker_fallback = False" in section, section
+
+    # The user's project: `kafka-eos new`, its Spark settings, topics, records; a DAG file of theirs.
+    _run([str(bin_dir / "kafka-eos"), "new", name], env, project)
+    spec_file = project / "pipelines" / f"{name}.yaml"
+    spec = yaml.safe_load(spec_file.read_text())
+    spec["spark"] = {"spark.sql.shuffle.partitions": 3, "spark.executor.memory": "1g"}
+    spec_file.write_text(yaml.safe_dump(spec))
+    _run([str(bin_dir / "kafka-eos"), "topics", "create", str(spec_file), "--yes"], env, project)
+    source = spec["source"]["topics"][0]
+    producer = Producer(kafka_settings.client_config(**{"transactional.id": f"{name}-sample"}))
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for i in range(20):
+        producer.produce(source, key=f"c{i}", value=json.dumps({"id": f"c{i}", "payload": "home"}))
+    producer.produce(source, value="not json")
+    producer.commit_transaction(30)
+    (work / "dags" / "pipelines.py").write_text(
+        "from kafka_eos_airflow.dag_factory import kafka_eos_dags\n\nglobals().update(kafka_eos_dags())\n")
+
+    _run([str(bin_dir / "airflow"), "db", "migrate"], env, work)
+    errors = _run([str(bin_dir / "airflow"), "dags", "list-import-errors", "-l", "-o", "json"], env, work)
+    assert _json_out(errors) == [], errors
+    listed = {d["dag_id"] for d in _json_out(_run([str(bin_dir / "airflow"), "dags", "list", "-l", "-o", "json"],
+                                                  env, work))}
+    assert {f"kafka_eos__{name}", f"kafka_eos_stream__{name}", "kafka_eos_watchdog",
+            "kafka_eos_runbook_abort_transaction"} <= listed, listed
+
+    out = _run([str(bin_dir / "airflow"), "dags", "test", f"kafka_eos__{name}"], env, work, timeout=900)
+    assert re.search(r"spark\.sql\.shuffle\.partitions=3", out), out[-3000:]  # the spec's `spark:` reached spark-submit
+    again = _run([str(bin_dir / "airflow"), "dags", "test", f"kafka_eos__{name}"], env, work, timeout=900)
+    assert "empty plan, nothing to read" in again, again[-3000:]
+
+    sink = spec["sink"]
+    assert Counter(json.loads(m.value)["id"] for m in read_committed(kafka_settings, sink["topic"])) == \
+        Counter(f"c{i}" for i in range(20))
+    assert [m.value for m in read_committed(kafka_settings, sink["dlq_topic"])] == [b"not json"]
+    partitions = kafka_admin.admin_client(kafka_settings).list_topics(source, timeout=30).topics[source].partitions
+    tps = [(source, p) for p in sorted(partitions)]
+    lso = kafka_admin.partition_offsets(kafka_settings, tps)
+    assert kafka_admin.committed_offsets(kafka_settings, spec["source"].get("group_id", f"kafka-eos.{name}"), tps) == \
+        {tp: lso[tp].lso for tp in tps}
+
+
+def _json_out(text: str):
+    """The JSON document an ``airflow ... -o json`` command printed among its log lines."""
+    decoder = json.JSONDecoder()
+    for line in text.splitlines():
+        if line.startswith(("[", "{")):
+            try:
+                return decoder.raw_decode(line)[0]
+            except json.JSONDecodeError:
+                continue  # a log line that starts with a bracket
+    raise AssertionError(f"no JSON in:\n{text[-3000:]}")

@@ -78,6 +78,9 @@ def airflow_env(settings: KafkaSettings) -> dict[str, str]:
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+        # The local broker stands in for a Kafka connection that is not defined (as in
+        # `kafka-eos airflow start`; off in a deployment).
+        "AIRFLOW__KAFKA_EOS__LOCAL_BROKER_FALLBACK": "True",
         "AIRFLOW_CONN_KAFKA_EOS_KAFKA": json.dumps(
             {"conn_type": "kafka", "extra": {"bootstrap.servers": settings.bootstrap_servers}}),
         "PYSPARK_PYTHON": sys.executable,

@@ -38,9 +38,9 @@ from airflow.sdk import DAG, CronDataIntervalTimetable, CronTriggerTimetable, Pa
 
 from kafka_eos.errors import SpecError
 from kafka_eos.spec import STREAM_SCHEDULE, PipelineSpec, check_owners, parse_spec, spec_paths
+from kafka_eos_airflow import config
 from kafka_eos_airflow.assets import source_asset
 from kafka_eos_airflow.checks import CheckpointRefreshOperator, FreshnessCheckOperator
-from kafka_eos_airflow import config
 from kafka_eos_airflow.notifiers import RUNBOOK_DAG_ID, failure_notifiers
 from kafka_eos_airflow.operators import (KafkaEosPlanOperator, KafkaEosSparkSubmitOperator,
                                          KafkaEosVerifyOperator)

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from airflow.sdk import BaseHook, Connection
-from airflow.sdk.exceptions import AirflowException, AirflowNotFoundException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowNotFoundException
 
 from kafka_eos.local.kafka import LocalBroker
 from kafka_eos.settings import KafkaSettings
@@ -29,6 +29,11 @@ APPLICATION_KEYS = ("group.id", "group.instance.id", "enable.auto.commit", "enab
                     "auto.offset.reset", "isolation.level", "transactional.id", "enable.idempotence")
 #: Callback settings: Python callables, which the Spark and kafka-python clients cannot take.
 CALLBACK_KEYS = ("error_cb", "throttle_cb", "stats_cb", "log_cb", "oauth_cb", "on_commit", "on_delivery")
+
+
+class ConnectionNotDefined(AirflowFailException, AirflowNotFoundException):
+    """The named Kafka connection does not exist: the task fails at once (a retry finds it missing
+    too), naming it."""
 
 
 def _setting(value: Any) -> str:
@@ -96,7 +101,7 @@ class KafkaEosHook(BaseHook):
         """The settings of the connection (or, with the fallback on and no connection, of the
         environment / embedded local broker).
 
-        :raises AirflowNotFoundException: no such connection (and no fallback), naming it.
+        :raises ConnectionNotDefined: no such connection (and no fallback), naming it.
         :raises AirflowException: the connection exists but has no ``bootstrap.servers``.
         :raises KafkaEosError: the fallback's ``KAFKA_EOS_CLIENT_CONFIG`` is not a JSON object.
         """
@@ -104,7 +109,7 @@ class KafkaEosHook(BaseHook):
             conn = self.get_connection(self.kafka_conn_id)
         except AirflowNotFoundException:
             if not config.local_broker_fallback():
-                raise AirflowNotFoundException(
+                raise ConnectionNotDefined(
                     f"Kafka connection {self.kafka_conn_id!r} is not defined: define it (type kafka, extra "
                     f'{{"{BOOTSTRAP_KEY}": "broker-1:9092", ...}}) or set [kafka_eos] kafka_conn_id to the one '
                     "you have (e.g. kafka_default)") from None

@@ -109,15 +109,16 @@ def test_the_configuration_section_is_the_providers_and_is_read_from_airflows_co
 
 
 def test_a_named_connection_that_does_not_exist_is_an_error_naming_it(monkeypatch):
-    from airflow.sdk.exceptions import AirflowNotFoundException
+    from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
     from kafka_eos_airflow.hooks import KafkaEosHook
 
     monkeypatch.setenv("AIRFLOW__KAFKA_EOS__LOCAL_BROKER_FALLBACK", "False")
     monkeypatch.delenv("AIRFLOW_CONN_KAFKA_PROD", raising=False)
     with pytest.raises(AirflowNotFoundException, match=r"^Kafka connection 'kafka_prod' is not defined: define it "
-                                                       r"\(type kafka, extra \{\"bootstrap.servers\""):
+                                                       r"\(type kafka, extra \{\"bootstrap.servers\"") as missing:
         KafkaEosHook("kafka_prod").get_settings()
+    assert isinstance(missing.value, AirflowFailException)  # no retries: a retry finds it missing too
     # Where the local Airflow turned the fallback on, the local broker stands in.
     monkeypatch.setenv("AIRFLOW__KAFKA_EOS__LOCAL_BROKER_FALLBACK", "True")
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")

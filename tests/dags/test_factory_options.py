@@ -107,6 +107,17 @@ def test_the_configuration_section_is_the_providers_and_is_read_from_airflows_co
 
     assert AbortTransactionOperator(task_id="abort").kafka_conn_id == "kafka_default"
 
+    # The owner check runs over the configured folder: a second spec taking the first one's group
+    # leaves neither with DAGs, and loading it (as a task does) names the other.
+    from kafka_eos.errors import SpecError
+    from kafka_eos.spec import load_spec
+
+    _folder(folder, taker={"source": {"topics": ["taker.in"], "group_id": "kafka-eos.configured"}})
+    assert [d for d in kafka_eos_dags() if "configured" in d or "taker" in d] == []
+    with pytest.raises(SpecError, match=r"taker.yaml: source.group_id: 'kafka-eos.configured' is also the group of "
+                                        r"pipeline 'configured'"):
+        load_spec(str(folder / "taker.yaml"), import_transform=False)
+
 
 def test_a_named_connection_that_does_not_exist_is_an_error_naming_it(monkeypatch):
     from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException

@@ -504,7 +504,7 @@ def cmd_new(args) -> int:
     spec = project / "pipelines" / f"{args.name}.yaml"
     print(f"next: kafka-eos topics create {spec}   (a dry run; --yes creates them)")
     print(f"      kafka-eos validate {spec}")
-    print(f"      kafka-eos run {spec}   (or KAFKA_EOS_PIPELINES_DIR={spec.parent.resolve()} for Airflow)")
+    print(f"      kafka-eos run {spec}   (in Airflow: [kafka_eos] pipelines_folder = {spec.parent.resolve()})")
     return 0
 
 
@@ -582,7 +582,8 @@ def _common_flags(parser: argparse.ArgumentParser, suppress: bool) -> None:
                              f"${CONNECT_TIMEOUT_ENV} sets how long to wait for an answer, 10 s by default)")
     parser.add_argument("-v", "--verbose", action="store_true", default=default if suppress else False,
                         help="also show librdkafka's and kafka-eos's log lines on stderr "
-                             "(they always go to .local/logs/kafka-eos.log)")
+                             "(they always go to logs/kafka-eos.log under KAFKA_EOS_HOME: .local/ in a checkout, "
+                             "~/.kafka-eos installed)")
 
 
 def _bounded(kind: type, least: float, words: str):

@@ -100,8 +100,8 @@ def alert(context: Context, runbook_dag_id: str = RUNBOOK_DAG_ID) -> dict[str, A
 
 
 def send_alert(context: Context, message: str, **details: list[dict[str, Any]]) -> None:
-    """Alert through every channel while the task goes on (a warning, not a failure): the task's
-    own failure callbacks (the DAG factory's notifiers, any Airflow notifier included); a task
+    """Alert through every channel while the task goes on (a warning, not a failure): the notifiers
+    among the task's failure callbacks (the DAG factory's, any Airflow notifier included); a task
     without any: the bundled two.
     An Airflow notifier of another provider finds the alert in its template context as
     ``kafka_eos_alert`` (``message``, ``details``, ``text``).
@@ -109,10 +109,14 @@ def send_alert(context: Context, message: str, **details: list[dict[str, Any]]) 
     :param message: one line: what happened and what it means.
     :param details: lists of dicts for the alert's ``stale`` / ``skipped`` / ``stalls``.
     """
+    from airflow.sdk import BaseNotifier
+
     task = context.get("task")
     callbacks = getattr(task, "on_failure_callback", None) if task is not None else None
     if callable(callbacks):
         callbacks = [callbacks]
+    # Notifiers only: a plain failure callback is for failures.
+    callbacks = [c for c in callbacks or [] if isinstance(c, BaseNotifier)]
     if not callbacks:  # a task built without any: the bundled channels, as for every kafka-eos DAG
         callbacks = failure_notifiers()
     sent = {"message": message, "details": details}

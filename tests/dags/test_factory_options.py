@@ -176,6 +176,7 @@ def test_one_kafka_connection_serves_both_kafka_providers(kafka_settings, monkey
 def test_a_specs_spark_section_reaches_spark_submit(tmp_path, monkeypatch):
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
+    from kafka_eos.settings import KafkaSettings
     from kafka_eos.spark_io import connector_conf
     from kafka_eos_airflow.operators import KafkaEosSparkSubmitOperator
 
@@ -196,8 +197,7 @@ def test_a_specs_spark_section_reaches_spark_submit(tmp_path, monkeypatch):
     assert conf[key].startswith(ours[key])
     assert conf["spark.jars.packages"].endswith("org.example:udfs:1.0")
     op.conf = conf
-    assert op.spark_environ(type("S", (), {"to_environ": lambda self, f: {}})(), tmp_path)["PYSPARK_PYTHON"] == \
-        "/opt/team/bin/python"
+    assert op.spark_environ(KafkaSettings("broker-1:9092"), tmp_path)["PYSPARK_PYTHON"] == "/opt/team/bin/python"
     command = SparkSubmitHook(conf=conf, conn_id="spark_team")._build_spark_submit_command("run_pipeline.py")
     assert "spark.executor.memory=4g" in command and "spark.dynamicAllocation.enabled=true" in command
 

@@ -87,7 +87,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	$(PY) -m pip install -q -c requirements.txt -r requirements-dev.txt -e ".[postgres]"
 	touch $@
 
-jars: $(JARS)/kafka/.resolved $(JARS)/spark/.resolved
+jars: $(JARS)/kafka/.resolved $(JARS)/spark/.resolved $(JARS)/registry/.resolved
 
 $(JARS)/kafka/.resolved: jvm/pom.xml
 	rm -rf $(JARS)/kafka
@@ -97,6 +97,16 @@ $(JARS)/kafka/.resolved: jvm/pom.xml
 $(JARS)/spark/.resolved: jvm/pom.xml
 	rm -rf $(JARS)/spark
 	$(MVN) -P spark dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=../$(JARS)/spark
+	touch $@
+
+# The Schema Registry (Apicurio Registry, from Maven Central): Quarkus's build step makes a runner
+# jar and its lib/ folder out of the registry's application jar (jvm/registry/pom.xml).
+$(JARS)/registry/.resolved: jvm/registry/pom.xml
+	rm -rf $(JARS)/registry jvm/registry/target
+	mvn -q -B -s jvm/settings.xml -f jvm/registry/pom.xml -DskipTests package
+	mkdir -p $(JARS)/registry
+	cp -r jvm/registry/target/lib jvm/registry/target/*-runner.jar $(JARS)/registry/
+	rm -rf jvm/registry/target
 	touch $@
 
 # The fault matrix: every scenario (brokers killed, terminated, stopped; the driver and executors

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = Plan.from_json(Path(args.plan).read_text(), args.plan)
     settings = KafkaSettings.from_environ(os.environ)
     spark = get_session(f"bench baseline {spec.name}", remote=args.spark_remote)
-    _source, results, _dead = transformed(spark, spec, plan, settings)
+    results = transformed(spark, spec, plan, settings).results
     dlq = spec.sink.dlq_topic or spec.sink.topic
     out = results.select(
         F.when(F.col(DLQ_REASON).isNull(), F.lit(spec.sink.topic)).otherwise(F.lit(dlq)).alias("topic"),

@@ -4,10 +4,11 @@ the Spark entry point and the tests all run the same code."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from kafka_eos.errors import SpecError
 from kafka_eos.manifest import COMMITTED, NOOP, ManifestStore, now_iso, run_key
@@ -17,7 +18,7 @@ from kafka_eos.spec import PipelineSpec
 from kafka_eos.transforms import DLQ_REASON
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
     from kafka_eos.sinks.sql import SqlSink
     from kafka_eos.txn import TransactionalCommit
@@ -77,26 +78,46 @@ def _range_rows(plan: Plan, counts: dict | None = None) -> list[dict]:
     return rows
 
 
-def transformed(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: KafkaSettings):
-    """The transform's output for the plan's non-empty ranges, or None when there are none.
+class Transformed(NamedTuple):
+    """What :func:`transformed` computed (lazily: Spark runs it when the sink reads it)."""
 
-    :returns: ``(source, results, dead_letters)``; for a one-DataFrame transform
-        ``dead_letters`` is None and the rows carry ``dlq_reason``.
+    #: Every source record (the SQL sink counts it).
+    source: "DataFrame | None"
+    results: "DataFrame | None"
+    #: A ``(results, dead_letters)`` transform's dead letters (else None: rows carry ``dlq_reason``).
+    dead_letters: "DataFrame | None"
+    #: Records that did not decode (two-pass runs of a formatted source): the sink writes them as
+    #: dead letters in the run's transaction.
+    undecodable: "DataFrame | None" = None
+
+
+def transformed(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
+                decoders: list | None = None, guard: bool = True) -> Transformed:
+    """The transform's output for the plan's non-empty ranges (all None when there are none).
+
+    :param decoders: how the source's key and value are decoded (:func:`kafka_eos.formats.source_decoders`).
+    :param guard: one pass: a record that does not decode fails the Spark job
+        (:data:`kafka_eos.formats.UNDECODABLE`); else two passes with ``undecodable`` set.
     """
     from pyspark.sql import DataFrame
 
+    from kafka_eos import formats
     from kafka_eos.spark_io import read_ranges
 
     if all(r.empty for r in plan.active):
-        return None, None, None
+        return Transformed(None, None, None)
     # Work committed on the driver reads in tasks of bounded size: the driver holds one at a time.
     split = spec.sink.kind == "sql" or spec.sink.commit == "atomic"
     source = read_ranges(spark, settings, plan.active, DRIVER_TASK_RECORDS if split else None)
+    undecodable = None
+    if decoders:
+        source, undecodable = formats.decoded(source, decoders, guard)
     out = spec.load_transform()(source)
+    counted = source if undecodable is None else formats.everything()
     if isinstance(out, DataFrame):
-        return source, out, None
+        return Transformed(counted, out, None, undecodable)
     if isinstance(out, tuple) and len(out) == 2 and all(isinstance(d, DataFrame) for d in out):
-        return source, out[0], out[1]
+        return Transformed(counted, out[0], out[1], undecodable)
     raise SpecError(f"{spec.path}: transform: {spec.transform} must return a DataFrame or "
                     f"(results, dead_letters), got {type(out).__name__}")
 
@@ -125,18 +146,42 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
     :param clients: long-lived clients to commit through (stream mode); None: this run's own.
     :param extra: more fields for the run's manifest record (a stream's progress).
     """
+    if plan.is_empty:
+        return RunSummary(spec.name, plan.run_id, "empty", spec.sink.kind, 0, 0, 0, 0, 0.0)
+    from kafka_eos import formats
+
     started = time.monotonic()
+    # The source's schemas, before Spark starts: a registry that does not answer fails the run here.
+    decoders = formats.source_decoders(spec, settings) if any(not r.empty for r in plan.active) else []
+    # A SQL sink reads its source more than once anyway (it is cached): two passes from the start.
+    guard = bool(decoders) and spec.sink.kind == "kafka"
+    try:
+        try:
+            return _run_batch(spark, spec, plan, settings, clients, extra, started, decoders, guard)
+        except Exception as exc:  # noqa: BLE001 - only the one-pass guard's failure is retried
+            if not (guard and formats.undecodable(exc)):
+                raise
+        print(f"kafka-eos: {plan.pipeline}: a record does not decode; computing the decoded records first, then "
+              "committing them and the dead letters", file=sys.stderr, flush=True)
+        return _run_batch(spark, spec, plan, settings, clients, extra, started, decoders, guard=False)
+    finally:
+        formats.release()
+
+
+def _run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
+               clients: BatchClients | None, extra: dict | None, started: float, decoders: list,
+               guard: bool) -> RunSummary:
+    """:func:`run_batch`, in one pass (``guard``) or in two."""
+    from kafka_eos import formats
+
     # Every run record in the manifest carries its plan: the latest record under the run's key
     # is what a retried task reuses (compaction keeps only that one).
     summary = {"pipeline": spec.name, "run_id": plan.run_id, "sink": spec.sink.kind,
                "started_at": now_iso(), "plan": asdict(plan),
                "skipped": [asdict(s) for s in plan.skipped], **(extra or {})}
-    if plan.is_empty:
-        return RunSummary(spec.name, plan.run_id, "empty", spec.sink.kind, 0, 0, 0, 0,
-                          round(time.monotonic() - started, 3))
     if spec.sink.kind == "kafka" and clients is None:
         check_transaction_timeout(spec, settings)
-    source, results, dead_letters = transformed(spark, spec, plan, settings)
+    source, results, dead_letters, undecodable = transformed(spark, spec, plan, settings, decoders, guard)
     producers: dict = {}
     if spec.sink.kind == "kafka":
         from kafka_eos.sinks import kafka as kafka_sink
@@ -154,6 +199,14 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
                             f"{DLQ_REASON}, not (results, dead_letters)")
         if results is not None:
             kafka_sink.check_output(results, spec)
+            # The output's schemas registered (or refused) before anything is written.
+            results = formats.encoded(results, formats.sink_encoders(spec, settings, results))
+        dead_batches = None
+        if undecodable is not None:
+            if spec.sink.commit == "atomic":
+                results = formats.with_dead_letters(results, undecodable)
+            else:
+                dead_batches = formats.dead_letter_batches(results, undecodable)
         if spec.sink.commit == "atomic":
             tally: Counter = Counter()
             commit = clients.atomic.use(plan.active, plan.planned_ms) if clients and clients.atomic else None
@@ -164,7 +217,8 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
             from kafka_eos.sinks import per_partition
 
             per = per_partition.write(results, spec, plan, settings,
-                                      keep=clients is not None and clients.keep_partition_commits)
+                                      keep=clients is not None and clients.keep_partition_commits,
+                                      dead=dead_batches)
             producers = dict(Counter(r.producer for r in per.values() if r.producer))
             counts = {tp: (r.records_out, r.dead_letters) for tp, r in per.items()}
             out = sum(r.records_out for r in per.values())
@@ -191,6 +245,8 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
             if missing:
                 record["counts_missing_for"] = missing
             ManifestStore.of(spec, settings).put(run_key(spec.name, plan.run_id), record)
+            if status != NOOP:  # the run's counts, the partitions an earlier attempt committed included
+                out, dead = run_out, run_dead
         records_in = out + dead
         if status == NOOP:
             counts = None  # an earlier attempt committed: this one counted nothing
@@ -204,7 +260,7 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
         try:
             records_in = source.count() if source is not None else 0
             res = sql_sink.write(results, dead_letters, spec, plan, settings, summary, records_in,
-                                 sink=clients.sql if clients else None)
+                                 sink=clients.sql if clients else None, undecodable=undecodable)
         finally:
             if source is not None:
                 source.unpersist()

@@ -37,13 +37,20 @@ def _settings(args) -> KafkaSettings:
     from kafka_eos.kafka_admin import check_reachable
 
     local = LocalBroker.default()
-    settings = KafkaSettings.from_environ(os.environ, args.bootstrap, local.bootstrap)
+    settings = KafkaSettings.from_environ(os.environ, args.bootstrap, local.bootstrap, _local_registry_url())
     named = args.bootstrap or os.environ.get(BOOTSTRAP_ENV)  # a cluster named is asked, whatever runs here
     if not named and not local.is_running():
         raise KafkaEosError(f"the local broker is not running: `kafka-eos kafka start` (or pass --bootstrap "
                             f"or set {BOOTSTRAP_ENV})")
     check_reachable(settings)
     return settings
+
+
+def _local_registry_url() -> str:
+    """The embedded registry's URL: where the CLI finds a Schema Registry when none is named."""
+    from kafka_eos.local.registry import LocalRegistry
+
+    return LocalRegistry.default().url
 
 
 def _spec(args, import_transform: bool = True) -> PipelineSpec:
@@ -135,7 +142,8 @@ def cmd_airflow(args) -> int:
 
     # Only a start needs the cluster to answer: stop and status work without it.
     airflow = LocalAirflow.default(_settings(args) if args.action == "start" else
-                                   KafkaSettings.from_environ(os.environ, args.bootstrap, LocalBroker.default().bootstrap))
+                                   KafkaSettings.from_environ(os.environ, args.bootstrap, LocalBroker.default().bootstrap,
+                                                              _local_registry_url()))
     if args.action == "start":
         Console().step(f"starting Airflow (api-server, scheduler, dag-processor, triggerer; state under {airflow.home})")
         print(f"{airflow.start()}  (login {ADMIN}, password in {airflow.home / 'simple_auth_manager_passwords.json.generated'})")
@@ -208,6 +216,23 @@ def cmd_spark(args) -> int:
             return 3
         print(f"{cluster.master_url}  ({len(workers)} worker(s) alive, "
               f"{sum(w['cores'] for w in workers)} core(s); UI {cluster.ui_url})")
+    return 0
+
+
+def cmd_registry(args) -> int:
+    from kafka_eos.local.registry import LocalRegistry
+
+    registry = LocalRegistry.default()
+    if args.action == "start":
+        Console().step(f"starting the local Schema Registry (Apicurio Registry; data and log under {registry.home})")
+        print(registry.start())
+    elif args.action == "stop":
+        print("stopped" if registry.stop() else "not running")
+    else:
+        if not registry.is_running():
+            print(f"not running ({registry.url})", file=sys.stderr)
+            return 3
+        print(registry.url)
     return 0
 
 
@@ -650,6 +675,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--connect", action="store_true",
                    help="a Spark Connect server instead (sc://127.0.0.1:15002, master local[2], under "
                         ".local/spark-connect): runs through it pay no JVM start (kafka-eos run --spark-remote)")
+    g = command("registry", cmd_registry, "the local Schema Registry (Apicurio Registry's Confluent-compatible API on "
+                                          "127.0.0.1:18081) under .local/registry (start, stop, status)")
+    g.add_argument("action", choices=["start", "stop", "status"])
     p = command("plan", cmd_plan, "the next plan of a pipeline, with no side effects", json_flag=True,
                 pipeline=True)
     p.add_argument("--run-id", help="plan as this run (default: 'next')")

@@ -85,3 +85,12 @@ class AbortFailed(KafkaEosError):
 
 class PipelineBusy(KafkaEosError):
     """A pipeline runs in one mode at a time: a stream owns it, or a batch run is in flight."""
+
+
+class RegistryError(KafkaEosError):
+    """The Schema Registry is unreachable, or refused or lacks what a pipeline needs; the run
+    fails before it writes anything."""
+
+
+class SchemaRefused(RegistryError):
+    """An output schema the subject's compatibility rule refuses: nothing was written."""

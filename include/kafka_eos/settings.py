@@ -30,6 +30,13 @@ CONNECT_TIMEOUT_ENV = "KAFKA_EOS_CONNECT_TIMEOUT_S"
 #: A reachable cluster answers metadata in milliseconds; 10 s rides out a slow DNS or TLS
 #: handshake and still tells a person about a wrong address before they give up waiting.
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
+#: Environment variable with the Schema Registry's URL (its Confluent-compatible API).
+REGISTRY_URL_ENV = "KAFKA_EOS_SCHEMA_REGISTRY_URL"
+#: Environment variable with the registry client's further settings as a JSON object
+#: (``basic.auth.user.info``, ``ssl.ca.location``, ``ssl.certificate.location`` ...: confluent-kafka's
+#: ``SchemaRegistryClient`` names); and one naming a file with it (secrets never in the environment).
+REGISTRY_CONFIG_ENV = "KAFKA_EOS_SCHEMA_REGISTRY_CONFIG"
+REGISTRY_CONFIG_FILE_ENV = "KAFKA_EOS_SCHEMA_REGISTRY_CONFIG_FILE"
 #: librdkafka's own log lines go to this Python logger instead of stderr (see kafka_eos.logs).
 CLIENT_LOGGER = logging.getLogger("kafka_eos.librdkafka")
 
@@ -41,6 +48,54 @@ _KAFKA_PYTHON_NAMES = {
     "ssl.ca.location": "ssl_cafile", "ssl.certificate.location": "ssl_certfile",
     "ssl.key.location": "ssl_keyfile", "ssl.key.password": "ssl_password",
 }
+
+
+@dataclass(frozen=True)
+class RegistrySettings:
+    """Where the Schema Registry is and how to talk to it (confluent-kafka's ``SchemaRegistryClient``).
+
+    :param url: the Confluent-compatible API's URL (``https://registry:8081``; Apicurio's is under
+        ``/apis/ccompat/v7``).
+    :param extra: further client settings: ``basic.auth.user.info`` (``user:password``),
+        ``ssl.ca.location``, ``ssl.certificate.location``, ``ssl.key.location`` ...
+    """
+
+    url: str
+    # Not in repr: it holds the basic-auth password.
+    extra: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    def client_config(self) -> dict:
+        return {"url": self.url, **self.extra}
+
+    def to_environ(self, config_file: Path) -> dict:
+        """Environment variables carrying these settings to a child process; ``extra`` goes to
+        ``config_file`` (created readable by its owner only)."""
+        env = {REGISTRY_URL_ENV: self.url}
+        if self.extra:
+            fd = os.open(config_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                json.dump(dict(self.extra), out)
+            env[REGISTRY_CONFIG_FILE_ENV] = str(config_file)
+        return env
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str], default_url: str | None = None) -> "RegistrySettings | None":
+        """The registry of the environment, else at ``default_url``; None when neither names one."""
+        url = environ.get(REGISTRY_URL_ENV) or default_url
+        if not url:
+            return None
+        extra = _json_object(environ.get(REGISTRY_CONFIG_ENV), REGISTRY_CONFIG_ENV)
+        path = environ.get(REGISTRY_CONFIG_FILE_ENV)
+        if path:
+            extra.update(_json_object(_read(path, REGISTRY_CONFIG_FILE_ENV), f"{REGISTRY_CONFIG_FILE_ENV} file {path}"))
+        return cls(url=url.rstrip("/"), extra={str(k): str(v) for k, v in extra.items()})
+
+
+def _read(path: str, env: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise KafkaEosError(f"{env}: cannot read {path}: {exc.strerror}") from None
 
 
 @dataclass(frozen=True)
@@ -57,6 +112,9 @@ class KafkaSettings:
     # Not in repr: it holds SASL passwords and the like, and reprs end up in logs and tracebacks.
     extra: Mapping[str, str] = field(default_factory=dict, repr=False)
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    #: The Schema Registry of the cluster's topics (pipelines whose ``format`` is avro, protobuf or
+    #: json_schema need it); None: none configured.
+    schema_registry: RegistrySettings | None = None
 
     def client_config(self, **overrides: object) -> dict:
         """The librdkafka configuration dict for confluent-kafka clients. Their log lines go to
@@ -125,11 +183,13 @@ class KafkaSettings:
             with os.fdopen(fd, "w") as out:
                 json.dump(dict(self.extra), out)
             env[CLIENT_CONFIG_FILE_ENV] = str(config_file)
+        if self.schema_registry is not None:
+            env.update(self.schema_registry.to_environ(config_file.with_name(config_file.stem + "-registry.json")))
         return env
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], bootstrap: str | None = None,
-                     default_bootstrap: str | None = None) -> "KafkaSettings":
+                     default_bootstrap: str | None = None, default_registry: str | None = None) -> "KafkaSettings":
         """Settings from an explicit ``bootstrap``, else the environment, else ``default_bootstrap``.
 
         :raises KafkaEosError: when no bootstrap servers are known or the extra config is not JSON.
@@ -140,11 +200,7 @@ class KafkaSettings:
         extra = _json_object(environ.get(CLIENT_CONFIG_ENV), CLIENT_CONFIG_ENV)
         path = environ.get(CLIENT_CONFIG_FILE_ENV)
         if path:
-            try:
-                text = Path(path).read_text()
-            except OSError as exc:
-                raise KafkaEosError(f"{CLIENT_CONFIG_FILE_ENV}: cannot read {path}: {exc.strerror}") from None
-            extra.update(_json_object(text, f"{CLIENT_CONFIG_FILE_ENV} file {path}"))
+            extra.update(_json_object(_read(path, CLIENT_CONFIG_FILE_ENV), f"{CLIENT_CONFIG_FILE_ENV} file {path}"))
         raw_timeout = environ.get(CONNECT_TIMEOUT_ENV)
         try:
             timeout = float(raw_timeout) if raw_timeout else DEFAULT_CONNECT_TIMEOUT_S
@@ -153,7 +209,8 @@ class KafkaSettings:
         if not timeout > 0:
             raise KafkaEosError(f"{CONNECT_TIMEOUT_ENV}: {raw_timeout!r} is not a positive number of seconds")
         return cls(bootstrap_servers=servers, extra={str(k): str(v) for k, v in extra.items()},
-                   connect_timeout_s=timeout)
+                   connect_timeout_s=timeout,
+                   schema_registry=RegistrySettings.from_environ(environ, default_registry))
 
 
 #: The Java client's OIDC client-credentials login (Kafka 3.4 and later; a JVM started with

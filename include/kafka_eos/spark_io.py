@@ -38,11 +38,12 @@ def connector_jars(environ=os.environ) -> list[str]:
 
 
 def connector_package() -> str:
-    """The Maven coordinates of Spark's Kafka connector matching the installed pyspark
-    (``org.apache.spark:spark-sql-kafka-0-10_2.13:<version>``), for ``spark.jars.packages``."""
+    """The Maven coordinates of Spark's Kafka connector and Avro functions matching the installed
+    pyspark (``org.apache.spark:spark-sql-kafka-0-10_2.13:<version>,...spark-avro...``), for
+    ``spark.jars.packages``."""
     from importlib.metadata import version
 
-    return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version('pyspark')}"
+    return ",".join(f"org.apache.spark:{name}_2.13:{version('pyspark')}" for name in ("spark-sql-kafka-0-10", "spark-avro"))
 
 
 def connector_conf(environ=os.environ) -> dict[str, str]:

@@ -38,6 +38,25 @@ class SourceSpec:
     #: Alert when the oldest committed record not yet processed is older than this (seconds);
     #: None: no freshness alert. Checked by the watchdog DAG (kafka_eos.health.backlog).
     freshness_limit_s: int | None = None
+    #: How the records' values and keys are encoded (docs/formats.md): ``json`` and ``raw`` hand the
+    #: transform the bytes (today's behaviour), ``string`` their UTF-8 text, ``avro``, ``protobuf`` and
+    #: ``json_schema`` (Confluent wire format, schemas in the Schema Registry) a decoded struct.
+    format: str = "json"
+    key_format: str = "raw"
+    #: The registry subject whose latest (or ``reader_version``) schema the values are decoded to;
+    #: None: ``{topic}-value`` of the first source topic (TopicNameStrategy).
+    subject: str | None = None
+    key_subject: str | None = None
+    #: The version of ``subject`` to decode to; None: its latest when the run starts.
+    reader_version: int | None = None
+
+
+#: The formats of a source's or a Kafka sink's values and keys (docs/formats.md).
+FORMATS = ("json", "raw", "string", "avro", "protobuf", "json_schema")
+#: The formats whose schemas live in a Schema Registry (Confluent wire format).
+REGISTRY_FORMATS = ("avro", "protobuf", "json_schema")
+#: How a Kafka sink names the subject of its output's schema (Confluent's subject name strategies).
+SUBJECT_STRATEGIES = ("topic_name", "record_name", "topic_record_name")
 
 
 @dataclass(frozen=True)
@@ -77,6 +96,19 @@ class SinkSpec:
     #: kafka: the largest record each written topic takes, ``((topic, bytes, why), ...)``: read
     #: from the cluster when a run starts (:mod:`kafka_eos.sinks.limits`; not in YAML).
     record_limits: tuple[tuple[str, int, str], ...] = ()
+    #: kafka: how the output's values and keys are encoded (``FORMATS``; docs/formats.md).
+    format: str = "json"
+    key_format: str = "raw"
+    #: kafka: the subject of the output's schema: ``{topic}-value`` (topic_name), the record's full
+    #: name (record_name), or ``{topic}-{full name}`` (topic_record_name).
+    subject_strategy: str = "topic_name"
+    #: kafka: a schema file for the output's values (.avsc, .proto, .json); None: the schema is
+    #: derived from the transform's output (Avro, JSON Schema) or is the subject's latest (Protobuf).
+    schema: str | None = None
+    key_schema: str | None = None
+    #: kafka: register the output's schema under its subject (refused when the subject's
+    #: compatibility rule refuses it); False: it must be registered already.
+    auto_register: bool = True
 
 
 #: ``schedule: stream``: the pipeline's DAG runs whenever committed records wait beyond its
@@ -130,6 +162,11 @@ def spec_document(spec: PipelineSpec) -> dict:
         sink.update(key_columns=list(s.key_columns), merge=s.merge)
     if s.on_refused_record != "dead_letter":
         sink["on_refused_record"] = s.on_refused_record
+    if s.kind == "kafka":
+        for key, default in (("format", "json"), ("key_format", "raw"), ("subject_strategy", "topic_name"),
+                             ("schema", None), ("key_schema", None), ("auto_register", True)):
+            if getattr(s, key) != default:
+                sink[key] = getattr(s, key)
     src = spec.source
     doc = {"name": spec.name, "transform": spec.transform, "sink": sink, "manifest_topic": spec.manifest_topic,
            "source": {"topics": list(src.topics), "group_id": src.group_id,
@@ -139,6 +176,10 @@ def spec_document(spec: PipelineSpec) -> dict:
                       "on_data_loss": src.on_data_loss}}
     if src.freshness_limit_s is not None:
         doc["source"]["freshness_limit_s"] = src.freshness_limit_s
+    for key, default in (("format", "json"), ("key_format", "raw"), ("subject", None), ("key_subject", None),
+                         ("reader_version", None)):
+        if getattr(src, key) != default:
+            doc["source"][key] = getattr(src, key)
     if spec.schedule is not None:
         doc["schedule"] = spec.schedule
     if spec.spark_conf:
@@ -306,7 +347,8 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
     src = _mapping(top.get("source"), where, "source")
     _known(src, where, "source.", {"topics", "group_id", "starting_offsets",
                                    "max_records_per_partition", "max_records_per_run", "on_data_loss",
-                                   "freshness_limit_s"})
+                                   "freshness_limit_s", "format", "key_format", "subject", "key_subject",
+                                   "reader_version"})
     topics = src.get("topics")
     if not isinstance(topics, list) or not topics:
         raise SpecError(f"{where}: source.topics: a non-empty list of topic names is required")
@@ -324,6 +366,12 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
         on_data_loss=_choice(src, where, "on_data_loss", ("fail", "skip"), "source."),
         freshness_limit_s=(_positive_int(src, where, "freshness_limit_s", 0)
                            if src.get("freshness_limit_s") is not None else None),
+        format=_choice(src, where, "format", FORMATS, "source."),
+        key_format=_choice(src, where, "key_format", ("raw", *FORMATS[:1], *FORMATS[2:]), "source."),
+        subject=_opt_str(src, where, "subject", "source."),
+        key_subject=_opt_str(src, where, "key_subject", "source."),
+        reader_version=(_positive_int(src, where, "reader_version", 0)
+                        if src.get("reader_version") not in (None, "latest") else None),
     )
 
     transform = top.get("transform", "identity")
@@ -333,7 +381,8 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
     snk = _mapping(top.get("sink"), where, "sink")
     _known(snk, where, "sink.", {"kind", "topic", "dlq_topic", "commit", "table",
                                  "key_columns", "merge", "url", "transaction_timeout_s", "backfill_topic",
-                                 "backfill_dlq_topic", "backfill_table", "on_refused_record"})
+                                 "backfill_dlq_topic", "backfill_table", "on_refused_record", "format",
+                                 "key_format", "subject_strategy", "schema", "key_schema", "auto_register"})
     kind = _choice(snk, where, "kind", ("kafka", "sql"), "sink.", required=True)
     commit = _choice(snk, where, "commit", ("atomic", "per_partition"), "sink.")
     key_columns = snk.get("key_columns", [])
@@ -351,6 +400,12 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
         backfill_dlq_topic=_opt_topic(snk, where, "backfill_dlq_topic"),
         backfill_table=_opt_table(snk, where, "backfill_table"),
         on_refused_record=_choice(snk, where, "on_refused_record", ("dead_letter", "fail"), "sink."),
+        format=_choice(snk, where, "format", FORMATS, "sink."),
+        key_format=_choice(snk, where, "key_format", ("raw", *FORMATS[:1], *FORMATS[2:]), "sink."),
+        subject_strategy=_choice(snk, where, "subject_strategy", SUBJECT_STRATEGIES, "sink."),
+        schema=_schema_file(snk, where, "schema"),
+        key_schema=_schema_file(snk, where, "key_schema"),
+        auto_register=_bool(snk, where, "auto_register", True, "sink."),
     )
     if kind == "kafka":
         if not sink.topic:
@@ -372,6 +427,10 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
                                 "live output, dead-letter and source topics")
         if sink.backfill_table is not None:
             raise SpecError(f"{where}: sink.backfill_table: not for a kafka sink (use sink.backfill_topic)")
+        for field_, fmt in (("schema", sink.format), ("key_schema", sink.key_format)):
+            if getattr(sink, field_) is not None and fmt not in REGISTRY_FORMATS:
+                raise SpecError(f"{where}: sink.{field_}: a schema file needs sink.{'format' if field_ == 'schema' else 'key_format'} "
+                                f"{' or '.join(REGISTRY_FORMATS)}")
         # dlq_topic is optional: without it, a dead letter fails the batch (nothing is committed).
     else:
         if not sink.table or not isinstance(sink.table, str):
@@ -388,6 +447,10 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
             field_ = "backfill_topic" if sink.backfill_topic else "backfill_dlq_topic"
             raise SpecError(f"{where}: sink.{field_}: not for a sql sink (use sink.backfill_table: side runs "
                             "write a table of their own)")
+        for field_ in ("format", "key_format", "schema", "key_schema", "subject_strategy", "auto_register"):
+            if field_ in snk:
+                raise SpecError(f"{where}: sink.{field_}: not for a sql sink (the table's columns are the transform's "
+                                "output)")
         if sink.merge == "add" and not sink.key_columns:
             raise SpecError(f"{where}: sink.merge: 'add' needs sink.key_columns (the key whose rows a run adds to)")
         if sink.backfill_table is not None and sink.backfill_table in (
@@ -426,6 +489,32 @@ def _spark_conf(raw: Any, where: str) -> dict[str, str]:
             raise SpecError(f"{where}: spark: {key!r}: must be a string, a number, a boolean or a list")
         out[key] = str(value)
     return out
+
+
+def _opt_str(mapping: dict, where: str, field: str, prefix: str) -> str | None:
+    value = mapping.get(field)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise SpecError(f"{where}: {prefix}{field}: must be a non-empty string")
+    return value
+
+
+def _bool(mapping: dict, where: str, field: str, default: bool, prefix: str) -> bool:
+    value = mapping.get(field, default)
+    if not isinstance(value, bool):
+        raise SpecError(f"{where}: {prefix}{field}: must be true or false")
+    return value
+
+
+def _schema_file(mapping: dict, where: str, field: str) -> str | None:
+    """A schema file's path, relative to the spec's folder; it must exist."""
+    value = _opt_str(mapping, where, field, "sink.")
+    if value is None:
+        return None
+    path = Path(value) if Path(value).is_absolute() or not where.endswith((".yaml", ".yml")) else \
+        Path(where).resolve().parent / value
+    if not path.is_file():
+        raise SpecError(f"{where}: sink.{field}: no such schema file {path}")
+    return str(path)
 
 
 def _mapping(value: Any, where: str, field: str) -> dict:

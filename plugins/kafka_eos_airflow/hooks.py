@@ -113,7 +113,10 @@ class KafkaEosHook(BaseHook):
                     f"Kafka connection {self.kafka_conn_id!r} is not defined: define it (type kafka, extra "
                     f'{{"{BOOTSTRAP_KEY}": "broker-1:9092", ...}}) or set [kafka_eos] kafka_conn_id to the one '
                     "you have (e.g. kafka_default)") from None
-            settings = KafkaSettings.from_environ(os.environ, default_bootstrap=LocalBroker.default().bootstrap)
+            from kafka_eos.local.registry import LocalRegistry
+
+            settings = KafkaSettings.from_environ(os.environ, default_bootstrap=LocalBroker.default().bootstrap,
+                                                  default_registry=LocalRegistry.default().url)
             self.log.info("No connection %r: using Kafka at %s (KAFKA_BOOTSTRAP_SERVERS or the embedded "
                           "local broker; [kafka_eos] local_broker_fallback is on)", self.kafka_conn_id,
                           settings.bootstrap_servers)

@@ -11,7 +11,8 @@ from kafka_eos.spark_io import SPARK_JARS_ENV, connector_conf
 def test_without_jars_spark_resolves_the_connector_matching_pyspark(tmp_path, monkeypatch):
     monkeypatch.setenv("KAFKA_EOS_HOME", str(tmp_path))  # no jars/spark/ there
     assert connector_conf({}) == {
-        "spark.jars.packages": f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version('pyspark')}"}
+        "spark.jars.packages": f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version('pyspark')},"
+                               f"org.apache.spark:spark-avro_2.13:{version('pyspark')}"}
 
 
 def test_resolved_or_named_jars_are_used_as_they_are(tmp_path, monkeypatch):

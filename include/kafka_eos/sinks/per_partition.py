@@ -32,6 +32,7 @@ fences the other, and a kept producer checks its epoch before it reads a row
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -244,7 +245,7 @@ def _one_task_per_partition(tasks: int, spec: PipelineSpec, plan: Plan) -> None:
 
 
 def _commit_task(spec: PipelineSpec, plan: Plan, settings: KafkaSettings, owner: dict[int, TP], one_pass: bool,
-                 keep: bool):
+                 keep: bool, dead: dict):
     """Step 2: the ``mapInArrow`` function of the commit job; one transaction per task."""
     ranges = {r.tp: r for r in plan.active}
     fail_points = faults.carried()  # the run's test settings reach a Connect server's workers too
@@ -277,7 +278,8 @@ def _commit_task(spec: PipelineSpec, plan: Plan, settings: KafkaSettings, owner:
 
         refusal = reason = None
         try:
-            res = commit_partition(spec, plan, settings, r, checked(arrow_batches), keep)
+            rows = itertools.chain(checked(arrow_batches), dead.get(r.tp, ()))
+            res = commit_partition(spec, plan, settings, r, rows, keep)
         except (_Refused, DeadLetterWithoutTopic, RecordRefused) as exc:  # the transaction was aborted
             res = CommitResult(REFUSED)
             refusal, reason = type(exc).__name__, str(exc)
@@ -293,11 +295,13 @@ def _commit_task(spec: PipelineSpec, plan: Plan, settings: KafkaSettings, owner:
 
 
 def write(df: "DataFrame | None", spec: PipelineSpec, plan: Plan,
-          settings: KafkaSettings, keep: bool = False) -> dict[TP, CommitResult]:
+          settings: KafkaSettings, keep: bool = False, dead: dict | None = None) -> dict[TP, CommitResult]:
     """Commit ``plan`` in per_partition scope (the module's steps).
 
     :param df: the transform's output, or None when every planned range is empty.
     :param keep: a stream's batch: each partition's commit is kept for the next (:func:`kept_commit`).
+    :param dead: more rows per source partition (Arrow batches of :func:`batches.prepared` columns:
+        records that did not decode), written in that partition's transaction after its rows.
     :raises SpecError: the transform shuffles or does not keep one source partition per task.
     :raises DeadLetterWithoutTopic: a dead letter and no ``sink.dlq_topic``.
     """
@@ -318,7 +322,7 @@ def write(df: "DataFrame | None", spec: PipelineSpec, plan: Plan,
                     raise batches.no_dead_letter_topic(spec, dead["topic"], dead["partition"], dead["offset"],
                                                        dead[DLQ_REASON], "no partition of this run was committed")
             with _job_description(df, COMMIT_JOB):  # 2. a transaction per task
-                committed = df.mapInArrow(_commit_task(spec, plan, settings, owner, one_pass, keep),
+                committed = df.mapInArrow(_commit_task(spec, plan, settings, owner, one_pass, keep, dead or {}),
                                           _COMMIT_SCHEMA).collect()
         finally:
             if not one_pass:
@@ -328,7 +332,8 @@ def write(df: "DataFrame | None", spec: PipelineSpec, plan: Plan,
             results[(row["topic"], row["partition"])] = CommitResult(row["status"], row["records_out"],
                                                                      row["dead_letters"], row["producer"])
     # 4. offsets-only transactions for the partitions no task held
-    results.update(commit_rowless(spec, plan, settings, [r for r in plan.active if r.tp not in results], keep))
+    results.update(commit_rowless(spec, plan, settings, [r for r in plan.active if r.tp not in results], keep,
+                                  dead or {}))
     return results
 
 
@@ -346,13 +351,16 @@ def _raise_refusal(rows: list) -> None:
 
 
 def commit_rowless(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
-                   ranges: Sequence[PartitionRange], keep: bool = False) -> dict[TP, CommitResult]:
-    """The offsets-only transactions of ``ranges`` (partitions with no rows: empty ranges, idle
-    checkpoints committed again), each under its partition's own id, several at a time."""
+                   ranges: Sequence[PartitionRange], keep: bool = False,
+                   dead: dict | None = None) -> dict[TP, CommitResult]:
+    """The transactions of ``ranges`` no Spark task held (empty ranges, idle checkpoints committed
+    again, partitions whose every record did not decode: then with those dead letters in ``dead``),
+    each under its partition's own id, several at a time."""
+    dead = dead or {}
     if len(ranges) <= 1:
-        return {r.tp: commit_partition(spec, plan, settings, r, (), keep) for r in ranges}
+        return {r.tp: commit_partition(spec, plan, settings, r, dead.get(r.tp, ()), keep) for r in ranges}
     with ThreadPoolExecutor(min(ROWLESS_COMMITS_AT_ONCE, len(ranges)), thread_name_prefix="kafka-eos-rowless") as pool:
-        done = pool.map(lambda r: commit_partition(spec, plan, settings, r, (), keep), ranges)
+        done = pool.map(lambda r: commit_partition(spec, plan, settings, r, dead.get(r.tp, ()), keep), ranges)
         return {r.tp: result for r, result in zip(ranges, done)}
 
 

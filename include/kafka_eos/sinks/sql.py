@@ -355,13 +355,15 @@ def _bytes(v):
 
 def write(results: "DataFrame | None", dead_letters: "DataFrame | None", spec: PipelineSpec, plan: Plan,
           settings: KafkaSettings, summary: dict, records_in: int | None = None,
-          sink: SqlSink | None = None) -> SqlResult:
+          sink: SqlSink | None = None, undecodable: "DataFrame | None" = None) -> SqlResult:
     """Commit a run to the SQL sink, then mirror the checkpoint to Kafka.
 
     ``results`` may be a one-DataFrame transform output (rows with ``dlq_reason``) when
     ``dead_letters`` is None.
 
     :param sink: a long-lived sink whose tables exist (stream mode); else a new one.
+    :param undecodable: source records that did not decode (:mod:`kafka_eos.formats`): dead
+        letters too, in the same database transaction.
     """
     from pyspark.sql import functions as F
 
@@ -383,9 +385,16 @@ def write(results: "DataFrame | None", dead_letters: "DataFrame | None", spec: P
             yield row.asDict()
 
     def dead_rows():
-        if dead_letters is None:
-            return
-        for row in dead_letters.toLocalIterator(prefetchPartitions=True):
+        for frame in (dead_letters, undecodable):
+            if frame is not None:
+                yield from dead_rows_of(frame)
+
+    def dead_rows_of(frame):
+        from kafka_eos.formats import dead_letter_bytes
+
+        frame = frame.select(*(dead_letter_bytes(c, frame.schema[c].dataType).alias(c) for c in ("key", "value")),
+                             "topic", "partition", "offset", DLQ_REASON)
+        for row in frame.toLocalIterator(prefetchPartitions=True):
             yield {"pipeline": spec.name, "topic": row["topic"], "partition": row["partition"],
                    "offset": row["offset"], "key": _bytes(row["key"]), "value": _bytes(row["value"]),
                    "reason": row[DLQ_REASON], "run_id": plan.run_id}

@@ -522,7 +522,7 @@ def cmd_new(args) -> int:
 
     from kafka_eos.scaffold import new_pipeline, write
 
-    pipeline = new_pipeline(args.name, package=args.package, source=args.source, commit=args.commit)
+    pipeline = new_pipeline(args.name, package=args.package, source=args.source, commit=args.commit, fmt=args.format)
     project = Path(args.dir)
     for path in write(project, pipeline):
         print(f"wrote {path}")
@@ -714,6 +714,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--source", help="the topic it reads (default NAME.in)")
     n.add_argument("--commit", choices=["atomic", "per_partition"], default="atomic",
                    help="the commit scope (default atomic: one transaction per run)")
+    n.add_argument("--format", choices=["json", "avro", "protobuf", "json_schema"], default="json",
+                   help="the records' format in and out (default json; the others through a Schema Registry: "
+                        "docs/formats.md)")
     tc = command("topics", None, "the topics a pipeline needs (create)")
     topic_actions = tc.add_subparsers(dest="action", required=True, metavar="ACTION")
     tca = topic_actions.add_parser("create", help="create the pipeline's missing topics (sources, sink, dead letters, "

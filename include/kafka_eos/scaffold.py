@@ -77,6 +77,59 @@ def transform(df: DataFrame) -> DataFrame:
 '''
 
 
+def _structured_transform_module(name: str, fmt: str) -> str:
+    return f'''"""The transform of pipeline ``{name}``: {fmt} records in, {fmt} records out (docs/formats.md).
+
+kafka-eos decodes each record's value with the source subject's latest schema (its writer schema
+resolved to it): ``value`` is a struct of the schema's fields, ``key`` the key's text. The output's
+``value`` is a struct too: kafka-eos derives its schema, registers it under the output topic's
+subject (refused before anything is written if the subject's compatibility rule refuses it) and
+encodes it. ``dlq_reason`` is null for a result, else why the record is a dead letter (its value
+is then written to the dead letters as JSON text). Records that do not decode never reach the
+transform: kafka-eos writes them as dead letters itself. Built from Spark SQL functions only.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+
+def transform(df: DataFrame) -> DataFrame:
+    record = F.col("value")
+    reason = F.when(record.isNull(), F.lit("no value (a tombstone)"))
+    # Keep every field of the reader schema; add, rename or drop fields here.
+    kept = F.struct(*(record[f].alias(f) for f in df.schema["value"].dataType.fieldNames()))
+    return df.select("topic", "partition", "offset", F.col("key"), kept.alias("value"), reason.alias("dlq_reason"))
+'''
+
+
+def _structured_test_module(name: str, package: str) -> str:
+    return f'''"""Unit test of the transform of pipeline ``{name}``: rows as kafka-eos hands them over, decoded."""
+
+import pytest
+from pyspark.sql import SparkSession
+
+from {package}.{name} import transform
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+    yield session
+    session.stop()
+
+
+def test_records_keep_their_fields_and_tombstones_are_dead_letters(spark):
+    df = spark.createDataFrame(
+        [("c-1", ("o-1", 12.5), "in", 0, 0), ("c-2", None, "in", 0, 1)],
+        "key string, value struct<order_id: string, amount: double>, topic string, partition int, offset long")
+    rows = sorted(transform(df).collect(), key=lambda r: r.offset)
+    assert [r.dlq_reason for r in rows] == [None, "no value (a tombstone)"]
+    assert rows[0].value.asDict() == {{"order_id": "o-1", "amount": 12.5}}
+'''
+
+
 def _test_module(name: str, package: str) -> str:
     return f'''"""Unit test of the transform of pipeline ``{name}``: rows as Spark's Kafka connector reads them."""
 
@@ -109,11 +162,13 @@ def test_valid_records_pass_and_bad_ones_are_dead_letters(spark):
 
 def new_pipeline(name: str, *, package: str = "transforms", source: str | None = None,
                  sink_topic: str | None = None, schedule: str | None = "*/5 * * * *",
-                 commit: str = "atomic") -> NewPipeline:
+                 commit: str = "atomic", fmt: str = "json") -> NewPipeline:
     """The spec and files of a new Kafka-to-Kafka pipeline ``name``.
 
     :param source: the topic it reads (default ``NAME.in``); sink ``NAME.out``, dead letters
         ``NAME.dlq``, side runs ``NAME.backfill`` unless given.
+    :param fmt: the records' format in and out: ``json`` (the transform parses the bytes), or
+        ``avro``, ``protobuf``, ``json_schema`` (decoded and encoded through the Schema Registry).
     :raises SpecError: the name or package is not usable.
     """
     if not NAME.match(name):
@@ -128,6 +183,9 @@ def new_pipeline(name: str, *, package: str = "transforms", source: str | None =
         "sink": {"kind": "kafka", "topic": sink_topic or f"{name}.out", "dlq_topic": f"{name}.dlq",
                  "backfill_topic": f"{name}.backfill", "commit": commit},
     }
+    if fmt != "json":
+        spec["source"].update(format=fmt, key_format="string")
+        spec["sink"].update(format=fmt)
     if schedule:
         spec["schedule"] = schedule
     header = (f"# Pipeline {name}: committed records of {spec['source']['topics'][0]} -> {package}.{name}:transform"
@@ -136,8 +194,10 @@ def new_pipeline(name: str, *, package: str = "transforms", source: str | None =
     files = {
         Path("pipelines") / f"{name}.yaml": header + yaml.safe_dump(spec, sort_keys=False),
         Path(package) / "__init__.py": f'"""Transforms of the kafka-eos pipelines in ../pipelines/."""\n',
-        Path(package) / f"{name}.py": _transform_module(name),
-        Path("tests") / f"test_{name}.py": _test_module(name, package),
+        Path(package) / f"{name}.py": _transform_module(name) if fmt == "json" else
+        _structured_transform_module(name, fmt),
+        Path("tests") / f"test_{name}.py": _test_module(name, package) if fmt == "json" else
+        _structured_test_module(name, package),
     }
     return NewPipeline(name, spec, files)
 

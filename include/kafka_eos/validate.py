@@ -47,6 +47,52 @@ def validate(spec: PipelineSpec, settings: KafkaSettings, ref: str | None = None
     checks += _checkpoints(spec, settings, [p for p in plans if p.role == "source" and not p.missing])
     if spec.sink.kind == "sql":
         checks.append(_database(spec))
+    checks += _registry(spec, settings)
+    return checks
+
+
+def _registry(spec: PipelineSpec, settings: KafkaSettings) -> list[Check]:
+    """A formatted pipeline's Schema Registry: it answers, the source's subjects hold schemas of
+    the format, and a sink's schema file is one its subject's compatibility rule takes."""
+    from kafka_eos.errors import RegistryError
+    from kafka_eos.formats import sink_subject, source_decoders
+    from kafka_eos.formats.registry import SCHEMA_TYPES, Registry
+    from kafka_eos.spec import REGISTRY_FORMATS
+
+    checks = []
+    try:
+        for d in source_decoders(spec, settings):
+            if d.reader is not None:
+                checks.append(Check(True, f"source {d.column} schema",
+                                    f"{d.format}: decoded to subject {d.reader.subject!r} version {d.reader.version}; "
+                                    f"{len(d.writers)} writer schema(s) under {d.subjects}"))
+    except RegistryError as exc:
+        checks.append(Check(False, "source schemas", str(exc)))
+    sink = spec.sink
+    for column, fmt, schema_file in (("key", sink.key_format, sink.key_schema), ("value", sink.format, sink.schema)):
+        if sink.kind != "kafka" or fmt not in REGISTRY_FORMATS:
+            continue
+        try:
+            registry = Registry.of(settings, f"{spec.path}: sink format {fmt}")
+            text = open(schema_file).read() if schema_file else None
+            subject = sink_subject(spec, column, text, SCHEMA_TYPES[fmt])
+            if subject is None:  # record_name strategies need the schema, derived at run time
+                checks.append(Check(True, f"sink {column} schema", f"{fmt}: derived from the transform's output and "
+                                                                   "registered by the first run"))
+                continue
+            versions = registry.versions(subject)
+            rule = registry.compatibility(subject)
+            at = f"subject {subject!r} ({f'version {versions[-1].version}' if versions else 'no version yet'}, " \
+                 f"compatibility {rule})"
+            if text is None:
+                checks.append(Check(True, f"sink {column} schema", f"{fmt}: {at}; the output's schema is derived "
+                                                                   "from the transform and checked at each run"))
+            elif registry.compatible(subject, text, SCHEMA_TYPES[fmt]):
+                checks.append(Check(True, f"sink {column} schema", f"{fmt}: {at} takes {schema_file}"))
+            else:
+                checks.append(Check(False, f"sink {column} schema", f"{fmt}: {at} refuses {schema_file}"))
+        except RegistryError as exc:
+            checks.append(Check(False, f"sink {column} schema", str(exc)))
     return checks
 
 

@@ -29,6 +29,15 @@ OPTIONS: dict[str, dict[str, Any]] = {
                        "named here that does not exist fails the task, naming it.\n",
         "version_added": "0.2.0", "type": "string", "example": "kafka_default", "default": "kafka_eos_kafka",
     },
+    "schema_registry_conn_id": {
+        "description": "The Airflow connection of the Schema Registry that pipelines with source.format or "
+                       "sink.format avro, protobuf or json_schema use: type http, host (with scheme, and the "
+                       "API's path, e.g. /apis/ccompat/v7 for Apicurio), port, login and password for basic "
+                       "auth, and in extra the client's TLS settings (ssl.ca.location, ssl.certificate.location, "
+                       "ssl.key.location). Not defined: such pipelines fail, naming it.\n",
+        "version_added": "0.3.0", "type": "string", "example": "schema_registry",
+        "default": "kafka_eos_schema_registry",
+    },
     "spark_conn_id": {
         "description": "The Airflow connection spark-submit uses (type spark: master, deploy mode, queue), or "
                        "a spark_connect connection for Spark Connect runs.\n",
@@ -69,6 +78,11 @@ def pipelines_folder() -> Path:
 def kafka_conn_id() -> str:
     """``[kafka_eos] kafka_conn_id``."""
     return _get("kafka_conn_id") or OPTIONS["kafka_conn_id"]["default"]
+
+
+def schema_registry_conn_id() -> str:
+    """``[kafka_eos] schema_registry_conn_id``: the Schema Registry's connection (type http)."""
+    return _get("schema_registry_conn_id") or OPTIONS["schema_registry_conn_id"]["default"]
 
 
 def spark_conn_id() -> str:

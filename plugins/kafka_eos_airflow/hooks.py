@@ -7,6 +7,7 @@ providers. Which connection: ``[kafka_eos] kafka_conn_id`` (:mod:`kafka_eos_airf
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any
@@ -15,7 +16,7 @@ from airflow.sdk import BaseHook, Connection
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowNotFoundException
 
 from kafka_eos.local.kafka import LocalBroker
-from kafka_eos.settings import KafkaSettings
+from kafka_eos.settings import KafkaSettings, RegistrySettings
 from kafka_eos_airflow import config
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,35 @@ def settings_from_connection(conn: Connection) -> KafkaSettings:
                          extra={str(k): _setting(v) for k, v in extra.items() if k not in APPLICATION_KEYS})
 
 
+#: The client settings a registry connection's extra may hold (confluent-kafka's SchemaRegistryClient names).
+REGISTRY_EXTRA_KEYS = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location", "ssl.key.password",
+                       "bearer.auth.credentials.source", "bearer.auth.token", "bearer.auth.logical.cluster",
+                       "bearer.auth.identity.pool.id")
+
+
+def registry_from_connection(conn: Connection) -> RegistrySettings:
+    """Schema Registry settings from an ``http`` Connection: its URL from schema, host, port and
+    path (``https://registry:8081``, ``http://apicurio:8080/apis/ccompat/v7``), basic auth from
+    login and password, TLS files from the extra.
+
+    :raises AirflowException: no host, or an extra key the registry client does not take.
+    """
+    if not conn.host:
+        raise AirflowException(f"connection {conn.conn_id!r}: no host (the Schema Registry's address)")
+    host = conn.host if "://" in conn.host else f"{conn.schema or 'http'}://{conn.host}"
+    scheme, _, rest = host.partition("://")
+    address, slash, path = rest.partition("/")
+    url = f"{scheme}://{address}{f':{conn.port}' if conn.port and ':' not in address else ''}{slash}{path}"
+    extra = dict(conn.extra_dejson)
+    unknown = sorted(k for k in extra if k not in REGISTRY_EXTRA_KEYS)
+    if unknown:
+        raise AirflowException(f"connection {conn.conn_id!r}: extra {', '.join(unknown)}: not a Schema Registry client "
+                               f"setting (known: {', '.join(REGISTRY_EXTRA_KEYS)})")
+    if conn.login:
+        extra["basic.auth.user.info"] = f"{conn.login}:{conn.password or ''}"
+    return RegistrySettings(url.rstrip("/"), {str(k): _setting(v) for k, v in extra.items()})
+
+
 class KafkaEosHook(BaseHook):
     """Reads a ``kafka`` Connection into :class:`~kafka_eos.settings.KafkaSettings`.
 
@@ -105,6 +135,23 @@ class KafkaEosHook(BaseHook):
         :raises AirflowException: the connection exists but has no ``bootstrap.servers``.
         :raises KafkaEosError: the fallback's ``KAFKA_EOS_CLIENT_CONFIG`` is not a JSON object.
         """
+        return dataclasses.replace(self._kafka_settings(), schema_registry=self.get_registry())
+
+    def get_registry(self) -> RegistrySettings | None:
+        """The Schema Registry of ``[kafka_eos] schema_registry_conn_id``; where it is not defined,
+        with the local fallback on, ``$KAFKA_EOS_SCHEMA_REGISTRY_URL`` or the embedded registry of
+        ``kafka-eos registry start``; else None (a pipeline that needs one fails, saying so)."""
+        try:
+            conn = self.get_connection(config.schema_registry_conn_id())
+        except AirflowNotFoundException:
+            if not config.local_broker_fallback():
+                return None
+            from kafka_eos.local.registry import LocalRegistry
+
+            return RegistrySettings.from_environ(os.environ, LocalRegistry.default().url)
+        return registry_from_connection(conn)
+
+    def _kafka_settings(self) -> KafkaSettings:
         try:
             conn = self.get_connection(self.kafka_conn_id)
         except AirflowNotFoundException:
@@ -113,10 +160,7 @@ class KafkaEosHook(BaseHook):
                     f"Kafka connection {self.kafka_conn_id!r} is not defined: define it (type kafka, extra "
                     f'{{"{BOOTSTRAP_KEY}": "broker-1:9092", ...}}) or set [kafka_eos] kafka_conn_id to the one '
                     "you have (e.g. kafka_default)") from None
-            from kafka_eos.local.registry import LocalRegistry
-
-            settings = KafkaSettings.from_environ(os.environ, default_bootstrap=LocalBroker.default().bootstrap,
-                                                  default_registry=LocalRegistry.default().url)
+            settings = KafkaSettings.from_environ(os.environ, default_bootstrap=LocalBroker.default().bootstrap)
             self.log.info("No connection %r: using Kafka at %s (KAFKA_BOOTSTRAP_SERVERS or the embedded "
                           "local broker; [kafka_eos] local_broker_fallback is on)", self.kafka_conn_id,
                           settings.bootstrap_servers)

@@ -53,3 +53,22 @@ def test_a_transform_beside_the_specs_imports_without_being_installed(tmp_path):
     spec = parse_spec(yaml.safe_load((tmp_path / "pipelines" / "beside.yaml").read_text()),
                       str(tmp_path / "pipelines" / "beside.yaml"))
     assert spec.load_transform()("df") == "df"
+
+
+def test_new_with_a_registry_format_writes_a_struct_transform_that_runs(tmp_path, spark, monkeypatch):
+    import importlib
+
+    assert main(["new", "orders", "--dir", str(tmp_path), "--format", "avro", "--package", "avro_scaffold"]) == 0
+    spec = parse_spec(yaml.safe_load((tmp_path / "pipelines" / "orders.yaml").read_text()),
+                      str(tmp_path / "pipelines" / "orders.yaml"))
+    assert (spec.source.format, spec.source.key_format, spec.sink.format) == ("avro", "string", "avro")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    transform = importlib.import_module("avro_scaffold.orders").transform
+    df = spark.createDataFrame(
+        [("c-1", ("o-1", 12.5), "in", 0, 0), ("c-2", None, "in", 0, 1)],
+        "key string, value struct<order_id: string, amount: double>, topic string, partition int, offset long")
+    rows = sorted(transform(df).collect(), key=lambda r: r.offset)
+    assert [r.dlq_reason for r in rows] == [None, "no value (a tombstone)"]
+    assert rows[0].value.asDict() == {"order_id": "o-1", "amount": 12.5} and rows[0].key == "c-1"
+    generated = (tmp_path / "tests" / "test_orders.py").read_text()
+    assert "value struct<order_id: string, amount: double>" in generated

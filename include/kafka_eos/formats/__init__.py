@@ -315,8 +315,6 @@ def sink_encoders(spec: PipelineSpec, settings: KafkaSettings, output: "DataFram
         subject, latest version and rule).
     :raises RegistryError: no registry, or it does not answer.
     """
-    from kafka_eos.formats import schemas
-
     sink = spec.sink
     encoders = []
     for column, fmt, schema_file in (("key", sink.key_format, sink.key_schema), ("value", sink.format, sink.schema)):
@@ -331,13 +329,23 @@ def sink_encoders(spec: PipelineSpec, settings: KafkaSettings, output: "DataFram
             text = Path(schema_file).read_text()
         else:
             text = _derived(spec, fmt, output.schema[column].dataType, registry, topic_subject)
-        if sink.subject_strategy == "topic_name":
-            subject = topic_subject
-        else:
-            name = schemas.full_name(text, schema_type)
-            subject = name if sink.subject_strategy == "record_name" else f"{sink.topic}-{name}"
+        subject = sink_subject(spec, column, text, schema_type)
         encoders.append(Encoder(column, fmt, registry.register(subject, text, schema_type, sink.auto_register)))
     return encoders
+
+
+def sink_subject(spec: PipelineSpec, column: str, schema: str | None, schema_type: str) -> str | None:
+    """The subject of the output's ``column`` by ``sink.subject_strategy``: ``{topic}-{column}``, the
+    record's full name, or ``{topic}-{full name}`` (None: the schema is not known yet)."""
+    from kafka_eos.formats import schemas
+
+    sink = spec.sink
+    if sink.subject_strategy == "topic_name":
+        return f"{sink.topic}-{column}"
+    if schema is None:
+        return None
+    name = schemas.full_name(schema, schema_type)
+    return name if sink.subject_strategy == "record_name" else f"{sink.topic}-{name}"
 
 
 def _derived(spec: PipelineSpec, fmt: str, dt, registry: Registry, subject: str) -> str:

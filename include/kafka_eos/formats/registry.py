@@ -136,6 +136,19 @@ class Registry:
             pass
         return self.call("the global compatibility", self.client.get_compatibility)
 
+    def compatible(self, subject: str, schema: str, schema_type: str) -> bool:
+        """Whether ``subject``'s compatibility rule takes ``schema`` (True for a new subject)."""
+        from confluent_kafka.schema_registry import Schema
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        if not self.versions(subject):
+            return True
+        try:
+            return bool(self.call(f"testing compatibility with {subject!r}", self.client.test_compatibility,
+                                  subject, Schema(schema, schema_type)))
+        except SchemaRegistryError as exc:
+            raise RegistryError(f"Schema Registry {self.url}: subject {subject!r}: {exc}") from None
+
     def register(self, subject: str, schema: str, schema_type: str, auto_register: bool) -> Registered:
         """The id of ``schema`` under ``subject``: registered when new (``auto_register``), else
         looked up.

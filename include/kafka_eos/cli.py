@@ -593,6 +593,10 @@ def cmd_acls(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    if args.format == "avro":
+        from kafka_eos.demo_avro import run_avro_demo
+
+        return run_avro_demo(bootstrap=args.bootstrap)
     from kafka_eos.demo import run_demo
 
     return run_demo(bootstrap=args.bootstrap)
@@ -705,7 +709,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "pipeline in flight is fenced and retried")
     command("pipelines", cmd_pipelines, "the pipeline specs in the pipelines folder: sink, scope, lag, last run",
             json_flag=True)
-    command("demo", cmd_demo, "the main job on the embedded default (local broker, Spark, Airflow)")
+    d = command("demo", cmd_demo, "the main job on the embedded default (local broker, Spark, Airflow)")
+    d.add_argument("--format", choices=["json", "avro"], default="json",
+                   help="avro: the Avro example instead (orders in Avro, their schema evolved mid-stream, through "
+                        "the embedded Schema Registry; docs/formats.md)")
     n = command("new", cmd_new, "write a new pipeline: its spec (pipelines/NAME.yaml), a transform skeleton "
                                 "(PACKAGE/NAME.py) and its unit test (tests/test_NAME.py)")
     n.add_argument("name", help="the pipeline's name (lower case letters, digits, '_')")

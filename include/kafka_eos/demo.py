@@ -95,9 +95,11 @@ def demo_specs() -> list[PipelineSpec]:
     return [load_spec(name, environ=os.environ) for name in PIPELINES]
 
 
-def reset(settings: KafkaSettings, specs: list[PipelineSpec]) -> None:
-    """Delete and recreate the demo's topics, groups and SQL sink (its SQLite file; with
-    ``KAFKA_EOS_SQL_URL``, its table and rows there): each demo starts clean."""
+def reset(settings: KafkaSettings, specs: list[PipelineSpec], topics: dict[str, int] | None = None) -> None:
+    """Delete and recreate the demo's topics (``topics``: name -> partitions; default the JSON
+    demo's), groups and SQL sink (its SQLite file; with ``KAFKA_EOS_SQL_URL``, its table and rows
+    there): each demo starts clean."""
+    topics = PARTITIONS if topics is None else topics
     admin = kafka_admin.admin_client(settings)
     groups = [s.source.group_id for s in specs]
     for group, fut in admin.delete_consumer_groups(groups).items():
@@ -111,7 +113,7 @@ def reset(settings: KafkaSettings, specs: list[PipelineSpec]) -> None:
     for spec in specs:  # a deliberate fresh start: the manifest forgets the old checkpoints too
         ManifestStore.of(spec, settings).forget_checkpoints()
     existing = set(admin.list_topics(timeout=RESET_TIMEOUT_S).topics)
-    doomed = [t for t in PARTITIONS if t in existing]
+    doomed = [t for t in topics if t in existing]
     if doomed:
         for topic, fut in admin.delete_topics(doomed).items():
             kafka_admin.admin_result(fut, f"deleting topic {topic} on {settings.bootstrap_servers}", RESET_TIMEOUT_S)
@@ -120,7 +122,7 @@ def reset(settings: KafkaSettings, specs: list[PipelineSpec]) -> None:
         try:
             # Returns once every new partition's leader answers (asked by fresh clients: this
             # admin client still caches the deleted topics' leader epochs).
-            kafka_admin.create_topics(settings, PARTITIONS)
+            kafka_admin.create_topics(settings, topics)
             break
         except KafkaEosError:
             if time.monotonic() > deadline:

@@ -130,7 +130,7 @@ def avro_order(seq: int, rng: random.Random, start: datetime, evolved: bool) -> 
 
 
 def produce_avro_orders(settings: KafkaSettings, topic: str, count: int, *, evolve_at: int | None = None,
-                        seed: int = 7, per_transaction: int = 500) -> list[dict]:
+                        seed: int = 7, per_transaction: int = 500, first_seq: int = 0) -> list[dict]:
     """Produce ``count`` Avro orders to ``topic`` with confluent-kafka's ``AvroSerializer`` (the
     schema registered under ``{topic}-value``): :data:`ORDER_AVRO_V1` until ``evolve_at``, then
     :data:`ORDER_AVRO_V2`. Keys are customer ids as text. Returns the records produced.
@@ -149,12 +149,12 @@ def produce_avro_orders(settings: KafkaSettings, topic: str, count: int, *, evol
     rng = random.Random(seed)
     start = datetime(2026, 11, 22, 10, 0, tzinfo=timezone.utc)
     producer = Producer(settings.client_config(**{
-        "transactional.id": f"kafka-eos.sample-avro.{topic}", "partitioner": "murmur2_random", "linger.ms": 5}))
+        "transactional.id": f"kafka-eos.sample-avro.{topic}.{first_seq}", "partitioner": "murmur2_random", "linger.ms": 5}))
     producer.init_transactions(30)
     produced = []
-    for first in range(0, count, per_transaction):
+    for first in range(first_seq, first_seq + count, per_transaction):
         producer.begin_transaction()
-        for seq in range(first, min(count, first + per_transaction)):
+        for seq in range(first, min(first_seq + count, first + per_transaction)):
             evolved = evolve_at is not None and seq >= evolve_at
             record = avro_order(seq, rng, start, evolved)
             producer.produce(topic, key=record["customer_id"].encode(), value=serializers[evolved](record, ctx))

@@ -118,8 +118,11 @@ class Registry:
 
         what = f"subject {subject!r} version {number if number is not None else 'latest'}"
         try:
-            got = self.call(what, self.client.get_latest_version, subject) if number is None else \
-                self.call(what, self.client.get_version, subject, number)
+            if number is None:
+                # Not get_latest_version: the client keeps its answer for the process's life, and a
+                # stream's later batches must see a version registered since.
+                number = max(self.call(what, self.client.get_versions, subject))
+            got = self.call(what, self.client.get_version, subject, number)
         except SchemaRegistryError as exc:
             raise RegistryError(f"Schema Registry {self.url}: {what}: {exc}") from None
         return Registered(subject, got.version, got.schema_id, got.schema.schema_str, got.schema.schema_type or "AVRO")
@@ -171,8 +174,10 @@ class Registry:
             latest = self.versions(subject)
             at = f"version {latest[-1].version}" if latest else "no version yet"
             if exc.http_status_code == 409:
+                rule = self.compatibility(subject)
                 raise SchemaRefused(
-                    f"subject {subject!r} ({at}, compatibility {self.compatibility(subject)}) refuses the output "
+                    f"subject {subject!r} ({at}, compatibility {rule if rule != 'NONE' else 'of the registry'}) "
+                    "refuses the output "
                     f"schema: {str(exc).splitlines()[0][:300]}") from None
             if exc.http_status_code == 404 and not auto_register:
                 raise SchemaRefused(f"subject {subject!r} ({at}): the output schema is not registered and "

@@ -90,13 +90,13 @@ class LocalRegistry:
             raise RegistryError(f"port {HOST}:{self.port} answers but is not this registry: stop that "
                                 "process or set KAFKA_EOS_REGISTRY_PORT to a free port")
         runner = runner_jar()
-        first = not (self.home / "data").exists()
         (self.home / "data").mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as out:
             proc = subprocess.Popen(
                 ["java", f"-Xmx{self.heap}", "-XX:+UseSerialGC",
                  f"-Dquarkus.http.host={HOST}", f"-Dquarkus.http.port={self.port}",
                  f"-Dregistry.datasource.url=jdbc:h2:file:{self.home / 'data' / 'registry'}",
+                 f"-Dregistry.rules.global.compatibility={DEFAULT_COMPATIBILITY}",
                  "-Dquarkus.log.level=WARN", "-Dquarkus.banner.enabled=false",
                  "-jar", str(runner)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
@@ -111,9 +111,9 @@ class LocalRegistry:
                 raise RegistryError(f"the registry did not answer on {HOST}:{self.port} within "
                                     f"{START_TIMEOUT_S:.0f}s: see {self.log_file}")
             time.sleep(0.5)
-        if first:
-            requests.put(f"{self.url}/config", json={"compatibility": DEFAULT_COMPATIBILITY},
-                         timeout=10).raise_for_status()
+        # What the Confluent-compatible API reports as the global rule (the rule itself is
+        # Apicurio's global rule, set above).
+        requests.put(f"{self.url}/config", json={"compatibility": DEFAULT_COMPATIBILITY}, timeout=10).raise_for_status()
         return self.url
 
     def stop(self) -> bool:

@@ -34,3 +34,18 @@ def as_rows(df: DataFrame) -> tuple[DataFrame, DataFrame]:
         *(F.col("value")[f].alias(f) for f in ("order_id", "customer_id", "currency", "channel", "amount_eur")))
     dead = out.where(F.col(DLQ_REASON).isNotNull()).select(*SOURCE_COLUMNS, "key", "value", DLQ_REASON)
     return good, dead
+
+
+def enrich_json(df: DataFrame) -> DataFrame:
+    """:func:`enrich` over the same orders as JSON text, out as JSON text (the benchmark's twin of
+    the Avro pipeline: the same work, parsing and writing JSON instead of Avro)."""
+    from pyspark.sql import types as T
+
+    order = T.StructType([T.StructField(name, kind) for name, kind in (
+        ("order_id", T.StringType()), ("customer_id", T.StringType()), ("amount", T.DoubleType()),
+        ("currency", T.StringType()), ("category", T.StringType()), ("ts", T.TimestampType()),
+        ("channel", T.StringType()))])
+    parsed = df.withColumn("key", F.col("key").cast("string")).withColumn(
+        "value", F.from_json(F.col("value").cast("string"), order))
+    out = enrich(parsed)
+    return out.withColumn("value", F.to_json("value"))

@@ -264,3 +264,27 @@ def test_a_v1_reader_reads_v2_records_too(spark, settings, client, make_spec):
     ctx = SerializationContext(spec.sink.topic, MessageField.VALUE)
     back = [deserialize(m.value, ctx) for m in read_committed(settings, spec.sink.topic)]
     assert len(back) == 10 and all(set(b) == {f["name"] for f in ORDER_AVRO_V1["fields"]} for b in back)
+
+
+def test_validate_checks_the_registry_the_subjects_and_a_schema_files_compatibility(
+        settings, client, make_spec, tmp_path):
+    from kafka_eos.validate import validate
+
+    src_schema = json.dumps(ORDER_AVRO_V1)
+    kept = tmp_path / "out.avsc"
+    kept.write_text(json.dumps({**ORDER_AVRO_V1, "fields": ORDER_AVRO_V1["fields"][:2]}))
+    spec = _avro_spec(make_spec, schema=str(kept))
+    client.register_schema(f"{spec.source.topics[0]}-value", Schema(src_schema, "AVRO"))
+    client.register_schema(f"{spec.sink.topic}-value", Schema(src_schema, "AVRO"))
+    checks = {c.what: c for c in validate(spec, settings)}
+    assert checks["source value schema"].ok and "version 1" in checks["source value schema"].detail
+    assert checks["sink value schema"].ok, checks["sink value schema"].detail  # dropping fields: BACKWARD takes it
+
+    kept.write_text(json.dumps({**ORDER_AVRO_V1, "fields": [{"name": "order_id", "type": "int"}]}))
+    refused = {c.what: c for c in validate(spec, settings)}["sink value schema"]
+    assert not refused.ok
+    assert refused.detail == f"avro: subject '{spec.sink.topic}-value' (version 1, compatibility BACKWARD) refuses {kept}"
+
+    down = dataclasses.replace(settings, schema_registry=RegistrySettings("http://127.0.0.1:9/apis/ccompat/v7"))
+    failed = {c.what: c for c in validate(spec, down)}["source schemas"]
+    assert not failed.ok and failed.detail.startswith("Schema Registry http://127.0.0.1:9/apis/ccompat/v7 unreachable")

@@ -74,7 +74,9 @@ PLANNER_PARTITIONS = 1000
 #: planner's and an empty run's seconds (docs/performance.md).
 TARGETS = {"atomic": 0.9, "per_partition": 1.0, "plan_1000_s": 2.0, "empty_run_s": 3.0,
            # Small runs through the Spark Connect server (no JVM start per run).
-           "few_run_connect_s": 8.0, "few_dag_connect_s": 20.0}
+           "few_run_connect_s": 8.0, "few_dag_connect_s": 20.0,
+           # The Avro pipeline against the same transform on JSON (docs/formats.md).
+           "avro_x_json": 0.9}
 
 
 @dataclass
@@ -531,6 +533,11 @@ def verdicts(rows: list[dict]) -> list[str]:
                 ok = b <= a * 1.25
                 lines.append(f"atomic {part} peak RSS {a} MiB at {sizes[0]}x, {b} MiB at {sizes[-1]}x "
                              f"(target: flat): {'met' if ok else 'NOT met'}")
+    avro = find("avro")
+    if avro and avro.get("x_json") is not None:
+        ok = avro["x_json"] >= TARGETS["avro_x_json"]
+        lines.append(f"Avro pipeline: {avro['x_json']}x the same transform on JSON (target >= "
+                     f"{TARGETS['avro_x_json']}x): {'met' if ok else 'NOT met'}")
     for name in ("plan_1000_s", "empty_run_s", "few_run_connect_s", "few_dag_connect_s"):
         r = find(name)
         if r:
@@ -682,6 +689,72 @@ def _measure(args, skip: set, settings: KafkaSettings, work: Path, rows: list[di
                 rows += dag_rows
     if "planner" not in skip:
         rows += step(f"planner, {PLANNER_PARTITIONS} partitions", run_planner, work, settings)
+    if "avro" not in skip:
+        rows += step(f"Avro and JSON, the same transform ({args.records} records each)", run_formats, work, settings,
+                     args.records, args.repeat)
+
+
+def run_formats(work: Path, settings: KafkaSettings, records: int, repeat: int) -> list[dict]:
+    """The Avro example's transform on Avro orders (decoded and encoded through the embedded Schema
+    Registry; half written with schema version 1, half with version 2) and on the same orders as
+    JSON text (parsed and written by the transform), each a whole spark-submit, atomic scope."""
+    import dataclasses
+
+    from kafka_eos.local.registry import LocalRegistry
+    from kafka_eos.pipeline import prepare_plan
+    from kafka_eos.sample_data import produce_avro_orders
+    from kafka_eos.settings import RegistrySettings
+
+    settings = dataclasses.replace(settings, schema_registry=RegistrySettings(LocalRegistry.default().start()))
+    tag = uuid.uuid4().hex[:6]
+    avro_topic, json_topic = f"bench.orders.avro.{tag}", f"bench.orders.json.{tag}"
+    create_topics(settings, {avro_topic: PARTITIONS, json_topic: PARTITIONS})
+    orders = produce_avro_orders(settings, avro_topic, records, evolve_at=records // 2, per_transaction=PER_TRANSACTION)
+    producer = Producer(settings.client_config(**{"linger.ms": 20, "partitioner": "murmur2_random"}))
+    json_bytes = 0
+    for order in orders:
+        value = json.dumps({**order, "ts": order["ts"].isoformat()}).encode()
+        json_bytes += len(value)
+        _produce(producer, json_topic, order["customer_id"].encode(), value)
+    producer.flush(60)
+    valid = sum(1 for o in orders if o["currency"] != "XXX")
+    rows = []
+    for label, topic, transform, fmt in (("avro", avro_topic, "enrich", "avro"),
+                                         ("avro_json", json_topic, "enrich_json", None)):
+        tries = []
+        for _ in range(repeat):
+            name = f"bench_{label}_{uuid.uuid4().hex[:6]}"
+            create_topics(settings, {f"{name}.out": PARTITIONS, f"{name}.dlq": 1})
+            source = {"topics": [topic], "max_records_per_partition": 10**12, "max_records_per_run": 10**12}
+            sink = {"kind": "kafka", "topic": f"{name}.out", "dlq_topic": f"{name}.dlq", "commit": "atomic"}
+            if fmt:
+                source.update(format=fmt, key_format="string")
+                sink["format"] = fmt
+            path = work / f"{name}.yaml"
+            spec = parse_spec({"name": name, "source": source, "sink": sink,
+                               "transform": f"spark_apps.transforms.orders_avro:{transform}"}, str(path))
+            path.write_text(json.dumps(spec_document(spec)))
+            plan = prepare_plan(spec, settings, "bench")
+            m = run_measured(spark_submit(PROJECT_ROOT / "spark_apps" / "run_pipeline.py",
+                                          ["--spec", spec.path, "--plan", str(_plan_file(work, plan))]),
+                             spark_env(settings, work), work / f"{name}.log")
+            if m.returncode != 0:
+                raise RuntimeError(f"kafka-eos run {name} failed (exit {m.returncode}): see {work / name}.log")
+            out, dead = count_committed(settings, spec.sink.topic), count_committed(settings, spec.sink.dlq_topic)
+            # MB/s of both rows counts the JSON text's bytes: the same orders, one measure.
+            source_input = Input(topic, records, valid, records - valid, 0, json_bytes)
+            row = _row(label, "kafka-eos, the Avro example's transform on Avro (registry, schema evolved mid-topic)"
+                       if fmt else "kafka-eos, the same transform on the same orders as JSON text", source_input,
+                       m, out, dead)
+            row["anomalies"] = [] if (out, dead) == (valid, records - valid) else [
+                f"{out} results and {dead} dead letters for {valid} valid and {records - valid} invalid orders"]
+            tries.append(row)
+        best = dict(min(tries, key=lambda r: r["seconds"]))
+        best["all_seconds"] = [r["seconds"] for r in tries]
+        best["anomalies"] = [a for r in tries for a in r["anomalies"]]
+        rows.append(best)
+    rows[0]["x_json"] = round(rows[0]["records_per_s"] / rows[1]["records_per_s"], 2)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -692,7 +765,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="runs of each Kafka-sink Spark job; the table shows the fastest (Spark on 2 shared cores "
                              "varies by several seconds from run to run)")
     parser.add_argument("--skip", default="",
-                        help="parts to leave out: ceiling, sql, postgres, fixed, airflow, planner, connect")
+                        help="parts to leave out: ceiling, sql, postgres, fixed, airflow, planner, connect, avro")
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or LocalBroker.default().start()

@@ -223,34 +223,32 @@ def cmd_registry(args) -> int:
     from kafka_eos.local.registry import LocalRegistry
 
     registry = LocalRegistry.default()
-    if args.action == "start":
-        Console().step(f"starting the local Schema Registry (Apicurio Registry; data and log under {registry.home})")
-        print(registry.start())
-    elif args.action == "stop":
-        print("stopped" if registry.stop() else "not running")
-    else:
-        if not registry.is_running():
-            print(f"not running ({registry.url})", file=sys.stderr)
-            return 3
-        print(registry.url)
-    return 0
+    return _local_service(args.action, registry, registry.url, f"starting the local Schema Registry (Apicurio "
+                          f"Registry; data and log under {registry.home})", registry.url)
 
 
 def _spark_connect(action: str) -> int:
     from kafka_eos.local.spark_connect import LocalSparkConnect
 
     server = LocalSparkConnect.default()
+    return _local_service(action, server, server.url, f"starting a Spark Connect server on {server.url} (master "
+                          f"{server.master}; log {server.log_file})",
+                          f"{server.url}  (master {server.master}; log {server.log_file})")
+
+
+def _local_service(action: str, service, address: str, starting: str, status: str) -> int:
+    """start, stop or status of a local service (``start()`` returns its address, ``stop()``
+    whether it ran, ``is_running()``); status exits 3 when it is not running."""
     if action == "start":
-        Console().step(f"starting a Spark Connect server on {server.url} (master {server.master}; log "
-                       f"{server.log_file})")
-        print(server.start())
+        Console().step(starting)
+        print(service.start())
     elif action == "stop":
-        print("stopped" if server.stop() else "not running")
-    elif not server.is_running():
-        print(f"not running ({server.url})", file=sys.stderr)
+        print("stopped" if service.stop() else "not running")
+    elif not service.is_running():
+        print(f"not running ({address})", file=sys.stderr)
         return 3
     else:
-        print(f"{server.url}  (master {server.master}; log {server.log_file})")
+        print(status)
     return 0
 
 

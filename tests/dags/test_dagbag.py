@@ -184,18 +184,20 @@ def test_every_pipeline_has_a_stream_dag_that_restarts_and_alerts(dagbag):
 
 # --- the hook: Connection -> KafkaSettings -----------------------------------------------------
 
-def _hook_with(monkeypatch, conn):
+def _hook_with(monkeypatch, conn, registry=None):
+    """A hook whose Kafka connection is ``conn`` and registry connection ``registry`` (None: not defined)."""
     from kafka_eos_airflow.hooks import KafkaEosHook
 
     hook = KafkaEosHook("some_kafka")
 
     def get_connection(conn_id):
-        assert conn_id == "some_kafka"
-        if conn is None:
+        assert conn_id in ("some_kafka", "kafka_eos_schema_registry")
+        found = conn if conn_id == "some_kafka" else registry
+        if found is None:
             from airflow.sdk.exceptions import AirflowNotFoundException
 
             raise AirflowNotFoundException(f"The conn_id `{conn_id}` isn't defined")
-        return conn
+        return found
 
     monkeypatch.setattr(hook, "get_connection", get_connection)
     return hook
@@ -230,6 +232,23 @@ def test_hook_without_connection_uses_environment_then_local_broker(monkeypatch)
     assert _hook_with(monkeypatch, None).get_settings().bootstrap_servers == LocalBroker.default().bootstrap
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "elsewhere:9092")
     assert _hook_with(monkeypatch, None).get_settings().bootstrap_servers == "elsewhere:9092"
+
+
+def test_the_registry_comes_from_its_connection_else_the_environment_with_the_fallback(monkeypatch):
+    from airflow.sdk import Connection
+
+    from kafka_eos.local.registry import LocalRegistry
+
+    kafka = Connection(conn_id="some_kafka", conn_type="kafka", extra=json.dumps({"bootstrap.servers": "b:9092"}))
+    registry = Connection(conn_id="kafka_eos_schema_registry", conn_type="http", host="sr", port=8081,
+                          login="u", password="p")
+    found = _hook_with(monkeypatch, kafka, registry).get_settings().schema_registry
+    assert (found.url, dict(found.extra)) == ("http://sr:8081", {"basic.auth.user.info": "u:p"})
+    monkeypatch.delenv("KAFKA_EOS_SCHEMA_REGISTRY_URL", raising=False)
+    monkeypatch.setenv("AIRFLOW__KAFKA_EOS__LOCAL_BROKER_FALLBACK", "True")
+    assert _hook_with(monkeypatch, kafka).get_settings().schema_registry.url == LocalRegistry.default().url
+    monkeypatch.setenv("AIRFLOW__KAFKA_EOS__LOCAL_BROKER_FALLBACK", "False")
+    assert _hook_with(monkeypatch, kafka).get_settings().schema_registry is None
 
 
 def test_plan_file_path_is_never_needed_at_parse(dagbag):

@@ -392,7 +392,9 @@ def write(results: "DataFrame | None", dead_letters: "DataFrame | None", spec: P
     def dead_rows_of(frame):
         from kafka_eos.formats import dead_letter_bytes
 
-        frame = frame.select(*(dead_letter_bytes(c, frame.schema[c].dataType).alias(c) for c in ("key", "value")),
+        # A struct key or value (a decoded record) as its JSON text; a dead letter without one: null.
+        frame = frame.select(*(dead_letter_bytes(c, frame.schema[c].dataType).alias(c) if c in frame.columns
+                               else F.lit(None).cast("binary").alias(c) for c in ("key", "value")),
                              "topic", "partition", "offset", DLQ_REASON)
         for row in frame.toLocalIterator(prefetchPartitions=True):
             yield {"pipeline": spec.name, "topic": row["topic"], "partition": row["partition"],

@@ -94,8 +94,8 @@ def decoded(df: "DataFrame", decoders: list[Decoder], guard: bool) -> tuple["Dat
         not decode (:data:`UNDECODABLE`), and there are no dead letters; else (two passes) the
         decoded source is cached and split into the records that decoded and the dead letters
         (``key``, ``value`` as read, ``headers``, source coordinates, ``dlq_reason``).
-    :returns: ``(source for the transform, dead letters or None)``; call :func:`release` on the
-        first when the run is done.
+    :returns: ``(source for the transform, dead letters or None)``; :func:`release` unpersists
+        what was cached when the run is done.
     """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F

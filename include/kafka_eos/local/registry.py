@@ -84,7 +84,8 @@ class LocalRegistry:
         :returns: the URL of its Confluent-compatible API.
         :raises RegistryError: the jar is missing, the port is taken, or no answer in time.
         """
-        if self.is_running():
+        if self.pid() is not None:  # running, or still starting: wait for it
+            self._wait_ready(None)
             return self.url
         if self.ready():
             raise RegistryError(f"port {HOST}:{self.port} answers but is not this registry: stop that "
@@ -101,20 +102,24 @@ class LocalRegistry:
                  "-jar", str(runner)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         self.pid_file.write_text(str(proc.pid))
+        self._wait_ready(proc)
+        # What the Confluent-compatible API reports as the global rule (the rule itself is
+        # Apicurio's global rule, set above).
+        requests.put(f"{self.url}/config", json={"compatibility": DEFAULT_COMPATIBILITY}, timeout=10).raise_for_status()
+        return self.url
+
+    def _wait_ready(self, proc: subprocess.Popen | None) -> None:
+        """Until the registry answers. :raises RegistryError: it exited, or no answer in time."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self.ready():
-            if proc.poll() is not None:
+            if (proc.poll() is not None) if proc is not None else self.pid() is None:
                 self.pid_file.unlink(missing_ok=True)
-                raise RegistryError(f"the registry exited ({proc.returncode}) while starting: see {self.log_file}")
+                raise RegistryError(f"the registry exited while starting: see {self.log_file}")
             if time.monotonic() > deadline:
                 self.stop()
                 raise RegistryError(f"the registry did not answer on {HOST}:{self.port} within "
                                     f"{START_TIMEOUT_S:.0f}s: see {self.log_file}")
             time.sleep(0.5)
-        # What the Confluent-compatible API reports as the global rule (the rule itself is
-        # Apicurio's global rule, set above).
-        requests.put(f"{self.url}/config", json={"compatibility": DEFAULT_COMPATIBILITY}, timeout=10).raise_for_status()
-        return self.url
 
     def stop(self) -> bool:
         """Stop the registry. :returns: True when one was running."""

@@ -240,6 +240,7 @@ def _run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: 
                     else:
                         run_out += rec["records_out"]
                         run_dead += rec["dead_letters"]
+                        counts[(t, p)] = (rec["records_out"], rec["dead_letters"])
             record = {**summary, "status": COMMITTED, "records_in": run_out + run_dead, "records_out": run_out,
                       "dead_letters": run_dead, "committed_at": now_iso()}
             if missing:

@@ -251,3 +251,32 @@ def test_a_manifest_topic_equal_to_a_backfill_topic_is_refused():
     doc["manifest_topic"] = "side"
     with pytest.raises(SpecError, match=r"manifest_topic: 'side' is also a data topic"):
         parse_spec(doc, "p1.yaml")
+
+
+def test_formats_are_checked_and_round_trip(tmp_path):
+    from kafka_eos.spec import spec_document
+
+    schema = tmp_path / "out.avsc"
+    schema.write_text('{"type": "string"}')
+    doc = {**GOOD, "source": {"topics": ["orders"], "format": "avro", "key_format": "string", "subject": "s-value",
+                              "reader_version": 2},
+           "sink": {**GOOD["sink"], "format": "avro", "schema": "out.avsc", "subject_strategy": "record_name",
+                    "auto_register": False}}
+    spec = parse_spec(doc, str(tmp_path / "p.yaml"))
+    assert (spec.source.format, spec.source.key_format, spec.source.subject, spec.source.reader_version) == (
+        "avro", "string", "s-value", 2)
+    assert (spec.sink.schema, spec.sink.subject_strategy, spec.sink.auto_register) == (
+        str(schema), "record_name", False)
+    assert parse_spec(spec_document(spec), str(tmp_path / "p.yaml")) == spec
+    assert parse_spec(_with("source.reader_version", "latest"), "p.yaml").source.reader_version is None
+    for path, value, message in [
+        ("source.format", "xml", r"p\.yaml: source\.format: 'xml' is not one of json, raw, string, avro"),
+        ("sink.schema", str(schema), r"p\.yaml: sink\.schema: a schema file needs sink\.format avro"),
+        ("sink.auto_register", "yes", r"p\.yaml: sink\.auto_register: must be true or false"),
+    ]:
+        with pytest.raises(SpecError, match=message):
+            parse_spec(_with(path, value), "p.yaml")
+    with pytest.raises(SpecError, match=r"sink\.schema: no such schema file .*nope\.avsc"):
+        parse_spec(_with("sink", {**GOOD["sink"], "format": "avro", "schema": "nope.avsc"}), str(tmp_path / "p.yaml"))
+    with pytest.raises(SpecError, match=r"sink\.format: not for a sql sink"):
+        parse_spec({**GOOD, "sink": {"kind": "sql", "table": "t", "format": "avro"}}, "p.yaml")

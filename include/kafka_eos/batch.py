@@ -109,11 +109,8 @@ def transformed(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings:
     # Work committed on the driver reads in tasks of bounded size: the driver holds one at a time.
     split = spec.sink.kind == "sql" or spec.sink.commit == "atomic"
     source = read_ranges(spark, settings, plan.active, DRIVER_TASK_RECORDS if split else None)
-    undecodable = None
-    if decoders:
-        source, undecodable = formats.decoded(source, decoders, guard)
+    source, undecodable, counted = formats.decoded(source, decoders or [], guard)
     out = spec.load_transform()(source)
-    counted = source if undecodable is None else formats.everything()
     if isinstance(out, DataFrame):
         return Transformed(counted, out, None, undecodable)
     if isinstance(out, tuple) and len(out) == 2 and all(isinstance(d, DataFrame) for d in out):

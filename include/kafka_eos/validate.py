@@ -80,10 +80,9 @@ def _registry(spec: PipelineSpec, settings: KafkaSettings) -> list[Check]:
                 checks.append(Check(True, f"sink {column} schema", f"{fmt}: derived from the transform's output and "
                                                                    "registered by the first run"))
                 continue
-            versions = registry.versions(subject)
-            rule = registry.compatibility(subject)
-            at = f"subject {subject!r} ({f'version {versions[-1].version}' if versions else 'no version yet'}, " \
-                 f"compatibility {rule})"
+            latest = registry.latest(subject)
+            at = f"subject {subject!r} ({f'version {latest.version}' if latest else 'no version yet'}, " \
+                 f"compatibility {registry.compatibility(subject)})"
             if text is None:
                 checks.append(Check(True, f"sink {column} schema", f"{fmt}: {at}; the output's schema is derived "
                                                                    "from the transform and checked at each run"))

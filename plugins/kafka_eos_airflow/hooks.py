@@ -127,15 +127,19 @@ class KafkaEosHook(BaseHook):
         super().__init__()
         self.kafka_conn_id = kafka_conn_id or config.kafka_conn_id()
 
-    def get_settings(self) -> KafkaSettings:
+    def get_settings(self, registry: bool = False) -> KafkaSettings:
         """The settings of the connection (or, with the fallback on and no connection, of the
         environment / embedded local broker).
+
+        :param registry: with the Schema Registry (:meth:`get_registry`): what a task that runs a
+            pipeline's Spark work needs; the looks at offsets (sensors, triggers, the page) do not.
 
         :raises ConnectionNotDefined: no such connection (and no fallback), naming it.
         :raises AirflowException: the connection exists but has no ``bootstrap.servers``.
         :raises KafkaEosError: the fallback's ``KAFKA_EOS_CLIENT_CONFIG`` is not a JSON object.
         """
-        return dataclasses.replace(self._kafka_settings(), schema_registry=self.get_registry())
+        settings = self._kafka_settings()
+        return dataclasses.replace(settings, schema_registry=self.get_registry()) if registry else settings
 
     def get_registry(self) -> RegistrySettings | None:
         """The Schema Registry of ``[kafka_eos] schema_registry_conn_id``; where it is not defined,
@@ -167,7 +171,7 @@ class KafkaEosHook(BaseHook):
             return settings
         return settings_from_connection(conn)
 
-    def get_checked_settings(self) -> KafkaSettings:
+    def get_checked_settings(self, registry: bool = False) -> KafkaSettings:
         """:meth:`get_settings`, after checking that the cluster answers within the connect
         timeout (``KAFKA_EOS_CONNECT_TIMEOUT_S``, 10 s by default).
 
@@ -175,7 +179,7 @@ class KafkaEosHook(BaseHook):
         """
         from kafka_eos.kafka_admin import check_reachable
 
-        settings = self.get_settings()
+        settings = self.get_settings(registry)
         check_reachable(settings)
         return settings
 

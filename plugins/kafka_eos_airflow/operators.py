@@ -378,7 +378,7 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
         with task_errors():
             options, spec = run_spec(self.pipeline, context)
             skip_unless_spark_runs(options)
-            settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
+            settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings(registry=True)
             side = SideRequest.of(options, context)
             if side is None:
                 # A stream that started after the plan task (a retry, a slow queue) is not fenced.

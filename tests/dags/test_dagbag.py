@@ -242,13 +242,13 @@ def test_the_registry_comes_from_its_connection_else_the_environment_with_the_fa
     kafka = Connection(conn_id="some_kafka", conn_type="kafka", extra=json.dumps({"bootstrap.servers": "b:9092"}))
     registry = Connection(conn_id="kafka_eos_schema_registry", conn_type="http", host="sr", port=8081,
                           login="u", password="p")
-    found = _hook_with(monkeypatch, kafka, registry).get_settings().schema_registry
+    found = _hook_with(monkeypatch, kafka, registry).get_settings(registry=True).schema_registry
     assert (found.url, dict(found.extra)) == ("http://sr:8081", {"basic.auth.user.info": "u:p"})
     monkeypatch.delenv("KAFKA_EOS_SCHEMA_REGISTRY_URL", raising=False)
     monkeypatch.setenv("AIRFLOW__KAFKA_EOS__LOCAL_BROKER_FALLBACK", "True")
-    assert _hook_with(monkeypatch, kafka).get_settings().schema_registry.url == LocalRegistry.default().url
+    assert _hook_with(monkeypatch, kafka).get_settings(registry=True).schema_registry.url == LocalRegistry.default().url
     monkeypatch.setenv("AIRFLOW__KAFKA_EOS__LOCAL_BROKER_FALLBACK", "False")
-    assert _hook_with(monkeypatch, kafka).get_settings().schema_registry is None
+    assert _hook_with(monkeypatch, kafka).get_settings(registry=True).schema_registry is None
 
 
 def test_plan_file_path_is_never_needed_at_parse(dagbag):

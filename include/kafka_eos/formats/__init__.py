@@ -74,7 +74,6 @@ def source_decoders(spec: PipelineSpec, settings: KafkaSettings) -> list[Decoder
             continue
         field = "source.format" if column == "value" else "source.key_format"
         registry = Registry.of(settings, f"{spec.path}: {field} {fmt}")
-        registry.check_reachable()
         subjects = list(dict.fromkeys([subject or f"{src.topics[0]}-{column}",
                                        *(f"{t}-{column}" for t in src.topics)]))
         reader = registry.version(subjects[0], version)
@@ -87,21 +86,23 @@ def source_decoders(spec: PipelineSpec, settings: KafkaSettings) -> list[Decoder
     return decoders
 
 
-def decoded(df: "DataFrame", decoders: list[Decoder], guard: bool) -> tuple["DataFrame", "DataFrame | None"]:
+def decoded(df: "DataFrame", decoders: list[Decoder],
+            guard: bool) -> tuple["DataFrame", "DataFrame | None", "DataFrame"]:
     """The source with its key and value decoded, and the records that did not decode.
 
     :param guard: one pass: the returned source fails its Spark job at the first record that does
         not decode (:data:`UNDECODABLE`), and there are no dead letters; else (two passes) the
         decoded source is cached and split into the records that decoded and the dead letters
         (``key``, ``value`` as read, ``headers``, source coordinates, ``dlq_reason``).
-    :returns: ``(source for the transform, dead letters or None)``; :func:`release` unpersists
-        what was cached when the run is done.
+    :returns: ``(source for the transform, dead letters or None, every record)`` (the last is
+        what a SQL sink counts as read); :func:`release` unpersists what was cached when the run is
+        done.
     """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     if not decoders:
-        return df, None
+        return df, None, df
     for d in decoders:
         if d.format == "protobuf":
             df = _protobuf_decoded(df, d)
@@ -112,24 +113,20 @@ def decoded(df: "DataFrame", decoders: list[Decoder], guard: bool) -> tuple["Dat
     raw = [c for c in df.columns if not c.startswith(DECODED)]
     source = [F.col(DECODED + c).alias(c) if any(d.column == c for d in decoders) else F.col(c) for c in raw]
     if guard:
-        return df.where(F.when(reason.isNotNull(), F.raise_error(F.concat(F.lit(UNDECODABLE), reason)))
-                        .otherwise(F.lit(True))).select(*source), None
+        guarded = df.where(F.when(reason.isNotNull(), F.raise_error(F.concat(F.lit(UNDECODABLE), reason)))
+                           .otherwise(F.lit(True))).select(*source)
+        return guarded, None, guarded
     df = df.select(*raw, *(F.col(DECODED + d.column) for d in decoders), reason.alias(DLQ_REASON))
     df = df.persist(StorageLevel.MEMORY_AND_DISK)
     good = df.where(F.col(DLQ_REASON).isNull()).select(*source)
     dead = df.where(F.col(DLQ_REASON).isNotNull()).select(
         "key", "value", *(["headers"] if "headers" in raw else []), "topic", "partition", "offset", DLQ_REASON)
     _cached.append(df)
-    return good, dead
+    return good, dead, df
 
 
 #: DataFrames :func:`decoded` cached, unpersisted by :func:`release`.
 _cached: list = []
-
-
-def everything() -> "DataFrame":
-    """The decoded source of a two-pass run, every record (what a SQL sink counts as read)."""
-    return _cached[-1]
 
 
 def with_dead_letters(results: "DataFrame | None", undecodable: "DataFrame") -> "DataFrame":
@@ -137,13 +134,8 @@ def with_dead_letters(results: "DataFrame | None", undecodable: "DataFrame") -> 
     it writes (an atomic run: one transaction, written from the driver)."""
     from kafka_eos.sinks import batches
 
-    dead = batches.prepared(undecodable)
-    if results is None:
-        return dead
-    results = batches.prepared(results)
-    if "headers" not in results.columns:
-        dead = dead.drop("headers")
-    return results.unionByName(dead)
+    dead = _as_output(results, undecodable)
+    return dead if results is None else batches.prepared(results).unionByName(dead)
 
 
 def dead_letter_batches(results: "DataFrame | None", undecodable: "DataFrame") -> dict:
@@ -152,17 +144,21 @@ def dead_letter_batches(results: "DataFrame | None", undecodable: "DataFrame") -
     put a partition's rows in two Spark tasks)."""
     import pyarrow.compute as pc
 
-    from kafka_eos.sinks import batches
-
-    dead = batches.prepared(undecodable)
-    if results is not None and "headers" not in results.columns:
-        dead = dead.drop("headers")
-    table = dead.toArrow()
+    table = _as_output(results, undecodable).toArrow()
     out: dict = {}
     for t, p in {(t, p) for t, p in zip(table.column("topic").to_pylist(), table.column("partition").to_pylist())}:
         part = table.filter(pc.and_(pc.equal(table.column("topic"), t), pc.equal(table.column("partition"), p)))
         out[(t, p)] = part.to_batches()
     return out
+
+
+def _as_output(results: "DataFrame | None", undecodable: "DataFrame") -> "DataFrame":
+    """The records that did not decode in the columns the sink writes, headers only where the
+    output has them."""
+    from kafka_eos.sinks import batches
+
+    dead = batches.prepared(undecodable)
+    return dead.drop("headers") if results is not None and "headers" not in results.columns else dead
 
 
 def release() -> None:
@@ -300,11 +296,12 @@ def _protobuf_decoded(df: "DataFrame", d: Decoder) -> "DataFrame":
 
 @dataclass(frozen=True)
 class Encoder:
-    """How the output's ``key`` or ``value`` is encoded: with ``registered`` (its id in the header)."""
+    """How the output's ``key`` or ``value`` is encoded: with ``schema``, its id in the header."""
 
     column: str
     format: str
-    registered: Registered
+    schema_id: int
+    schema: str
 
 
 def sink_encoders(spec: PipelineSpec, settings: KafkaSettings, output: "DataFrame") -> list[Encoder]:
@@ -322,7 +319,6 @@ def sink_encoders(spec: PipelineSpec, settings: KafkaSettings, output: "DataFram
             continue
         field = "sink.format" if column == "value" else "sink.key_format"
         registry = Registry.of(settings, f"{spec.path}: {field} {fmt}")
-        registry.check_reachable()
         schema_type = SCHEMA_TYPES[fmt]
         topic_subject = f"{sink.topic}-{column}"
         if schema_file:
@@ -330,7 +326,7 @@ def sink_encoders(spec: PipelineSpec, settings: KafkaSettings, output: "DataFram
         else:
             text = _derived(spec, fmt, output.schema[column].dataType, registry, topic_subject)
         subject = sink_subject(spec, column, text, schema_type)
-        encoders.append(Encoder(column, fmt, registry.register(subject, text, schema_type, sink.auto_register)))
+        encoders.append(Encoder(column, fmt, registry.register(subject, text, schema_type, sink.auto_register), text))
     return encoders
 
 
@@ -354,12 +350,12 @@ def _derived(spec: PipelineSpec, fmt: str, dt, registry: Registry, subject: str)
     the subject's latest schema when there is one."""
     from kafka_eos.formats import schemas
 
-    latest = registry.versions(subject)
+    latest = registry.latest(subject)
     name = schemas.record_name(spec.name)
     if fmt == "avro":
         namespace = schemas.NAMESPACE
         if latest:
-            parsed = json.loads(latest[-1].schema)
+            parsed = json.loads(latest.schema)
             if isinstance(parsed, dict) and parsed.get("type") == "record":
                 name, namespace = parsed["name"].rsplit(".", 1)[-1], parsed.get("namespace") or (
                     parsed["name"].rsplit(".", 1)[0] if "." in parsed["name"] else "")
@@ -370,7 +366,7 @@ def _derived(spec: PipelineSpec, fmt: str, dt, registry: Registry, subject: str)
     if fmt == "json_schema":
         return json.dumps(schemas.json_schema_of(dt, name))
     if latest:
-        return latest[-1].schema
+        return latest.schema
     from pyspark.sql import types as T
 
     if not isinstance(dt, T.StructType):
@@ -399,17 +395,17 @@ def encoded(df: "DataFrame", encoders: list[Encoder]) -> "DataFrame":
 
     for e in encoders:
         dt = df.schema[e.column].dataType
-        header = F.lit(b"\x00" + e.registered.schema_id.to_bytes(4, "big"))
+        header = F.lit(b"\x00" + e.schema_id.to_bytes(4, "big"))
         dead = dead_letter_bytes(e.column, dt)
         if e.format == "protobuf":
             spare = DECODED + e.column + "_dead"
             df = df.withColumn(spare, F.when(F.col(DLQ_REASON).isNotNull(), dead))
             schema = T.StructType([T.StructField(f.name, T.BinaryType() if f.name == e.column else f.dataType,
                                                  f.nullable) for f in df.schema.fields])
-            df = df.mapInArrow(protobuf.encoder(e.column, e.registered.schema, e.registered.schema_id, None), schema)
+            df = df.mapInArrow(protobuf.encoder(e.column, e.schema, e.schema_id), schema)
             df = df.withColumn(e.column, F.coalesce(F.col(e.column), F.col(spare))).drop(spare)
             continue
-        body = to_avro(F.col(e.column), e.registered.schema) if e.format == "avro" else F.to_json(F.col(e.column))
+        body = to_avro(F.col(e.column), e.schema) if e.format == "avro" else F.to_json(F.col(e.column))
         result = F.concat(header, body.cast("binary"))
         df = df.withColumn(e.column, F.when(F.col(e.column).isNull(), F.lit(None).cast("binary"))
                            .when(F.col(DLQ_REASON).isNull(), result).otherwise(dead))

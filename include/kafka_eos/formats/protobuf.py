@@ -222,7 +222,7 @@ def decoder(column: str, reader: str, writer_ids: frozenset[int], subjects: str,
     return run
 
 
-def encoder(column: str, schema: str, schema_id: int, arrow_type):
+def encoder(column: str, schema: str, schema_id: int):
     """The ``mapInArrow`` function replacing ``column`` (a struct) by its wire-format bytes on
     result rows (dead letters keep their value: :func:`kafka_eos.formats.dead_letter_bytes`)."""
     from kafka_eos.transforms import DLQ_REASON

@@ -93,21 +93,27 @@ class Registry:
             raise RegistryError(f"Schema Registry {self.url} unreachable ({what}): {type(exc).__name__}: "
                                 f"{exc}") from None
 
-    def check_reachable(self) -> None:
-        """:raises RegistryError: the registry does not answer (naming its URL)."""
-        self.call("listing subjects", self.client.get_subjects)
-
     def versions(self, subject: str) -> list[Registered]:
         """Every version of ``subject``, oldest first; [] when the subject does not exist."""
+        return [self.version(subject, n) for n in self._numbers(subject)]
+
+    def latest(self, subject: str) -> Registered | None:
+        """The latest version of ``subject``; None when the subject does not exist."""
+        numbers = self._numbers(subject)
+        return self.version(subject, numbers[-1]) if numbers else None
+
+    def _numbers(self, subject: str) -> list[int]:
+        """``subject``'s version numbers, ascending ([] when the subject does not exist). Asked each
+        time, never ``get_latest_version``: the client keeps that answer for the process's life, and
+        a stream's later batches must see a version registered since."""
         from confluent_kafka.schema_registry.error import SchemaRegistryError
 
         try:
-            numbers = self.call(f"versions of subject {subject!r}", self.client.get_versions, subject)
+            return sorted(self.call(f"versions of subject {subject!r}", self.client.get_versions, subject))
         except SchemaRegistryError as exc:
             if exc.http_status_code == 404:
                 return []
             raise RegistryError(f"Schema Registry {self.url}: subject {subject!r}: {exc}") from None
-        return [self.version(subject, n) for n in sorted(numbers)]
 
     def version(self, subject: str, number: int | None) -> Registered:
         """Version ``number`` (None: the latest) of ``subject``.
@@ -119,8 +125,7 @@ class Registry:
         what = f"subject {subject!r} version {number if number is not None else 'latest'}"
         try:
             if number is None:
-                # Not get_latest_version: the client keeps its answer for the process's life, and a
-                # stream's later batches must see a version registered since.
+                # Not get_latest_version (see _numbers).
                 number = max(self.call(what, self.client.get_versions, subject))
             got = self.call(what, self.client.get_version, subject, number)
         except SchemaRegistryError as exc:
@@ -144,7 +149,7 @@ class Registry:
         from confluent_kafka.schema_registry import Schema
         from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-        if not self.versions(subject):
+        if not self._numbers(subject):
             return True
         try:
             return bool(self.call(f"testing compatibility with {subject!r}", self.client.test_compatibility,
@@ -152,7 +157,7 @@ class Registry:
         except SchemaRegistryError as exc:
             raise RegistryError(f"Schema Registry {self.url}: subject {subject!r}: {exc}") from None
 
-    def register(self, subject: str, schema: str, schema_type: str, auto_register: bool) -> Registered:
+    def register(self, subject: str, schema: str, schema_type: str, auto_register: bool) -> int:
         """The id of ``schema`` under ``subject``: registered when new (``auto_register``), else
         looked up.
 
@@ -165,14 +170,11 @@ class Registry:
         parsed = Schema(schema, schema_type)
         try:
             if auto_register:
-                schema_id = self.call(f"registering under {subject!r}", self.client.register_schema, subject, parsed)
-                found = self.call(f"looking up under {subject!r}", self.client.lookup_schema, subject, parsed)
-                return Registered(subject, found.version, schema_id, schema, schema_type)
-            found = self.call(f"looking up under {subject!r}", self.client.lookup_schema, subject, parsed)
-            return Registered(subject, found.version, found.schema_id, schema, schema_type)
+                return self.call(f"registering under {subject!r}", self.client.register_schema, subject, parsed)
+            return self.call(f"looking up under {subject!r}", self.client.lookup_schema, subject, parsed).schema_id
         except SchemaRegistryError as exc:
-            latest = self.versions(subject)
-            at = f"version {latest[-1].version}" if latest else "no version yet"
+            latest = self.latest(subject)
+            at = f"version {latest.version}" if latest else "no version yet"
             if exc.http_status_code == 409:
                 rule = self.compatibility(subject)
                 raise SchemaRefused(

@@ -40,6 +40,7 @@ from kafka_eos.errors import SpecError
 from kafka_eos.spec import STREAM_SCHEDULE, PipelineSpec, check_owners, parse_spec, spec_paths
 from kafka_eos_airflow import config
 from kafka_eos_airflow.assets import source_asset
+from kafka_eos_airflow.lineage import sink_alias
 from kafka_eos_airflow.checks import CheckpointRefreshOperator, FreshnessCheckOperator
 from kafka_eos_airflow.notifiers import RUNBOOK_DAG_ID, failure_notifiers
 from kafka_eos_airflow.operators import (KafkaEosPlanOperator, KafkaEosSparkSubmitOperator,
@@ -203,7 +204,10 @@ def build_dag(spec: PipelineSpec, options: DagOptions | None = None, **kwargs: A
         plan = KafkaEosPlanOperator(task_id="plan", pipeline=spec.path, kafka_conn_id=kafka_conn_id)
         spark = KafkaEosSparkSubmitOperator(task_id="spark", pipeline=spec.path, kafka_conn_id=kafka_conn_id,
                                             conn_id=options.spark_conn_id, **options.spark_task())
-        verify = KafkaEosVerifyOperator(task_id="verify", pipeline=spec.path, kafka_conn_id=kafka_conn_id)
+        # Its outlet: the sink's asset, resolved when the task knows the cluster (an event per
+        # committed run, for the DAGs scheduled on it).
+        verify = KafkaEosVerifyOperator(task_id="verify", pipeline=spec.path, kafka_conn_id=kafka_conn_id,
+                                        outlets=[sink_alias(spec.name)])
         plan >> spark >> verify
     return dag
 

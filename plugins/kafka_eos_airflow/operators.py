@@ -460,9 +460,15 @@ class KafkaEosVerifyOperator(_PipelineOperator):
     :param kafka_conn_id: the ``kafka`` connection (see :class:`KafkaEosHook`). (templated)
     """
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._lineage = None
+
     def execute(self, context: Context) -> dict[str, Any]:
         from kafka_eos.manifest import ManifestStore
         from kafka_eos.pipeline import verify
+
+        from kafka_eos_airflow import lineage, metrics
 
         run_id = context["run_id"]
         with task_errors():
@@ -508,11 +514,23 @@ class KafkaEosVerifyOperator(_PipelineOperator):
                               side.kind, side.key, live_spec.sink.backfill_table, summary["promote_sql"],
                               f" ({summary['promote_caveat']})" if summary["promote_caveat"] else "")
         set_run_note(context, self._note(summary, plan, side, context))
+        mode, side_key = (side.kind, side.key) if side else ("live", None)
+        self._lineage = lineage.run_lineage(spec, settings, plan, summary, mode, side_key)
+        metrics.run_metrics(summary, record, plan.created_at, mode, spec.sink.commit)
+        if not plan.is_empty and summary["status"] == "committed":
+            # "The sink was written": an event of its asset, for the DAGs scheduled on it.
+            context["outlet_events"][lineage.sink_alias(live_spec.name)].add(
+                lineage.sink_asset(spec, settings), extra=lineage.asset_extra(summary, plan, mode, side_key))
         if not plan.is_empty and summary["status"] not in ("committed", "noop", "written before"):
             # The checkpoints moved (verified above) but the summary record did not land: the
             # data is committed; only the audit record is missing.
             self.log.warning("manifest record of run %s is %r, not 'committed'", run_id, summary["status"])
         return summary
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any):
+        """What the run read and wrote (apache-airflow-providers-openlineage calls it after
+        :meth:`execute`): :func:`kafka_eos_airflow.lineage.run_lineage`."""
+        return self._lineage
 
     @staticmethod
     def _note(summary: dict[str, Any], plan: Plan, side: SideRequest | None, context: Context) -> str:

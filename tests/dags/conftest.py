@@ -38,6 +38,7 @@ TEST_DAGS_DIR = AIRFLOW_HOME / "dags"
 TEST_SPECS_DIR = AIRFLOW_HOME / "specs"
 TEST_DAGS_DIR.mkdir()
 TEST_SPECS_DIR.mkdir()
+LINEAGE_FILE = AIRFLOW_HOME / "openlineage.jsonl"
 
 os.environ.update({
     "AIRFLOW_HOME": str(AIRFLOW_HOME),
@@ -46,6 +47,10 @@ os.environ.update({
     "AIRFLOW__CORE__PLUGINS_FOLDER": str(AIRFLOW_HOME / "plugins"),
     "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{AIRFLOW_HOME / 'airflow.db'}",
+    # OpenLineage's file transport: every task's events, one JSON document per line, which the
+    # lineage assertions read (lineage_events).
+    "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(LINEAGE_FILE),
+                                                   "append": True}),
 })
 if str(VENV_BIN) not in os.environ.get("PATH", "").split(os.pathsep):
     os.environ["PATH"] = f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -114,6 +119,16 @@ def run_dag(airflow_db):
         return module.dag.test()
 
     return run
+
+
+def lineage_events(run_id: str, job_suffix: str = "") -> list[dict]:
+    """The OpenLineage events the file transport wrote for the tasks of DAG run ``run_id`` (whose
+    job names end with ``job_suffix``), in the order written."""
+    if not LINEAGE_FILE.exists():
+        return []
+    events = [json.loads(line) for line in LINEAGE_FILE.read_text().splitlines() if line.strip()]
+    return [e for e in events if e["job"]["name"].endswith(job_suffix) and
+            ((e["run"]["facets"].get("airflow") or {}).get("dagRun") or {}).get("run_id") == run_id]
 
 
 @pytest.fixture

@@ -118,6 +118,38 @@ def returned(dag_run, task_id: str):
         return None if row is None else XComModel.deserialize_value(row)
 
 
+def verified_lineage(dag_run) -> dict:
+    """The verify task's OpenLineage COMPLETE event of ``dag_run``: inputs and outputs as
+    (namespace, name, row count) and its ``kafkaEos`` run facet. The provider emits events off the
+    task's thread: waited for."""
+    from conftest import lineage_events
+
+    deadline = time.monotonic() + READ_TIMEOUT_S
+    while not (found := [e for e in lineage_events(dag_run.run_id, ".verify") if e["eventType"] == "COMPLETE"]):
+        assert time.monotonic() < deadline, f"no OpenLineage COMPLETE event of {dag_run.run_id}'s verify task"
+        time.sleep(0.5)
+    (event,) = found
+
+    def rows(d: dict):
+        return ((d.get("outputFacets") or {}).get("outputStatistics") or {}).get("rowCount")
+
+    return {"inputs": [(d["namespace"], d["name"], rows(d)) for d in event["inputs"]],
+            "outputs": [(d["namespace"], d["name"], rows(d)) for d in event["outputs"]],
+            "facet": event["run"]["facets"]["kafkaEos"]}
+
+
+def asset_events(dag_run) -> list[dict]:
+    """The asset events the tasks of ``dag_run`` emitted: their asset's URI and their extra."""
+    from airflow.models.asset import AssetEvent
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        events = session.scalars(select(AssetEvent).where(AssetEvent.source_run_id == dag_run.run_id,
+                                                          AssetEvent.source_dag_id == dag_run.dag_id)).all()
+        return [{"uri": e.uri, "extra": e.extra} for e in events]
+
+
 def run_dag(pipelines_module, name: str, logical_date: datetime = LOGICAL_DATE, run_conf: dict | None = None,
             states: dict | None = None):
     """``dag.test()`` of the pipeline's DAG, made by the DAG factory from the specs folder; checks
@@ -162,12 +194,32 @@ def test_orders_enriched_dag_run(airflow_db, connections, kafka_settings, pipeli
     assert (verified["status"], verified["records_out"], verified["dead_letters"]) == ("committed", 5, 1)
     assert returned(dag_run, "plan")["partitions"] == 3
 
+    # Lineage (OpenLineage's file transport) and the sink's asset event name what the run read and wrote.
+    server = kafka_settings.bootstrap_servers.split(",")[0]
+    run = verified_lineage(dag_run)
+    assert run["inputs"] == [(f"kafka://{server}", topics["orders"], None)]
+    assert run["outputs"] == [(f"kafka://{server}", topics["enriched"], 5), (f"kafka://{server}", topics["dlq"], 1)]
+    facet = run["facet"]
+    assert (facet["mode"], facet["commitScope"], facet["status"], facet.get("sideKey")) == (
+        "live", "per_partition", "committed", None)
+    assert (facet["recordsIn"], facet["recordsOut"], facet["deadLetters"]) == (6, 5, 1)
+    counts: dict[int, int] = {}
+    for m in read_committed(kafka_settings, topics["orders"]):
+        counts[m.partition()] = max(counts.get(m.partition(), 0), m.offset() + 1)
+    assert facet["ranges"] == [{"topic": topics["orders"], "partition": p, "from": 0, "until": counts[p]}
+                               for p in sorted(counts)]
+    (event,) = asset_events(dag_run)
+    assert event["uri"] == f"kafka://{server}/{topics['enriched']}"
+    assert (event["extra"]["mode"], event["extra"]["records_out"], event["extra"]["dead_letters"]) == ("live", 5, 1)
+    assert event["extra"]["ranges"] == [[topics["orders"], p, 0, counts[p]] for p in sorted(counts)]
+
     # The next interval has no new records: an empty plan, Spark is skipped, the run succeeds
     # and nothing is written twice.
     next_run = run_dag(pipelines_module, name, LOGICAL_DATE + timedelta(minutes=5))
     assert returned(next_run, "plan") == {"pipeline": name, "run_id": next_run.run_id, "partitions": 0,
                                           "empty": True, "ranges": []}
     assert returned(next_run, "verify")["status"] == "empty"
+    assert asset_events(next_run) == []  # nothing was written: no event of the sink's asset
     assert len(read_committed(kafka_settings, topics["enriched"])) == len(VALID_ORDERS)
     assert len(read_committed(kafka_settings, topics["dlq"])) == 1
     assert_checkpoint_at_end(kafka_settings, f"kafka-eos.{name}", topics["orders"])
@@ -313,6 +365,15 @@ def test_a_replay_from_the_trigger_form_writes_the_range_to_the_backfill_topic_o
     assert len(read_committed(kafka_settings, topics["dlq"])) == live_dead_letters
     assert kafka_admin.committed_offsets(kafka_settings, group, tps) == live  # the live checkpoint did not move
     assert len(read_committed(kafka_settings, topics["enriched"])) == len(VALID_ORDERS)  # nor its output
+    # The replay's lineage says it was a replay and names the backfill topic, not the live output;
+    # its asset event is the backfill topic's.
+    server = kafka_settings.bootstrap_servers.split(",")[0]
+    lineage = verified_lineage(replay)
+    assert lineage["outputs"] == [(f"kafka://{server}", topics["backfill"], len(VALID_ORDERS))]
+    assert (lineage["facet"]["mode"], lineage["facet"]["recordsOut"], lineage["facet"]["deadLetters"]) == (
+        "replay", len(VALID_ORDERS), 1)
+    assert lineage["facet"]["sideKey"] == planned["replay"]
+    assert [e["uri"] for e in asset_events(replay)] == [f"kafka://{server}/{topics['backfill']}"]
 
     # The same replay again: done already, nothing written; with reprocess: generation 2.
     again = run_dag(pipelines_module, name, LOGICAL_DATE + timedelta(minutes=3), run_conf=everything)

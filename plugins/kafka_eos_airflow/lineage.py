@@ -1,0 +1,157 @@
+"""What a pipeline run read and wrote, in the terms of Airflow's lineage and assets.
+
+- **OpenLineage** (apache-airflow-providers-openlineage): :func:`run_lineage` is what the verify task's
+  ``get_openlineage_facets_on_complete`` returns: the source topics as inputs, the sink (topic or
+  table) and the dead-letter place as outputs, named by the OpenLineage naming spec (Kafka: namespace
+  ``kafka://{host}:{port}`` of the first bootstrap server, name = topic; PostgreSQL:
+  ``postgres://{host}:{port}``, name ``{database}.{schema}.{table}``; MySQL ``mysql://{host}:{port}``,
+  ``{database}.{table}``; SQLite ``sqlite://{file}``, ``{table}``), with the counts as the datasets'
+  statistics facets and a ``kafkaEos`` run facet (:class:`KafkaEosRunFacet`): mode (live, replay,
+  backfill), side key, commit scope, status, counts and the offset ranges read, per partition.
+- **Assets**: :func:`sink_asset` is the Airflow asset of the place a run wrote, by the URI schemes of
+  Airflow's providers: ``kafka://{bootstrap server}/{topic}`` (apache-airflow-providers-apache-kafka's
+  ``create_asset``), ``postgres://{host}:{port}/{database}/{schema}/{table}`` (the Postgres provider's),
+  ``mysql://{host}:{port}/{database}/{table}``, ``sqlite:///{file}/{table}``.
+
+The cluster's address is known only when a task runs (it comes from the Airflow connection), so the
+pipeline DAG declares an asset alias (:func:`sink_alias`) and its verify task adds the resolved asset.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attr
+
+from airflow.providers.common.compat.openlineage.facet import (InputDataset, OutputDataset,
+                                                               OutputStatisticsOutputDatasetFacet, RunFacet)
+
+from kafka_eos.settings import KafkaSettings
+from kafka_eos.spec import PipelineSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from airflow.sdk import Asset, AssetAlias
+
+    from kafka_eos.plan import Plan
+
+#: The ``kafkaEos`` facet's schema: described in docs/operations.md ("Lineage"); a URN, as kafka-eos
+#: publishes no schema document at a URL of its own.
+FACET_SCHEMA_URL = "urn:kafka-eos:openlineage:KafkaEosRunFacet:1"
+
+
+@attr.define
+class KafkaEosRunFacet(RunFacet):
+    """A kafka-eos run: what it read (the offset ranges, per partition), how it committed and what
+    came of it. ``mode`` is ``live``, ``replay`` or ``backfill`` (side runs write to their own places)."""
+
+    pipeline: str
+    mode: str
+    commitScope: str  # noqa: N815 - OpenLineage facets' field names are camelCase
+    sink: str
+    status: str | None
+    recordsIn: int  # noqa: N815
+    recordsOut: int  # noqa: N815
+    deadLetters: int  # noqa: N815
+    ranges: list[dict[str, Any]] = attr.field(factory=list)
+    skipped: list[dict[str, Any]] = attr.field(factory=list)
+    sideKey: str | None = None  # noqa: N815
+
+    @staticmethod
+    def _get_schema() -> str:
+        return FACET_SCHEMA_URL
+
+
+def kafka_server(settings: KafkaSettings) -> str:
+    """The first bootstrap server, ``host:port``: what OpenLineage's Kafka namespace and Airflow's
+    ``kafka://`` asset URIs name a cluster by."""
+    return settings.bootstrap_servers.split(",")[0].strip()
+
+
+def _sql_place(url: str, table: str) -> tuple[str, str, str]:
+    """(OpenLineage namespace, OpenLineage name, asset URI) of ``table`` in the database at ``url``;
+    the URL's credentials never appear."""
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    backend = u.get_backend_name()
+    schema, _, name = table.rpartition(".")
+    if backend == "sqlite":
+        path = u.database or ":memory:"
+        return f"sqlite://{path}", table, f"sqlite:///{path.lstrip('/')}/{table}"
+    host = f"{u.host or 'localhost'}:{u.port or {'postgresql': 5432, 'mysql': 3306}.get(backend, 0)}"
+    if backend == "postgresql":
+        schema = schema or "public"
+        return f"postgres://{host}", f"{u.database}.{schema}.{name}", f"postgres://{host}/{u.database}/{schema}/{name}"
+    return f"{backend}://{host}", f"{u.database}.{table}", f"{backend}://{host}/{u.database}/{table}"
+
+
+def output_places(spec: PipelineSpec, settings: KafkaSettings) -> list[tuple[str, str, str, str]]:
+    """``(role, namespace, name, asset URI)`` of what a run of ``spec`` writes: its sink (``output``)
+    and its dead-letter places (``dead_letters``). ``spec`` is the run's own: a side run's writes
+    to the side places."""
+    sink, server = spec.sink, kafka_server(settings)
+    places = []
+    if sink.kind == "kafka":
+        places.append(("output", f"kafka://{server}", sink.topic, f"kafka://{server}/{sink.topic}"))
+    else:
+        places.append(("output", *_sql_place(sink.url, sink.table)))
+        places.append(("dead_letters", *_sql_place(sink.url, sink.dead_letters_table)))
+    if sink.dlq_topic and sink.dlq_topic != sink.topic:
+        places.append(("dead_letters", f"kafka://{server}", sink.dlq_topic, f"kafka://{server}/{sink.dlq_topic}"))
+    return places
+
+
+def sink_alias(pipeline: str) -> AssetAlias:
+    """The alias the pipeline DAG declares as its outlet: its verify task adds the sink's asset."""
+    from airflow.sdk import AssetAlias
+
+    return AssetAlias(name=f"kafka-eos.{pipeline}.sink", group="kafka-eos")
+
+
+def sink_asset(spec: PipelineSpec, settings: KafkaSettings) -> Asset:
+    """The Airflow asset of the place a run of ``spec`` writes its results to."""
+    from airflow.sdk import Asset
+
+    if spec.sink.kind == "kafka":
+        from airflow.providers.apache.kafka.assets.kafka import create_asset
+
+        return create_asset(server=kafka_server(settings), topic=spec.sink.topic)
+    _ns, _name, uri = output_places(spec, settings)[0]
+    return Asset(uri=uri)
+
+
+def run_facet(spec: PipelineSpec, plan: Plan, summary: dict[str, Any], mode: str,
+              side_key: str | None) -> KafkaEosRunFacet:
+    """The ``kafkaEos`` run facet of a verified run (``summary``: the verify task's)."""
+    return KafkaEosRunFacet(
+        pipeline=spec.name, mode=mode, commitScope=spec.sink.commit, sink=spec.sink.kind,
+        status=summary.get("status"), recordsIn=summary["records_in"], recordsOut=summary["records_out"],
+        deadLetters=summary["dead_letters"], sideKey=side_key,
+        ranges=[{"topic": r.topic, "partition": r.partition, "from": r.from_offset, "until": r.until}
+                for r in plan.active],
+        skipped=[{"topic": s.topic, "partition": s.partition, "from": s.from_offset, "until": s.until}
+                 for s in plan.skipped])
+
+
+def asset_extra(summary: dict[str, Any], plan: Plan, mode: str, side_key: str | None) -> dict[str, Any]:
+    """The extra of a sink's asset event: the run, its counts and the ranges it read."""
+    return {"pipeline": summary["pipeline"], "run_id": summary["run_id"], "mode": mode, "side_key": side_key,
+            "records_in": summary["records_in"], "records_out": summary["records_out"],
+            "dead_letters": summary["dead_letters"],
+            "ranges": [[r.topic, r.partition, r.from_offset, r.until] for r in plan.active]}
+
+
+def run_lineage(spec: PipelineSpec, settings: KafkaSettings, plan: Plan, summary: dict[str, Any], mode: str,
+                side_key: str | None):
+    """The OpenLineage of a verified run: inputs, outputs (with their row counts) and the run facet."""
+    from airflow.providers.openlineage.extractors import OperatorLineage
+
+    server = kafka_server(settings)
+    inputs = [InputDataset(namespace=f"kafka://{server}", name=t) for t in spec.source.topics]
+    counts = {"output": summary["records_out"], "dead_letters": summary["dead_letters"]}
+    outputs = [OutputDataset(namespace=ns, name=name, outputFacets={
+                   "outputStatistics": OutputStatisticsOutputDatasetFacet(rowCount=counts[role])})
+               for role, ns, name, _uri in output_places(spec, settings)]
+    return OperatorLineage(inputs=inputs, outputs=outputs,
+                           run_facets={"kafkaEos": run_facet(spec, plan, summary, mode, side_key)})
+

@@ -23,7 +23,8 @@ if TYPE_CHECKING:  # pragma: no cover
 class FreshnessCheckOperator(BaseOperator):
     """Fail when a pipeline's oldest unprocessed committed record is older than its spec's
     ``source.freshness_limit_s``, naming each such partition: its checkpoint, LSO, lag, and the
-    record's offset and age. Pipelines without a limit are not checked; a pipeline whose source
+    record's offset and age; every pipeline's lag and oldest age go to the metrics
+    (``kafka_eos.source.*``). Pipelines without a limit are not checked; a pipeline whose source
     topic does not exist yet has nothing to be late with. Returns the pipelines checked.
 
     :param pipelines: spec names or paths. (templated)
@@ -46,14 +47,15 @@ class FreshnessCheckOperator(BaseOperator):
         for pipeline in self.pipelines:
             try:
                 spec = load_spec(pipeline, import_transform=False)
-                if spec.source.freshness_limit_s is None:
-                    continue
                 rows, _drift = backlog(spec, settings)
             except TopicMissing as exc:
                 self.log.info("%s: not checked: %s", pipeline, exc)
                 continue
             except KafkaEosError as exc:  # one broken pipeline does not hide another's lateness
                 errors.append(f"{pipeline}: {str(exc).splitlines()[0]}")
+                continue
+            backlog_metrics(spec.name, rows)
+            if spec.source.freshness_limit_s is None:
                 continue
             checked.append(spec.name)
             late = stale(spec, rows)
@@ -68,6 +70,16 @@ class FreshnessCheckOperator(BaseOperator):
         if errors:
             raise AirflowException("freshness not checked: " + " | ".join(errors))
         return checked
+
+
+def backlog_metrics(pipeline: str, rows: list[dict[str, Any]]) -> None:
+    """A pipeline's lag to the LSO (committed records not processed yet, all partitions) and the age
+    of its oldest unprocessed committed record (0 when none waits)."""
+    from kafka_eos_airflow import metrics
+
+    metrics.gauge("source.lag", sum(r["lag"] for r in rows), pipeline)
+    metrics.gauge("source.oldest_unprocessed_age_s",
+                  max((r["oldest_unprocessed"]["age_s"] for r in rows if r["oldest_unprocessed"]), default=0), pipeline)
 
 
 class CheckpointRefreshOperator(BaseOperator):
@@ -95,6 +107,8 @@ class CheckpointRefreshOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, list[str] | str]:
         from kafka_eos.pipeline import refresh_checkpoints
 
+        from kafka_eos_airflow import metrics
+
         settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
         done, errors = {}, []
         for pipeline in self.pipelines:
@@ -112,6 +126,7 @@ class CheckpointRefreshOperator(BaseOperator):
                 self.log.info("%s: %s", spec.name, done[spec.name])
                 continue
             done[spec.name] = [f"{t}-{p}" for t, p in refreshed.partitions]
+            metrics.count("checkpoint.refreshes", len(refreshed.partitions), spec.name)
             self.log.info("%s: %s", spec.name, f"refreshed {', '.join(done[spec.name])}" if refreshed.partitions
                           else "every checkpoint lives past the next refresh")
         if errors:

@@ -42,7 +42,7 @@ from kafka_eos_airflow import config
 from kafka_eos_airflow.assets import source_asset
 from kafka_eos_airflow.lineage import sink_alias
 from kafka_eos_airflow.checks import CheckpointRefreshOperator, FreshnessCheckOperator
-from kafka_eos_airflow.notifiers import RUNBOOK_DAG_ID, failure_notifiers
+from kafka_eos_airflow.notifiers import RUNBOOK_DAG_ID, KafkaEosAlertRouter, failure_notifiers
 from kafka_eos_airflow.operators import (KafkaEosPlanOperator, KafkaEosSparkSubmitOperator,
                                          KafkaEosVerifyOperator)
 from kafka_eos_airflow.params import pipeline_params
@@ -111,7 +111,8 @@ class DagOptions:
         """The failure callbacks: the bundled notifiers (naming this prefix's runbook), the team's
         notifiers, and an ``on_failure_callback`` of ``default_args``."""
         callbacks = list(failure_notifiers(self.runbook_dag_id)) if self.bundled_notifiers else []
-        callbacks += list(self.notifiers)
+        if self.notifiers:  # with kafka-eos's alert in their template context (kafka_eos_alert)
+            callbacks.append(KafkaEosAlertRouter(self.notifiers, self.runbook_dag_id))
         theirs = self.default_args.get("on_failure_callback")
         callbacks += list(theirs) if isinstance(theirs, (list, tuple)) else [theirs] if theirs else []
         return callbacks

@@ -23,11 +23,12 @@ from __future__ import annotations
 import copy
 import html
 import json
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.http.notifications.http import HttpNotifier
 from airflow.providers.smtp.notifications.smtp import SmtpNotifier
-from airflow.sdk import BaseHook
+from airflow.sdk import BaseHook, BaseNotifier
 from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
 from kafka_eos.health import abort_command
@@ -94,9 +95,58 @@ def alert(context: Context, runbook_dag_id: str = RUNBOOK_DAG_ID) -> dict[str, A
                     "conf": {"topic": s["topic"], "partition": s["partition"], "start_offset": s["lso"]}},
     } for s in details.get("stalls", [])]
     text = f"kafka-eos: {ti.dag_id} / {ti.task_id} {what} (run {run_id}, try {ti.try_number}): {error}"
+    stale, skipped = details.get("stale", []), details.get("skipped", [])
     return {"text": text, "dag_id": ti.dag_id, "run_id": run_id, "task_id": ti.task_id,
-            "try_number": ti.try_number, "error": error, "stalls": stalls,
-            "stale": details.get("stale", []), "skipped": details.get("skipped", [])}
+            "try_number": ti.try_number, "error": error, "stalls": stalls, "stale": stale, "skipped": skipped,
+            "findings": alert_findings(ti, run_id, error, details.get("stalls", []), stale, skipped, runbook_dag_id),
+            "log_url": getattr(ti, "log_url", None)}
+
+
+def _ui(path: str) -> str:
+    """A link into the Airflow UI (``[api] base_url``)."""
+    from airflow.sdk.configuration import conf
+
+    return conf.get("api", "base_url", fallback="http://localhost:8080/").rstrip("/") + path
+
+
+def _since(seconds_ago: float | None) -> str | None:
+    from datetime import datetime, timedelta, timezone
+
+    if seconds_ago is None:
+        return None
+    return (datetime.now(timezone.utc) - timedelta(seconds=seconds_ago)).isoformat(timespec="seconds")
+
+
+def alert_findings(ti: Any, run_id: str | None, error: str, stalls: list[dict], stale: list[dict],
+                skipped: list[dict], runbook_dag_id: str) -> list[dict[str, Any]]:
+    """The alert as structured findings, one per thing wrong: ``what`` (``held_partition``,
+    ``stale_partition``, ``skipped_records``, ``task_failed``), ``pipeline``, ``partition``, ``since``
+    (ISO time: the open transaction's start, the oldest unprocessed record's time, the alert's time)
+    and ``runbook`` (a link into the Airflow UI: the abort runbook's DAG, the pipeline's DAG, the task's
+    log), besides the fields of the kind."""
+    findings = [{
+        "what": "held_partition", "pipeline": (s.get("culprit") or {}).get("pipeline"),
+        "pipelines_reading": s.get("pipelines", []), "partition": f"{s['topic']}-{s['partition']}",
+        "since": _since(s.get("stuck_s")), "lso": s["lso"], "high_watermark": s["high_watermark"],
+        "transactional_id": (s.get("culprit") or {}).get("transactional_id"),
+        "runbook": _ui(f"/dags/{runbook_dag_id}"),
+        "runbook_conf": {"topic": s["topic"], "partition": s["partition"], "start_offset": s["lso"]},
+        "abort": abort_command(s["topic"], s["partition"], s["lso"]),
+    } for s in stalls]
+    findings += [{
+        "what": "stale_partition", "pipeline": s["pipeline"], "partition": f"{s['topic']}-{s['partition']}",
+        "since": _since(s["age_s"]), "lag": s["lag"], "limit_s": s["limit_s"],
+        "runbook": _ui(f"/dags/{s.get('dag_id') or 'kafka_eos__' + s['pipeline']}"),
+    } for s in stale]
+    findings += [{
+        "what": "skipped_records", "pipeline": s.get("pipeline"), "partition": f"{s['topic']}-{s['partition']}",
+        "since": _since(0), "from": s["from"], "until": s["until"], "runbook": getattr(ti, "log_url", None),
+    } for s in skipped]
+    if not findings:
+        findings.append({"what": "task_failed", "pipeline": None, "partition": None, "since": _since(0),
+                      "dag_id": ti.dag_id, "run_id": run_id, "task_id": ti.task_id, "error": error,
+                      "runbook": getattr(ti, "log_url", None)})
+    return findings
 
 
 def send_alert(context: Context, message: str, **details: list[dict[str, Any]]) -> None:
@@ -109,8 +159,6 @@ def send_alert(context: Context, message: str, **details: list[dict[str, Any]]) 
     :param message: one line: what happened and what it means.
     :param details: lists of dicts for the alert's ``stale`` / ``skipped`` / ``stalls``.
     """
-    from airflow.sdk import BaseNotifier
-
     task = context.get("task")
     callbacks = getattr(task, "on_failure_callback", None) if task is not None else None
     if callable(callbacks):
@@ -125,6 +173,39 @@ def send_alert(context: Context, message: str, **details: list[dict[str, Any]]) 
         # A copy: a notifier renders its templates onto itself, and the task's own must stay
         # templates for a failure that may follow.
         copy.copy(notifier)({**context, ALERT_KEY: {**sent, "text": text}})
+
+
+class KafkaEosAlertRouter(BaseNotifier):
+    """kafka-eos's alerts to Airflow notifiers of any provider (e.g. Slack's ``SlackNotifier``,
+    the HTTP or SMTP provider's): each gets the task's context with the alert's payload as
+    ``kafka_eos_alert`` — ``text`` (one paragraph), ``findings`` (:func:`alert_findings`: what, pipeline,
+    partition, since, runbook link), ``stalls``/``stale``/``skipped`` and the task's facts
+    (:func:`alert`) — for a failure and for an alert a task sends while it goes on
+    (:func:`send_alert`). The DAG factory puts the team's notifiers behind one of these.
+
+    :param notifiers: the Airflow notifiers to call, each with its own templates.
+    :param runbook_dag_id: the abort runbook's DAG, which the payload links for each held partition.
+    """
+
+    template_fields = ()
+
+    def __init__(self, notifiers: Sequence[Callable], runbook_dag_id: str = RUNBOOK_DAG_ID) -> None:
+        super().__init__()
+        self.notifiers = list(notifiers)
+        self.runbook_dag_id = runbook_dag_id
+
+    def notify(self, context: Context) -> None:
+        sent = context.get(ALERT_KEY) or {}
+        payload = alert(context, self.runbook_dag_id)
+        routed = {**context, ALERT_KEY: {**payload, "message": sent.get("message", payload["error"]),
+                                         "details": sent.get("details", {})}}
+        for notifier in self.notifiers:
+            try:
+                # A copy: a notifier renders its templates onto itself, and they must stay
+                # templates for the next alert.
+                copy.copy(notifier)(routed)
+            except Exception as exc:  # noqa: BLE001 - one channel down must not silence the others
+                self.log.error("kafka-eos alert not sent by %s: %s", type(notifier).__name__, exc)
 
 
 def connection_or_none(conn_id: str, log) -> Any | None:

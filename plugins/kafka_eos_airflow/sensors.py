@@ -85,6 +85,8 @@ class HungTransactionSensor(BaseSensorOperator):
             timeout=timedelta(seconds=self.healthy_for_s + 10 * self.poll_interval_s + 600))
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        stalls = event.get("stalls", [])
+        self._pinned_metrics(stalls, event["status"])
         if event["status"] == "unreachable":
             raise AirflowException(f"{self.task_id}: the cluster of connection {self.kafka_conn_id!r} did not answer for "
                                    f"{event['failing_s']}s; no partition could be checked: {event['error']}")
@@ -96,6 +98,22 @@ class HungTransactionSensor(BaseSensorOperator):
         self.log.info("%d partition(s) clear of long open transactions for %ss", event["partitions"],
                       event["healthy_for_s"])
         return event
+
+    def _pinned_metrics(self, stalls: list[dict[str, Any]], status: str) -> None:
+        """Per pipeline: how many of its partitions an open transaction holds and for how long the
+        oldest has been held (0 when none); each stall learns the pipelines that use its topic."""
+        from kafka_eos.spec import load_spec
+
+        from kafka_eos_airflow import metrics
+
+        for pipeline in self.pipelines:
+            name, topics = load_spec(pipeline, import_transform=False).name, set(pipeline_topics(pipeline))
+            held = [s for s in stalls if s["topic"] in topics]
+            for s in held:
+                s.setdefault("pipelines", []).append(name)
+            if status != "unreachable":  # an unanswered look measured nothing
+                metrics.gauge("watchdog.pinned_partitions", len(held), name)
+                metrics.gauge("watchdog.pinned_max_age_s", max((s["stuck_s"] or 0 for s in held), default=0), name)
 
     def poke(self, context: Context) -> bool:  # pragma: no cover - execute() defers instead
         raise NotImplementedError("HungTransactionSensor is deferrable only")

@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -129,6 +130,52 @@ def lineage_events(run_id: str, job_suffix: str = "") -> list[dict]:
     events = [json.loads(line) for line in LINEAGE_FILE.read_text().splitlines() if line.strip()]
     return [e for e in events if e["job"]["name"].endswith(job_suffix) and
             ((e["run"]["facets"].get("airflow") or {}).get("dagRun") or {}).get("run_id") == run_id]
+
+
+class StatsdReceiver:
+    """A StatsD server's socket on loopback: what Airflow's StatsD client sent, as (name, value,
+    type) per line (``airflow.kafka_eos.run.records_in.my-pipeline:6|c`` -> ...)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.setblocking(False)
+        self.port = self.sock.getsockname()[1]
+        self.lines: list[tuple[str, float, str]] = []
+
+    def received(self) -> list[tuple[str, float, str]]:
+        while True:
+            try:
+                packet = self.sock.recv(65536).decode()
+            except BlockingIOError:
+                return self.lines
+            for line in packet.splitlines():
+                name, _, rest = line.partition(":")
+                value, _, kind = rest.partition("|")
+                self.lines.append((name, float(value), kind.split("|")[0]))
+
+    def named(self, prefix: str) -> list[tuple[str, float, str]]:
+        """The metrics received whose name starts with ``prefix``."""
+        return [m for m in self.received() if m[0].startswith(prefix)]
+
+
+@pytest.fixture
+def statsd(monkeypatch):
+    """Airflow's metrics configured to StatsD (``[metrics] statsd_on``) at a UDP socket the test
+    reads. ``dag.test()`` runs tasks in this process, without the task runner's main, so the
+    metrics backend is set up here the way that main sets it up in a worker's task process."""
+    from airflow.sdk.observability import stats
+    from airflow.sdk.observability.metrics import stats_utils
+
+    receiver = StatsdReceiver()
+    monkeypatch.setenv("AIRFLOW__METRICS__STATSD_ON", "True")
+    monkeypatch.setenv("AIRFLOW__METRICS__STATSD_HOST", "127.0.0.1")
+    monkeypatch.setenv("AIRFLOW__METRICS__STATSD_PORT", str(receiver.port))
+    stats.initialize(factory=stats_utils.get_stats_factory(), export_legacy_names=False)
+    yield receiver
+    monkeypatch.undo()
+    stats.initialize(factory=stats_utils.get_stats_factory(), export_legacy_names=False)
+    receiver.sock.close()
 
 
 @pytest.fixture

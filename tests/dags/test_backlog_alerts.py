@@ -131,7 +131,7 @@ def _html(mail: str) -> str:
 
 
 def test_the_freshness_check_alerts_on_old_unprocessed_records(run_dag, kafka_settings, kafka_connection, pipeline,
-                                                                alert_receivers, unique):
+                                                                alert_receivers, statsd, unique):
     path = pipeline(freshness_limit_s=600)
     topic = f"in-{unique}"
     dag_id = f"freshness_{unique.replace('-', '_')}"
@@ -152,6 +152,15 @@ def test_the_freshness_check_alerts_on_old_unprocessed_records(run_dag, kafka_se
     assert (late["pipeline"], late["topic"], late["partition"], late["checkpoint"], late["lso"], late["lag"],
             late["oldest_offset"], late["limit_s"]) == (unique, topic, 1, None, 3, 3, 0, 600)
     assert 3590 <= late["age_s"] < 3700
+    # Both looks told Airflow's metrics the pipeline's lag and its oldest unprocessed record's age.
+    lags = statsd.named(f"airflow.kafka_eos.source.lag.{unique}")
+    assert [v for _n, v, kind in lags] == [2, 5] and {kind for _n, _v, kind in lags} == {"g"}
+    ages = [v for _n, v, _k in statsd.named(f"airflow.kafka_eos.source.oldest_unprocessed_age_s.{unique}")]
+    assert len(ages) == 2 and ages[0] < 60 and ages[1] == late["age_s"]
+    ((finding),) = alert["findings"]
+    assert (finding["what"], finding["pipeline"], finding["partition"], finding["lag"]) == (
+        "stale_partition", unique, f"{topic}-1", 3)
+    assert finding["runbook"].endswith(f"/dags/kafka_eos__{unique}")
     ((_from, _to, mail),) = mails
     assert f"<b>{topic}-1</b> ({unique}): the oldest unprocessed committed record (offset 0) is " in _html(mail)
 

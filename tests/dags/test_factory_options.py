@@ -5,6 +5,8 @@ spec's ``spark:`` section reaching spark-submit."""
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
+from urllib.parse import quote
 
 import pytest
 import yaml
@@ -29,7 +31,7 @@ def test_the_factory_options_shape_every_dag_and_two_folders_never_collide(tmp_p
     from airflow.providers.smtp.notifications.smtp import SmtpNotifier
 
     from kafka_eos_airflow.dag_factory import kafka_eos_dags
-    from kafka_eos_airflow.notifiers import KafkaEosEmailNotifier, KafkaEosWebhookNotifier
+    from kafka_eos_airflow.notifiers import KafkaEosAlertRouter, KafkaEosEmailNotifier, KafkaEosWebhookNotifier
 
     theirs = SmtpNotifier(to="payments-oncall@example.com", subject="{{ ti.dag_id }} failed")
     pay = _folder(tmp_path / "payments", charges={}, refunds={})
@@ -46,10 +48,11 @@ def test_the_factory_options_shape_every_dag_and_two_folders_never_collide(tmp_p
         for task in dag.tasks:
             assert task.owner == "payments", (dag_id, task.task_id)
             callbacks = task.on_failure_callback
-            assert [type(c) for c in callbacks] == [KafkaEosWebhookNotifier, KafkaEosEmailNotifier, SmtpNotifier]
-            assert callbacks[2] is theirs
-            # The bundled alerts name this prefix's runbook.
-            assert {c.runbook_dag_id for c in callbacks[:2]} == {"payments__kafka_eos_runbook_abort_transaction"}
+            assert [type(c) for c in callbacks] == [KafkaEosWebhookNotifier, KafkaEosEmailNotifier,
+                                                    KafkaEosAlertRouter]
+            assert callbacks[2].notifiers == [theirs]
+            # The alerts name this prefix's runbook.
+            assert {c.runbook_dag_id for c in callbacks} == {"payments__kafka_eos_runbook_abort_transaction"}
     pipeline = dags["payments__kafka_eos__charges"]
     assert {t.task_id: (t.pool, t.queue, t.retries) for t in pipeline.tasks} == {
         "plan": ("default_pool", "default", 5), "spark": ("spark", "spark_workers", 5),
@@ -215,7 +218,7 @@ from kafka_eos_airflow.operators import KafkaEosPlanOperator
 # An Airflow notifier of the HTTP provider's own, templated: the only channel of these DAGs.
 options = DagOptions(bundled_notifiers=False, notifiers=[HttpNotifier(
     http_conn_id="kafka_eos_alerts_webhook", endpoint="/theirs",
-    json={{"said": "{{{{ kafka_eos_alert.text if kafka_eos_alert is defined else 'failed: ' ~ exception }}}}"}})])
+    json={{"said": "{{{{ kafka_eos_alert.text }}}}", "findings": "{{{{ kafka_eos_alert.findings | tojson }}}}"}})])
 
 with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
          default_args=options.args(retries=0)) as dag:
@@ -253,8 +256,17 @@ def test_an_airflow_notifier_of_the_teams_gets_the_alerts_and_the_failures(run_d
     assert {ti.task_id: ti.state for ti in dag_run.get_task_instances()} == {"plan": "success", "boom": "failed"}
     bodies, mails = alert_receivers
     assert mails == []  # the bundled notifiers are off
-    said = sorted(body["said"] for endpoint, _type, body in bodies if endpoint == "/theirs")
-    assert len(bodies) == 2 and len(said) == 2, bodies
-    assert said[0] == "failed: boom"
-    assert said[1].startswith(f"kafka-eos: {dag_id} / plan reports (run manual__")
-    assert f"{topic}-0 [1, 4)" in said[1]
+    said = {body["said"].split(" (run ")[0]: (body["said"], json.loads(body["findings"]))
+            for endpoint, _type, body in bodies if endpoint == "/theirs"}
+    assert len(bodies) == 2 and sorted(said) == [f"kafka-eos: {dag_id} / boom failed",
+                                                 f"kafka-eos: {dag_id} / plan reports"], bodies
+    # The payload besides the text: what, which pipeline and partition, since when, where to act.
+    text, (failed,) = said[f"kafka-eos: {dag_id} / boom failed"]
+    assert text.endswith("try 1): boom")
+    assert (failed["what"], failed["task_id"], failed["error"]) == ("task_failed", "boom", "boom")
+    assert failed["runbook"].endswith(f"/dags/{dag_id}/runs/{quote(dag_run.run_id)}/tasks/boom?try_number=1")
+    text, (skipped,) = said[f"kafka-eos: {dag_id} / plan reports"]
+    assert f"{topic}-0 [1, 4)" in text
+    assert (skipped["what"], skipped["pipeline"], skipped["partition"], skipped["from"], skipped["until"]) == (
+        "skipped_records", unique, f"{topic}-0", 1, 4)
+    assert datetime.fromisoformat(skipped["since"]) <= datetime.now(timezone.utc)

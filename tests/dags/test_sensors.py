@@ -95,6 +95,10 @@ def test_the_sensor_fails_naming_the_culprit_alerts_and_passes_on_healthy_partit
     assert stall["producer_id"] >= 0 and stall["open_for_s"] >= 1
     assert stall["runbook"] == {"dag_id": "kafka_eos_runbook_abort_transaction",
                                 "conf": {"topic": held, "partition": 1, "start_offset": 1}}
+    ((finding),) = alert["findings"]
+    assert (finding["what"], finding["partition"], finding["transactional_id"], finding["runbook_conf"]) == (
+        "held_partition", f"{held}-1", txid, stall["runbook"]["conf"])
+    assert finding["runbook"].endswith("/dags/kafka_eos_runbook_abort_transaction") and finding["since"]
     # ... and so did the mailbox.
     ((sender, recipients, mail),) = mails
     assert (sender, recipients) == ("kafka-eos@example.com", ["ops@example.com"])
@@ -130,7 +134,7 @@ def test_the_watchdogs_threshold_follows_the_longest_transaction_timeout_of_its_
 
 
 def test_the_watchdog_over_a_pipeline_that_never_ran_watches_what_exists(tmp_path, kafka_settings, kafka_connection,
-                                                                         killed_transaction, unique):
+                                                                         killed_transaction, statsd, unique):
     """A pipeline's run manifest and backfill topic exist only after its first run: the watchdog
     over it watches its other topics meanwhile (it found a stranger's transaction on the source)
     instead of failing every run with "topic does not exist" (met in the soak: a stream pipeline
@@ -139,6 +143,7 @@ def test_the_watchdog_over_a_pipeline_that_never_ran_watches_what_exists(tmp_pat
     from airflow.sdk.exceptions import TaskDeferred
 
     from kafka_eos.errors import BrokerError
+    from kafka_eos_airflow.notifiers import HungTransactionsFound
     from kafka_eos_airflow.sensors import HungTransactionSensor
 
     source, out = f"in-{unique}", f"out-{unique}"
@@ -155,6 +160,19 @@ def test_the_watchdog_over_a_pipeline_that_never_ran_watches_what_exists(tmp_pat
     (event,) = _events(trigger)
     assert event.payload["status"] == "stalled"
     assert [(s["topic"], s["partition"]) for s in event.payload["stalls"]] == [(source, 0)]
+    # The watch's end fails the task, and tells Airflow's metrics (StatsD here) what it found.
+    sensor = HungTransactionSensor(task_id="watch", pipelines=[str(path)], older_than_s=0)
+    with pytest.raises(HungTransactionsFound) as found:
+        sensor.execute_complete({}, event.payload)
+    assert found.value.stalls[0]["pipelines"] == [f"never-ran-{unique}"]
+    name = f"never-ran-{unique}"
+    assert statsd.named("airflow.kafka_eos.watchdog.pinned_partitions") == [
+        ("airflow.kafka_eos.watchdog.pinned_partitions", 1, "g"),
+        (f"airflow.kafka_eos.watchdog.pinned_partitions.{name}", 1, "g")]
+    ages = statsd.named("airflow.kafka_eos.watchdog.pinned_max_age_s")
+    assert [m[0] for m in ages] == ["airflow.kafka_eos.watchdog.pinned_max_age_s",
+                                    f"airflow.kafka_eos.watchdog.pinned_max_age_s.{name}"]
+    assert ages[0][1] == ages[1][1] == event.payload["stalls"][0]["stuck_s"] and ages[0][1] >= 0
 
     with pytest.raises(TaskDeferred) as deferred:
         HungTransactionSensor(task_id="watch", topics=[f"absent-{unique}"], pipelines=[str(path)], older_than_s=0,

@@ -352,8 +352,25 @@ def cmd_stream(args) -> int:
     def report(line: str) -> None:
         print(f"{datetime.now(timezone.utc).strftime('%H:%M:%S.%f')[:-3]} {line}", flush=True)
 
+    observers: list = []
+    if args.metrics_port is not None:
+        from kafka_eos.stream.figures import PrometheusFigures
+
+        prometheus = PrometheusFigures(spec.name, args.metrics_port, args.metrics_addr)
+        observers.append(prometheus)
+        console.step(f"metrics for Prometheus at http://{args.metrics_addr}:{args.metrics_port}/metrics")
+    if args.figures:
+        from kafka_eos.stream.figures import figures_line
+
+        observers.append(lambda figures: print(figures_line(figures), flush=True))
+
+    def observe(figures: dict) -> None:
+        for observer in observers:
+            observer(figures)
+
     runner = StreamRunner(spark, spec, settings, interval_s=args.interval, report=report,
-                          max_batches=args.max_batches, stop_when_caught_up=args.until_caught_up, force=args.force)
+                          max_batches=args.max_batches, stop_when_caught_up=args.until_caught_up, force=args.force,
+                          observe=observe)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: runner.stop(signal.Signals(signum).name))
     stats = runner.run()
@@ -699,6 +716,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="stop at the first batch with nothing to read (drain the backlog and stop)")
     st.add_argument("--force", action="store_true",
                     help="start even though a batch run's plan has not committed yet (a failed run)")
+    st.add_argument("--metrics-port", type=positive_int, metavar="PORT",
+                    default=os.environ.get("KAFKA_EOS_METRICS_PORT"),  # a string default is parsed by type
+                    help="serve the stream's figures to Prometheus at http://ADDR:PORT/metrics (default "
+                         "$KAFKA_EOS_METRICS_PORT; none)")
+    st.add_argument("--metrics-addr", default="127.0.0.1", metavar="ADDR",
+                    help="the address of the metrics endpoint (default 127.0.0.1)")
+    st.add_argument("--figures", action="store_true",
+                    help="print each batch's figures as a line of JSON (what the Airflow task reads)")
     c = command("checkpoint", cmd_checkpoint, "per partition: checkpoint, LSO, HW and lag (to the LSO)",
                 json_flag=True, pipeline=True)
     c.add_argument("--refresh", action="store_true",

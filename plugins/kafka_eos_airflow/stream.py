@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseHook, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowNotFoundException
 
+from kafka_eos.stream.figures import parse_figures_line
+
 from kafka_eos_airflow import config
 from kafka_eos_airflow.hooks import KafkaEosHook
 
@@ -26,6 +28,21 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: How long a stream may take to finish its batch in flight after SIGTERM before it is killed.
 STOP_GRACE_S = 120.0
+
+
+def stream_metrics(figures: dict[str, Any]) -> None:
+    """A stream batch's figures (:mod:`kafka_eos.stream.figures`) through Airflow's metrics: batches
+    committed and failed, records in/out/dead-lettered and the batch's latency (plan start to commit)."""
+    from kafka_eos_airflow import metrics
+
+    pipeline = figures["pipeline"]
+    if figures["status"] == "failed":
+        metrics.count("stream.failed_batches", 1, pipeline)
+        return
+    metrics.count("stream.batches", 1, pipeline)
+    for k in ("records_in", "records_out", "dead_letters"):
+        metrics.count(f"stream.{k}", figures[k], pipeline)
+    metrics.timing("stream.batch_latency", figures["latency_s"] * 1000, pipeline)
 
 
 class KafkaEosStreamOperator(BaseOperator):
@@ -63,7 +80,7 @@ class KafkaEosStreamOperator(BaseOperator):
         drain = self.until_caught_up or bool(context["params"].get("until_caught_up"))
         settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings(registry=True)
         command = [sys.executable, "-m", "kafka_eos.cli", "stream", self.pipeline, "--interval", f"{interval:g}",
-                   *(["--until-caught-up"] if drain else [])]
+                   "--figures", *(["--until-caught-up"] if drain else [])]
         with tempfile.TemporaryDirectory(prefix="kafka-eos-stream-") as tmp:
             env = {**os.environ, **settings.to_environ(Path(tmp) / "client.json"), **self._spark_master()}
             self.log.info("starting: %s", " ".join(command))
@@ -71,6 +88,10 @@ class KafkaEosStreamOperator(BaseOperator):
                                           text=True, start_new_session=True)
             last = ""
             for line in self._proc.stdout:
+                figures = parse_figures_line(line)
+                if figures is not None:  # a batch's figures: to Airflow's metrics, not to the log
+                    stream_metrics(figures)
+                    continue
                 last = line.rstrip() or last
                 self.log.info("%s", last)
             code = self._proc.wait()

@@ -92,7 +92,7 @@ def test_a_stream_scheduled_dag_runs_on_committed_data_and_steps_aside_for_a_str
 
 
 def test_the_stream_dag_runs_a_stream_until_caught_up(airflow_db, kafka_connection, kafka_settings, pipelines_module,
-                                                      unique):
+                                                      statsd, unique):
     import os
     from pathlib import Path
 
@@ -116,3 +116,10 @@ def test_the_stream_dag_runs_a_stream_until_caught_up(airflow_db, kafka_connecti
     tps = [(topic, 0), (topic, 1)]
     lso = kafka_admin.partition_offsets(kafka_settings, tps)
     assert kafka_admin.committed_offsets(kafka_settings, f"kafka-eos.{name}", tps) == {tp: lso[tp].lso for tp in tps}
+    # Each batch's figures reached Airflow's metrics (StatsD here): batches, records and latency.
+    batches = statsd.named(f"airflow.kafka_eos.stream.batches.{name}")
+    assert len(batches) >= 300 / 2 / 40 and {(v, k) for _n, v, k in batches} == {(1, "c")}
+    records_out = sum(v for _n, v, _k in statsd.named(f"airflow.kafka_eos.stream.records_out.{name}"))
+    assert records_out == len(truth.committed)
+    latencies = statsd.named(f"airflow.kafka_eos.stream.batch_latency.{name}")
+    assert len(latencies) == len(batches) and all(k == "ms" and v > 0 for _n, v, k in latencies)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from kafka_eos.errors import PipelineBusy
 from kafka_eos.readers import read_committed
 from kafka_eos.sample_data import produce_orders
 from kafka_eos.spec import spec_document
+from kafka_eos.stream.figures import parse_figures_line
 from kafka_eos.stream.lease import StreamLease, stream_owner
 from kafka_eos.stream.loop import STREAM_RUN_ID, StreamRunner
 from waiting import wait_until
@@ -161,6 +163,16 @@ def _start_stream(spec_file: Path, settings, *flags: str, crash_at: str | None =
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
+def _scrape(url: str, pipeline: str) -> dict[tuple[str, str | None], float]:
+    """A Prometheus endpoint's samples of ``pipeline``: (name, status label or None) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=10) as response:
+        families = text_string_to_metric_families(response.read().decode())
+        return {(s.name, s.labels.get("status")): s.value for f in families for s in f.samples
+                if s.labels.get("pipeline") == pipeline}
+
+
 def _spec_file(spec, tmp_path: Path) -> Path:
     path = tmp_path / f"{spec.name}.yaml"
     path.write_text(yaml.safe_dump(spec_document(spec)))
@@ -168,15 +180,25 @@ def _spec_file(spec, tmp_path: Path) -> Path:
 
 
 def test_sigterm_mid_stream_exits_clean_and_a_restart_is_exactly_once(kafka_settings, make_spec, tmp_path,
-                                                                      capsys, monkeypatch):
+                                                                      capsys, monkeypatch, free_ports):
     spec = make_spec("identity", "kafka", "atomic")
     spec_file = _spec_file(spec, tmp_path)
     monkeypatch.setattr("kafka_eos.spec.pipelines_dir", lambda: tmp_path)  # `pipelines` lists this spec
     truth = produce_orders(kafka_settings, spec.source.topics[0], 3000, abort_every=4, malformed_every=0)
-    proc = _start_stream(spec_file, kafka_settings, "--max-records", "100")
+    port = free_ports(1)
+    proc = _start_stream(spec_file, kafka_settings, "--max-records", "100", "--metrics-port", str(port), "--figures")
     try:
         first = proc.stdout.readline()
         assert first.split(" ", 1)[1].startswith("batch 1 committed"), (first, proc.stderr.read())
+        figures = parse_figures_line(proc.stdout.readline())
+        assert (figures["pipeline"], figures["batch"], figures["status"]) == (spec.name, 1, "committed")
+        assert figures["records_in"] > 0 and figures["latency_s"] > figures["plan_s"] >= 0
+        # The same figures, on the stream's Prometheus endpoint.
+        scraped = _scrape(f"http://127.0.0.1:{port}/metrics", spec.name)
+        committed_batches = scraped[("kafka_eos_stream_batches_total", "committed")]
+        assert committed_batches >= 1
+        assert scraped[("kafka_eos_stream_batch_latency_seconds_count", None)] == committed_batches
+        assert scraped[("kafka_eos_stream_records_in_total", None)] >= figures["records_in"]
         # While it runs, it owns the pipeline: a batch run steps aside, a second stream is refused.
         owner = stream_owner(spec, kafka_settings)
         assert owner is not None and owner.client_id.endswith(f":{proc.pid}")
@@ -194,6 +216,10 @@ def test_sigterm_mid_stream_exits_clean_and_a_restart_is_exactly_once(kafka_sett
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, err
     assert "stopped (SIGTERM)" in err
+    # One figures line per committed batch; together they count what the stream says it did.
+    lines = [figures, *filter(None, map(parse_figures_line, out.splitlines()))]
+    total_in = int(re.search(r"stopped \(SIGTERM\): \d+ batch\(es\), in (\d+),", err).group(1))
+    assert sum(f["records_in"] for f in lines) == total_in
     stable_output(spec, kafka_settings)  # the batch in flight finished: no open transaction
     assert not caught_up(spec, kafka_settings), "the stream should have stopped before the end"
     assert stream_owner(spec, kafka_settings) is None  # the lease went with it

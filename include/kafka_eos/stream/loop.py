@@ -38,6 +38,7 @@ from kafka_eos.plan import Plan, plan_ranges
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
 from kafka_eos.stream.lease import StreamLease, batch_in_flight
+from kafka_eos.stream.figures import batch_figures, failed_figures
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
@@ -103,11 +104,13 @@ class StreamRunner:
     :param report: called with each batch's line (default: logged at INFO).
     :param stop_when_caught_up: end at the first plan with nothing to read (drain and stop).
     :param force: start even if a batch run's plan looks in flight.
+    :param observe: called with each batch's figures (:mod:`kafka_eos.stream.figures`).
     """
 
     def __init__(self, spark: "SparkSession", spec: PipelineSpec, settings: KafkaSettings,
                  interval_s: float = 1.0, report: Callable[[str], None] | None = None,
-                 max_batches: int | None = None, stop_when_caught_up: bool = False, force: bool = False) -> None:
+                 max_batches: int | None = None, stop_when_caught_up: bool = False, force: bool = False,
+                 observe: Callable[[dict], None] | None = None) -> None:
         self.spark = spark
         self.spec = spec
         self.settings = settings
@@ -116,6 +119,7 @@ class StreamRunner:
         self.max_batches = max_batches
         self.stop_when_caught_up = stop_when_caught_up
         self.force = force
+        self.observe = observe or (lambda _figures: None)
         self.stats = StreamStats()
         self.started_at = now_iso()
         self._stop = threading.Event()
@@ -237,6 +241,7 @@ class StreamRunner:
                     raise
                 failures += 1
                 self.stats.failed_batches += 1
+                self.observe(failed_figures(self.spec.name, self.stats.batches + 1))
                 self._forget()
                 if failures >= MAX_CONSECUTIVE_FAILURES:
                     raise
@@ -251,6 +256,7 @@ class StreamRunner:
             self.stats.records_out += summary.records_out
             self.stats.dead_letters += summary.dead_letters
             self.report(batch_line(n, summary, plan_s))
+            self.observe(batch_figures(self.spec.name, n, summary, plan_s))
             if self.max_batches is not None and self.stats.batches >= self.max_batches:
                 self.stop(f"{self.max_batches} batches")
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - began)))

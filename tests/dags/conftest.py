@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import urllib.parse
 import urllib.request
 import uuid
@@ -133,30 +134,44 @@ def lineage_events(run_id: str, job_suffix: str = "") -> list[dict]:
 
 
 class StatsdReceiver:
-    """A StatsD server's socket on loopback: what Airflow's StatsD client sent, as (name, value,
-    type) per line (``airflow.kafka_eos.run.records_in.my-pipeline:6|c`` -> ...)."""
+    """A StatsD server's socket on loopback: the kafka-eos metrics Airflow's StatsD client sent, as
+    (name, value, type) per line (``airflow.kafka_eos.run.records_in.my-pipeline:6|c``). A thread
+    drains the socket all along (Airflow's own metrics would fill its buffer) and keeps kafka-eos's."""
 
     def __init__(self) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind(("127.0.0.1", 0))
-        self.sock.setblocking(False)
+        self.sock.settimeout(0.2)
         self.port = self.sock.getsockname()[1]
         self.lines: list[tuple[str, float, str]] = []
+        self._closed = threading.Event()
+        threading.Thread(target=self._drain, daemon=True).start()
 
-    def received(self) -> list[tuple[str, float, str]]:
-        while True:
+    def _drain(self) -> None:
+        while not self._closed.is_set():
             try:
                 packet = self.sock.recv(65536).decode()
-            except BlockingIOError:
-                return self.lines
+            except (TimeoutError, OSError):
+                continue
             for line in packet.splitlines():
                 name, _, rest = line.partition(":")
-                value, _, kind = rest.partition("|")
-                self.lines.append((name, float(value), kind.split("|")[0]))
+                if ".kafka_eos." in name:
+                    value, _, kind = rest.partition("|")
+                    self.lines.append((name, float(value), kind.split("|")[0]))
 
-    def named(self, prefix: str) -> list[tuple[str, float, str]]:
-        """The metrics received whose name starts with ``prefix``."""
-        return [m for m in self.received() if m[0].startswith(prefix)]
+    def named(self, prefix: str, wait_s: float = 1.0) -> list[tuple[str, float, str]]:
+        """The metrics received whose name starts with ``prefix``, after ``wait_s`` for late packets."""
+        time.sleep(wait_s)
+        return [m for m in list(self.lines) if m[0].startswith(prefix)]
+
+    def environ(self) -> dict[str, str]:
+        """Airflow's configuration that sends its metrics here."""
+        return {"AIRFLOW__METRICS__STATSD_ON": "True", "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+                "AIRFLOW__METRICS__STATSD_PORT": str(self.port)}
+
+    def close(self) -> None:
+        self._closed.set()
+        self.sock.close()
 
 
 @pytest.fixture
@@ -168,14 +183,13 @@ def statsd(monkeypatch):
     from airflow.sdk.observability.metrics import stats_utils
 
     receiver = StatsdReceiver()
-    monkeypatch.setenv("AIRFLOW__METRICS__STATSD_ON", "True")
-    monkeypatch.setenv("AIRFLOW__METRICS__STATSD_HOST", "127.0.0.1")
-    monkeypatch.setenv("AIRFLOW__METRICS__STATSD_PORT", str(receiver.port))
+    for key, value in receiver.environ().items():
+        monkeypatch.setenv(key, value)
     stats.initialize(factory=stats_utils.get_stats_factory(), export_legacy_names=False)
     yield receiver
     monkeypatch.undo()
     stats.initialize(factory=stats_utils.get_stats_factory(), export_legacy_names=False)
-    receiver.sock.close()
+    receiver.close()
 
 
 @pytest.fixture
@@ -242,14 +256,18 @@ def airflow_deployment(kafka_settings, free_ports, postgres_url):
     write_specs_dag_file(home / "dags", home / "specs", "kafka_eos_deployed.py")
     # The operator page, the runbook and the watchdog read the pipelines of the specs folder from
     # Airflow's own configuration, as in a deployment (no KAFKA_EOS_PIPELINES_DIR).
+    # Its metrics go to StatsD at a socket the tests read (deployment.statsd), as a deployment's would.
+    statsd = StatsdReceiver()
     environ = {**connections_environ(kafka_settings, "local[2]"),
                "AIRFLOW__KAFKA_EOS__PIPELINES_FOLDER": str(home / "specs"),
-               "AIRFLOW__KAFKA_EOS__PAGE_CACHE_SECONDS": "1"}
+               "AIRFLOW__KAFKA_EOS__PAGE_CACHE_SECONDS": "1", **statsd.environ()}
     deployment = LocalAirflow(home / "home", free_ports(1), home / "dags", environ,
                               database_url=postgres_url.rsplit("/", 1)[0] + f"/{database}")
+    deployment.statsd = statsd
     deployment.start()
     yield deployment
     deployment.stop()
+    statsd.close()
     shutil.rmtree(home, ignore_errors=True)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.parse
 from collections import Counter
 
 import pytest
@@ -20,6 +21,18 @@ from kafka_eos.spec import load_spec
 from kafka_eos.stream.lease import StreamLease
 
 pytestmark = pytest.mark.integration
+
+
+DOWNSTREAM_DAG = '''
+from datetime import datetime
+from airflow.providers.apache.kafka.assets.kafka import create_asset
+from airflow.providers.standard.operators.empty import EmptyOperator
+from airflow.sdk import DAG
+
+with DAG({dag_id!r}, schedule=[create_asset(server={server!r}, topic={topic!r})],
+         start_date=datetime(2026, 1, 1), catchup=False, tags=["test"]) as dag:
+    EmptyOperator(task_id="read_it")
+'''
 
 
 def _asset_runs(airflow, dag_id: str, count: int) -> list[dict] | None:
@@ -52,6 +65,11 @@ def test_a_stream_scheduled_dag_runs_on_committed_data_and_steps_aside_for_a_str
         "sink": {"kind": "kafka", "topic": out, "commit": "atomic"}, "schedule": "stream"}))
     spec = load_spec(str(spec_path), import_transform=False)
     dag_id = f"kafka_eos__{name}"
+    # A team's DAG downstream, scheduled on the pipeline's output topic by the Kafka provider's asset.
+    downstream = f"after_{name}"
+    (airflow.dags_folder / f"{downstream}.py").write_text(DOWNSTREAM_DAG.format(
+        dag_id=downstream, server=kafka_settings.bootstrap_servers.split(",")[0], topic=out))
+    airflow.wait_for_dag(downstream)
     airflow.wait_for_dag(dag_id)
 
     _produce(kafka_settings, topic, f"{name}-aborted", ["x1", "x2"], abort=True)  # no data: no run
@@ -65,6 +83,22 @@ def test_a_stream_scheduled_dag_runs_on_committed_data_and_steps_aside_for_a_str
     assert first["state"] == "success", first
     assert Counter(m.value.decode() for m in read_committed(kafka_settings, out)) == Counter(committed)
     print(f"event-driven run: committed records to committed output in {latency:.1f} s")
+    # The run's verify task emitted the output topic's asset event: the downstream DAG ran on it,
+    # and the event carries the run's counts and ranges.
+    (after,) = _wait("the downstream DAG's run on the sink asset", lambda: _asset_runs(airflow, downstream, 1))
+    assert after["state"] == "success", after
+    events = airflow.api("GET", f"/api/v2/dags/{downstream}/dagRuns/"
+                                f"{urllib.parse.quote(after['dag_run_id'], safe='')}/upstreamAssetEvents")
+    (event,) = events["asset_events"]
+    assert event["uri"] == f"kafka://{kafka_settings.bootstrap_servers.split(',')[0]}/{out}"
+    assert (event["source_dag_id"], event["source_run_id"]) == (dag_id, first["dag_run_id"])
+    assert (event["extra"]["records_in"], event["extra"]["records_out"], event["extra"]["mode"]) == (10, 10, "live")
+    assert sorted(tuple(r[:2]) for r in event["extra"]["ranges"]) == [(topic, 0), (topic, 1)]
+    # The run's figures went to the deployment's StatsD, sent by the worker's task process.
+    sent = {n: v for n, v, _k in airflow.statsd.named("airflow.kafka_eos.run.")}
+    assert (sent[f"airflow.kafka_eos.run.records_in.{name}"], sent[f"airflow.kafka_eos.run.records_out.{name}"],
+            sent[f"airflow.kafka_eos.run.dead_letters.{name}"]) == (10, 10, 0)
+    assert 0 < sent[f"airflow.kafka_eos.run.commit_duration.{name}"] <= sent[f"airflow.kafka_eos.run.plan_to_commit.{name}"]
 
     # A stream owns the pipeline: the next run skips itself and commits nothing.
     lease = StreamLease(spec, kafka_settings)

@@ -47,7 +47,7 @@ from kafka_eos_airflow.operators import (KafkaEosPlanOperator, KafkaEosSparkSubm
                                          KafkaEosVerifyOperator)
 from kafka_eos_airflow.params import pipeline_params
 from kafka_eos_airflow.runbook import PARAMS as RUNBOOK_PARAMS
-from kafka_eos_airflow.runbook import AbortTransactionOperator
+from kafka_eos_airflow.runbook import AbortApprovalOperator, AbortTransactionOperator, InspectTransactionOperator
 from kafka_eos_airflow.sensors import HungTransactionSensor
 from kafka_eos_airflow.stream import KafkaEosStreamOperator
 
@@ -305,8 +305,11 @@ RUNBOOK_DOC = """Runbooks: DAGs an operator triggers from the UI to fix what an 
 ``kafka_eos_runbook_abort_transaction``: abort the open transaction that holds a partition's LSO.
 Fill in topic, partition and start offset from the alert (or `kafka-eos txn hanging`). The first
 run is a dry run that shows the transaction and changes nothing; a real run needs `dry_run` off and
-the typed confirmation `ABORT <topic>-<partition>@<start offset>`, checks that the LSO moved and
-records who aborted what in the `kafka-eos.audit` topic.
+the typed confirmation `ABORT <topic>-<partition>@<start offset>`. A transaction that is no known
+pipeline's own then waits for a person's approval (task `approve`, under Required actions: it shows
+the producer, its age, the partitions it holds and its coordinator; Reject or no answer within 8 h
+changes nothing). The abort checks that the LSO moved and records who asked, who approved and what
+was aborted in the `kafka-eos.audit` topic.
 """
 
 
@@ -342,6 +345,11 @@ def watchdog_dag(pipelines: Sequence[str], options: DagOptions | None = None, **
     return dag
 
 
+#: How long the runbook waits for a person to approve an abort before it counts as rejected: a
+#: working day's shift; the held partition has waited for its alert already.
+APPROVAL_TIMEOUT = timedelta(hours=8)
+
+
 def runbook_dag(options: DagOptions | None = None, *, pipelines_folder: str | Path | None = None,
                 **kwargs: Any) -> DAG:
     """``kafka_eos_runbook_abort_transaction``: the operator's abort of a held partition's
@@ -359,10 +367,16 @@ def runbook_dag(options: DagOptions | None = None, *, pipelines_folder: str | Pa
         default_args=options.args(),
         doc_md=RUNBOOK_DOC,
     ) as dag:
+        folder = None if pipelines_folder is None else str(pipelines_folder)
         # No retries: a refused or failed abort needs a person, not a second try.
-        AbortTransactionOperator(task_id="abort_transaction", kafka_conn_id=options.kafka_conn_id,
-                                 pipelines_folder=None if pipelines_folder is None else str(pipelines_folder),
-                                 retries=0)
+        inspect = InspectTransactionOperator(task_id="inspect", kafka_conn_id=options.kafka_conn_id,
+                                             pipelines_folder=folder, retries=0)
+        # Unanswered for APPROVAL_TIMEOUT: rejected (nothing changes; trigger the runbook again).
+        approve = AbortApprovalOperator(task_id="approve", kafka_conn_id=options.kafka_conn_id, retries=0,
+                                        response_timeout=APPROVAL_TIMEOUT, defaults="Reject")
+        abort = AbortTransactionOperator(task_id="abort_transaction", kafka_conn_id=options.kafka_conn_id,
+                                         pipelines_folder=folder, retries=0)
+        inspect >> approve >> abort
     return dag
 
 

@@ -212,24 +212,47 @@ def attempt_abort(settings: KafkaSettings, topic: str, partition: int, start_off
     :returns: the audit record of a done abort (``done`` holds :func:`abort_transaction`'s answer).
     :raises KafkaEosError: the refusal or failure, after its audit record is written.
     """
+    txn, guard = checked_abort(settings, topic, partition, start_offset, who=who, via=via, specs=specs,
+                               older_than_s=older_than_s, force=force)
+    try:
+        done = abort_transaction(settings, topic, partition, txn)
+    except Exception as exc:
+        _record_unsuccessful(settings, topic, partition, start_offset, txn, guard, who, via, exc)
+        raise
+    return record_abort(settings, topic, partition, start_offset, txn, done, who=who, via=via, guard=guard,
+                        outcome="aborted")
+
+
+def checked_abort(settings: KafkaSettings, topic: str, partition: int, start_offset: int, *, who: str, via: str,
+                  specs: Iterable[PipelineSpec] = (), older_than_s: float | None = None,
+                  force: bool = False) -> tuple[dict, dict]:
+    """Find the transaction at ``start_offset`` and pass it through the abort's guards
+    (:func:`check_abort`), changing nothing: what a person is asked to approve. A refusal is audited
+    as an attempt (outcome ``refused``) before it is raised.
+
+    :returns: (the transaction, the guard's answer).
+    """
     specs = list(specs)
     txn = guard = None
     try:
         txn = find_open_transaction(settings, topic, partition, start_offset, specs)
         guard = check_abort(settings, topic, partition, txn, older_than_s=older_than_s, force=force, specs=specs)
-        done = abort_transaction(settings, topic, partition, txn)
     except Exception as exc:
-        outcome = "refused" if isinstance(exc, (AbortRefused, NoOpenTransaction)) else "failed"
-        error = str(exc) if isinstance(exc, KafkaEosError) else f"{type(exc).__name__}: {exc}"
-        try:
-            record_abort(settings, topic, partition, start_offset, txn, None, who=who, via=via, guard=guard,
-                         outcome=outcome, error=error)
-        except Exception:  # noqa: BLE001 - the abort's own error is the one to raise
-            log.exception("%s-%s@%s: the audit record of a %s abort could not be written", topic, partition,
-                          start_offset, outcome)
+        _record_unsuccessful(settings, topic, partition, start_offset, txn, guard, who, via, exc)
         raise
-    return record_abort(settings, topic, partition, start_offset, txn, done, who=who, via=via, guard=guard,
-                        outcome="aborted")
+    return txn, guard
+
+
+def _record_unsuccessful(settings: KafkaSettings, topic: str, partition: int, start_offset: int, txn: dict | None,
+                         guard: dict | None, who: str, via: str, exc: Exception) -> None:
+    outcome = "refused" if isinstance(exc, (AbortRefused, NoOpenTransaction)) else "failed"
+    error = str(exc) if isinstance(exc, KafkaEosError) else f"{type(exc).__name__}: {exc}"
+    try:
+        record_abort(settings, topic, partition, start_offset, txn, None, who=who, via=via, guard=guard,
+                     outcome=outcome, error=error)
+    except Exception:  # noqa: BLE001 - the abort's own error is the one to raise
+        log.exception("%s-%s@%s: the audit record of a %s abort could not be written", topic, partition,
+                      start_offset, outcome)
 
 
 def record_abort(settings: KafkaSettings, topic: str, partition: int, start_offset: int, txn: dict | None,

@@ -73,7 +73,8 @@ def describe(client, topic: str, partition: int, txn: dict, specs: Iterable[Pipe
     listed = [t for ts in client.list_transactions(producer_id_filters=[pid]).values() for t in ts
               if t.producer_id == pid]
     out = {**txn, "transactional_id": None, "coordinator_state": None, "transaction_timeout_s": None,
-           "transaction_started": None, "transaction_started_ms": None, "pipeline": None, "verdict": UNLISTED}
+           "transaction_started": None, "transaction_started_ms": None, "pipeline": None, "verdict": UNLISTED,
+           "coordinator_id": None, "partitions": [f"{topic}-{partition}"]}
     if not listed:
         # No coordinator lists this producer: it forgot it (hanging), or the id is one this client
         # may not DESCRIBE (list_transactions leaves those out). Which one, nobody here can tell.
@@ -86,9 +87,11 @@ def describe(client, topic: str, partition: int, txn: dict, specs: Iterable[Pipe
     state = getattr(desc.state, "value", str(desc.state))
     started = desc.transaction_start_time_ms if desc.transaction_start_time_ms is not None and \
         desc.transaction_start_time_ms >= 0 else None
-    out.update(coordinator_state=state, transaction_timeout_s=desc.transaction_timeout_ms / 1000,
-               transaction_started=_iso(started), transaction_started_ms=started, verdict=HANGING)
     tracked = {(tp.topic, tp.partition) for tp in desc.topic_partitions}
+    out.update(coordinator_state=state, transaction_timeout_s=desc.transaction_timeout_ms / 1000,
+               transaction_started=_iso(started), transaction_started_ms=started, verdict=HANGING,
+               coordinator_id=getattr(desc, "coordinator_id", None),
+               partitions=sorted(f"{t}-{p}" for t, p in tracked))
     if state in _ACTIVE and desc.producer_id == pid and (topic, partition) in tracked:
         out["verdict"] = LONG_RUNNING
     return out

@@ -42,7 +42,7 @@ from kafka_eos_airflow import config
 from kafka_eos_airflow.assets import source_asset
 from kafka_eos_airflow.lineage import sink_alias
 from kafka_eos_airflow.checks import CheckpointRefreshOperator, FreshnessCheckOperator
-from kafka_eos_airflow.notifiers import RUNBOOK_DAG_ID, KafkaEosAlertRouter, failure_notifiers
+from kafka_eos_airflow.notifiers import RUNBOOK_DAG_ID, KafkaEosAlertRouter, deadline_missed, failure_notifiers
 from kafka_eos_airflow.operators import (KafkaEosPlanOperator, KafkaEosSparkSubmitOperator,
                                          KafkaEosVerifyOperator)
 from kafka_eos_airflow.params import pipeline_params
@@ -84,6 +84,14 @@ class DagOptions:
         function of the spec (per pipeline).
     :param dag_kwargs: further ``DAG`` arguments for every DAG (``deadline``, ``max_active_tasks``,
         ``access_control`` ...).
+    :param deadlines: give each pipeline DAG whose spec sets ``source.freshness_limit_s`` a
+        ``DeadlineAlert``: a run not finished that long after it was queued alerts (a ``deadline`` in
+        ``dag_kwargs`` replaces it).
+    :param deadline_notifiers: where a missed deadline alerts: Airflow notifier classes (or their
+        import paths) with their keyword arguments, e.g. ``[(SlackWebhookNotifier, {"slack_webhook_conn_id":
+        "slack", "text": "{{ kafka_eos_alert.text }}"})]`` — Airflow runs deadline callbacks in the
+        triggerer from an import path and plain arguments, so these cannot be notifier objects; None:
+        the bundled webhook and e-mail notifiers.
     :param kafka_conn_id: the ``kafka`` connection; None: ``[kafka_eos] kafka_conn_id``.
     :param spark_conn_id: the Spark connection; None: ``[kafka_eos] spark_conn_id``.
     """
@@ -97,6 +105,8 @@ class DagOptions:
     bundled_notifiers: bool = True
     stream_dags: bool | Callable[[PipelineSpec], bool] = True
     dag_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    deadlines: bool = True
+    deadline_notifiers: Sequence[tuple[type | str, Mapping[str, Any]]] | None = None
     kafka_conn_id: str | None = None
     spark_conn_id: str | None = None
 
@@ -127,6 +137,22 @@ class DagOptions:
 
     def dag(self, dag_id: str, tags: Sequence[str], **kwargs: Any) -> DAG:
         return DAG(dag_id=self.dag_id(dag_id), tags=[*tags, *self.tags], **{**kwargs, **self.dag_kwargs})
+
+    def deadline(self, spec: PipelineSpec) -> dict[str, Any]:
+        """The pipeline DAG's ``deadline`` argument, from the spec's freshness limit (none without one)."""
+        limit = spec.source.freshness_limit_s
+        if limit is None or not self.deadlines or "deadline" in self.dag_kwargs:
+            return {}
+        from airflow.sdk.definitions.callback import AsyncCallback
+        from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference
+
+        kwargs: dict[str, Any] = {"pipeline": spec.name, "limit_s": limit}
+        if self.deadline_notifiers is not None:
+            kwargs["notifiers"] = [{"classpath": c if isinstance(c, str) else f"{c.__module__}.{c.__qualname__}",
+                                    "kwargs": dict(k)} for c, k in self.deadline_notifiers]
+        return {"deadline": DeadlineAlert(reference=DeadlineReference.DAGRUN_QUEUED_AT,
+                                          interval=timedelta(seconds=limit),
+                                          callback=AsyncCallback(deadline_missed, kwargs=kwargs))}
 
     def wants_stream(self, spec: PipelineSpec) -> bool:
         return self.stream_dags(spec) if callable(self.stream_dags) else bool(self.stream_dags)
@@ -201,6 +227,7 @@ def build_dag(spec: PipelineSpec, options: DagOptions | None = None, **kwargs: A
         # The trigger form (max records, dry run); scheduled runs take its defaults.
         params=pipeline_params(spec),
         doc_md=_doc_md(spec),
+        **options.deadline(spec),
     ) as dag:
         plan = KafkaEosPlanOperator(task_id="plan", pipeline=spec.path, kafka_conn_id=kafka_conn_id)
         spark = KafkaEosSparkSubmitOperator(task_id="spark", pipeline=spec.path, kafka_conn_id=kafka_conn_id,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import html
 import json
+import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,8 @@ from airflow.sdk import BaseHook, BaseNotifier
 from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
 from kafka_eos.health import abort_command
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # pragma: no cover
     from airflow.sdk import Context
@@ -76,9 +79,11 @@ def alert(context: Context, runbook_dag_id: str = RUNBOOK_DAG_ID) -> dict[str, A
 
     :param runbook_dag_id: the abort runbook's DAG, which the alert names for each held partition.
     """
+    sent = context.get(ALERT_KEY)
+    if sent and "findings" in sent:  # a whole alert already (a deadline's, or one routed to notifiers)
+        return sent
     ti, dag_run = context["ti"], context.get("dag_run")
     exc = context.get("exception")
-    sent = context.get(ALERT_KEY)
     details = (sent or {}).get("details") or getattr(exc, "details", {})
     if sent:
         error, what = sent["message"], "reports"
@@ -173,6 +178,56 @@ def send_alert(context: Context, message: str, **details: list[dict[str, Any]]) 
         # A copy: a notifier renders its templates onto itself, and the task's own must stay
         # templates for a failure that may follow.
         copy.copy(notifier)({**context, ALERT_KEY: {**sent, "text": text}})
+
+
+#: The notifiers a deadline alert goes to unless the DAG factory names others: the bundled two
+#: (each sends only where its connection exists), as (class path, keyword arguments).
+BUNDLED_NOTIFIERS = [{"classpath": "kafka_eos_airflow.notifiers.KafkaEosWebhookNotifier"},
+                     {"classpath": "kafka_eos_airflow.notifiers.KafkaEosEmailNotifier"}]
+
+
+def deadline_alert(context: dict[str, Any], pipeline: str, limit_s: float) -> dict[str, Any]:
+    """The alert of a pipeline run that missed its deadline (the spec's freshness limit after it was
+    queued), in the shape of :func:`alert`. ``context``: what Airflow gives a deadline's callback
+    (``dag_run`` as the REST API shows it, ``deadline``)."""
+    run = context.get("dag_run") or {}
+    dag_id, run_id = run.get("dag_id"), run.get("dag_run_id")
+    deadline = (context.get("deadline") or {}).get("deadline_time")
+    error = (f"pipeline {pipeline}: run {run_id} has not finished {limit_s:g} s after it was queued (its "
+             f"freshness limit): records wait longer than the limit")
+    text = f"kafka-eos: {dag_id} missed its deadline (run {run_id}): {error}"
+    from urllib.parse import quote
+
+    finding = {"what": "deadline_missed", "pipeline": pipeline, "partition": None,
+               "since": run.get("queued_at"), "deadline": str(deadline) if deadline else None, "limit_s": limit_s,
+               "run_state": run.get("state"),
+               "runbook": _ui(f"/dags/{dag_id}/runs/{quote(str(run_id), safe='')}") if dag_id else None}
+    return {"text": text, "dag_id": dag_id, "run_id": run_id, "task_id": "(deadline)", "try_number": 0,
+            "error": error, "stalls": [], "stale": [], "skipped": [], "findings": [finding], "log_url": None}
+
+
+async def deadline_missed(*, pipeline: str, limit_s: float, notifiers: list[dict[str, Any]] | None = None,
+                          context: dict[str, Any] | None = None) -> list[str]:
+    """The callback of a pipeline DAG's ``DeadlineAlert`` (Airflow runs it in the triggerer): send
+    :func:`deadline_alert` through ``notifiers`` — Airflow notifier classes of any provider with their
+    keyword arguments (``{"classpath": ..., "kwargs": {...}}``; default :data:`BUNDLED_NOTIFIERS`),
+    each with the alert as ``kafka_eos_alert`` in its template context. Returns the ones that sent."""
+    import asyncio
+
+    from airflow.sdk.module_loading import import_string
+
+    context = dict(context or {})
+    payload = deadline_alert(context, pipeline, limit_s)
+    sent = []
+    for entry in BUNDLED_NOTIFIERS if notifiers is None else notifiers:
+        notifier = import_string(entry["classpath"])(**(entry.get("kwargs") or {}))
+        try:
+            # Notifiers and their hooks block: off the triggerer's event loop.
+            await asyncio.to_thread(notifier, {**context, ALERT_KEY: payload})
+            sent.append(entry["classpath"])
+        except Exception as exc:  # noqa: BLE001 - one channel down must not silence the others
+            log.error("kafka-eos deadline alert not sent by %s: %s", entry["classpath"], exc)
+    return sent
 
 
 class KafkaEosAlertRouter(BaseNotifier):

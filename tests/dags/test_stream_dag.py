@@ -6,6 +6,7 @@ stream owns the pipeline, a run steps aside (its tasks are skipped) and commits 
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.parse
 from collections import Counter
@@ -53,15 +54,29 @@ def _produce(settings, topic: str, txid: str, values: list[str], abort: bool = F
     (producer.abort_transaction if abort else producer.commit_transaction)(30)
 
 
+@pytest.fixture
+def deployed_webhook(airflow_deployment, alert_receivers):
+    """The kafka-eos webhook connection, to the test's receiver, defined in the deployment (through
+    its REST API: its triggerer sends the deadline alerts). Yields the receiver's bodies."""
+    receiver = json.loads(os.environ["AIRFLOW_CONN_KAFKA_EOS_ALERTS_WEBHOOK"])
+    airflow_deployment.api("POST", "/api/v2/connections", {
+        "connection_id": "kafka_eos_alerts_webhook", "conn_type": "http", "host": receiver["host"],
+        "port": receiver["port"], "schema": "http"})
+    yield alert_receivers[0]
+    airflow_deployment.api("DELETE", "/api/v2/connections/kafka_eos_alerts_webhook")
+
+
 def test_a_stream_scheduled_dag_runs_on_committed_data_and_steps_aside_for_a_stream(airflow_deployment,
-                                                                                    kafka_settings, unique):
+                                                                                    kafka_settings, deployed_webhook,
+                                                                                    unique):
     airflow = airflow_deployment
     name = f"ev_{unique.replace('-', '_')}"
     topic, out = f"{name}.in", f"{name}.out"
     kafka_admin.create_topics(kafka_settings, {topic: 2, out: 2})
     spec_path = airflow.dags_folder.parent / "specs" / f"{name}.yaml"
+    # A freshness limit of 1 s: every run misses the deadline the DAG derives from it.
     spec_path.write_text(yaml.safe_dump({
-        "name": name, "source": {"topics": [topic]}, "transform": "identity",
+        "name": name, "source": {"topics": [topic], "freshness_limit_s": 1}, "transform": "identity",
         "sink": {"kind": "kafka", "topic": out, "commit": "atomic"}, "schedule": "stream"}))
     spec = load_spec(str(spec_path), import_transform=False)
     dag_id = f"kafka_eos__{name}"
@@ -99,6 +114,14 @@ def test_a_stream_scheduled_dag_runs_on_committed_data_and_steps_aside_for_a_str
     assert (sent[f"airflow.kafka_eos.run.records_in.{name}"], sent[f"airflow.kafka_eos.run.records_out.{name}"],
             sent[f"airflow.kafka_eos.run.dead_letters.{name}"]) == (10, 10, 0)
     assert 0 < sent[f"airflow.kafka_eos.run.commit_duration.{name}"] <= sent[f"airflow.kafka_eos.run.plan_to_commit.{name}"]
+    # The run missed its deadline (1 s after it was queued): the triggerer sent the deadline's alert.
+    missed = _wait("the deadline's alert", lambda: [b for _p, _t, b in deployed_webhook
+                                                     if b["run_id"] == first["dag_run_id"]] or None)
+    (finding,) = missed[0]["findings"]
+    assert (finding["what"], finding["pipeline"], finding["limit_s"]) == ("deadline_missed", name, 1)
+    assert missed[0]["text"].startswith(f"kafka-eos: {dag_id} missed its deadline (run {first['dag_run_id']})")
+    assert finding["since"] and finding["runbook"].endswith(f"/dags/{dag_id}/runs/"
+                                                            f"{urllib.parse.quote(first['dag_run_id'], safe='')}")
 
     # A stream owns the pipeline: the next run skips itself and commits nothing.
     lease = StreamLease(spec, kafka_settings)

@@ -276,5 +276,6 @@ class LocalAirflow:
                                      headers={"Content-Type": "application/json",
                                               "Authorization": f"Bearer {self.token()}"})
         with urllib.request.urlopen(req, timeout=60) as resp:
-            return json.load(resp)
+            body = resp.read()
+            return json.loads(body) if body else {}  # 204 No Content (a DELETE)
 

@@ -63,8 +63,10 @@ def test_the_factory_options_shape_every_dag_and_two_folders_never_collide(tmp_p
     assert {t.task_id: t.retries for t in watchdog.tasks} == {"hung_transactions": 0, "freshness": 0,
                                                               "refresh_checkpoints": 0}
     assert {tuple(t.pipelines) for t in watchdog.tasks} == {(str(pay / "charges.yaml"), str(pay / "refunds.yaml"))}
-    (abort,) = dags["payments__kafka_eos_runbook_abort_transaction"].tasks
-    assert (abort.pipelines_folder, abort.retries) == (str(pay), 0)
+    runbook = {t.task_id: t for t in dags["payments__kafka_eos_runbook_abort_transaction"].tasks}
+    assert sorted(runbook) == ["abort_transaction", "approve", "inspect"]
+    assert [(runbook[t].pipelines_folder, runbook[t].retries) for t in ("inspect", "abort_transaction")] == [
+        (str(pay), 0)] * 2
 
     # A second folder, another prefix: no DAG id in common; no stream DAGs where they are off.
     other = kafka_eos_dags(_folder(tmp_path / "risk", scores={}), dag_id_prefix="risk__", stream_dags=False)
@@ -77,6 +79,28 @@ def test_the_factory_options_shape_every_dag_and_two_folders_never_collide(tmp_p
     (task,) = [t for t in plain["kafka_eos__charges"].tasks if t.task_id == "spark"]
     assert (task.owner, task.retries, task.pool) == ("kafka-eos", 2, "default_pool")
     assert [type(c) for c in task.on_failure_callback] == [KafkaEosWebhookNotifier, KafkaEosEmailNotifier]
+
+
+def test_a_freshness_limit_gives_the_pipeline_dag_a_deadline_alerting_through_the_notifiers_named(tmp_path):
+    from datetime import timedelta
+
+    from airflow.providers.http.notifications.http import HttpNotifier
+
+    from kafka_eos_airflow.dag_factory import kafka_eos_dags
+
+    folder = _folder(tmp_path / "p", late={"source": {"topics": ["late.in"], "freshness_limit_s": 600}}, free={})
+    dags = kafka_eos_dags(folder, deadline_notifiers=[(HttpNotifier, {"http_conn_id": "hooks", "endpoint": "/x"})])
+    (deadline,) = dags["kafka_eos__late"].deadline
+    assert (type(deadline.reference).__name__, deadline.interval) == ("DagRunQueuedAtDeadline", timedelta(seconds=600))
+    assert deadline.callback.path == "kafka_eos_airflow.notifiers.deadline_missed"
+    assert deadline.callback.kwargs == {"pipeline": "late", "limit_s": 600, "notifiers": [
+        {"classpath": "airflow.providers.http.notifications.http.HttpNotifier",
+         "kwargs": {"http_conn_id": "hooks", "endpoint": "/x"}}]}
+    assert not dags["kafka_eos__free"].deadline  # no freshness limit, no deadline
+    # The bundled notifiers by default; off with deadlines=False.
+    (default,) = kafka_eos_dags(folder)["kafka_eos__late"].deadline
+    assert "notifiers" not in default.callback.kwargs
+    assert not kafka_eos_dags(folder, deadlines=False)["kafka_eos__late"].deadline
 
 
 def test_the_configuration_section_is_the_providers_and_is_read_from_airflows_config(tmp_path, monkeypatch):

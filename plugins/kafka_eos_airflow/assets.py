@@ -1,14 +1,24 @@
-"""The Airflow asset of a pipeline's source: committed records waiting beyond its checkpoint.
+"""A pipeline's Airflow assets.
 
-A spec with ``schedule: stream`` gets a DAG scheduled on this asset; the asset's watcher is a
-:class:`~kafka_eos_airflow.triggers.CommittedDataEventTrigger` that the triggerer runs as long as
-the DAG exists. Built at parse time: nothing here touches Kafka.
+- Its source: committed records waiting beyond its checkpoint. A spec with ``schedule: stream`` gets
+  a DAG scheduled on this asset; the asset's watcher is a
+  :class:`~kafka_eos_airflow.triggers.CommittedDataEventTrigger` that the triggerer runs as long as
+  the DAG exists.
+- Its sink: the place its runs write, by the URI schemes of Airflow's providers:
+  ``kafka://{bootstrap server}/{topic}`` (apache-airflow-providers-apache-kafka's ``create_asset``),
+  ``postgres://{host}:{port}/{database}/{schema}/{table}`` (the Postgres provider's),
+  ``mysql://{host}:{port}/{database}/{table}``, ``sqlite:///{file}/{table}``. The cluster's address
+  is known only when a task runs (it comes from the Airflow connection), so the pipeline DAG declares
+  an asset alias (:func:`sink_alias`) and its verify task adds the resolved asset (:func:`sink_asset`).
+
+Built at parse time: nothing here touches Kafka.
 """
 
 from __future__ import annotations
 
-from airflow.sdk import Asset, AssetWatcher
+from airflow.sdk import Asset, AssetAlias, AssetWatcher
 
+from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
 from kafka_eos_airflow.triggers import CommittedDataEventTrigger
 
@@ -22,3 +32,20 @@ def source_asset(spec: PipelineSpec, kafka_conn_id: str) -> Asset:
     trigger = CommittedDataEventTrigger(spec.path, kafka_conn_id, poll_interval_s=WATCH_INTERVAL_S)
     return Asset(name=f"kafka-eos.{spec.name}.source", uri=f"kafka-eos://{spec.name}/source",
                  group="kafka-eos", watchers=[AssetWatcher(name=f"kafka-eos.{spec.name}.committed", trigger=trigger)])
+
+
+def sink_alias(pipeline: str) -> AssetAlias:
+    """The alias the pipeline DAG declares as its outlet: its verify task adds the sink's asset."""
+    return AssetAlias(name=f"kafka-eos.{pipeline}.sink", group="kafka-eos")
+
+
+def sink_asset(spec: PipelineSpec, settings: KafkaSettings) -> Asset:
+    """The Airflow asset of the place a run of ``spec`` writes its results to."""
+    from kafka_eos_airflow.lineage import kafka_server, output_places
+
+    if spec.sink.kind == "kafka":
+        from airflow.providers.apache.kafka.assets.kafka import create_asset
+
+        return create_asset(server=kafka_server(settings), topic=spec.sink.topic)
+    _role, _ns, _name, uri = output_places(spec, settings)[0]
+    return Asset(uri=uri)

@@ -49,6 +49,13 @@ OPTIONS: dict[str, dict[str, Any]] = {
                        "and the demo turn it on; leave it off in a deployment.\n",
         "version_added": "0.2.0", "type": "boolean", "example": None, "default": "False",
     },
+    "deadlines": {
+        "description": "Give each pipeline DAG whose spec sets source.freshness_limit_s an Airflow "
+                       "DeadlineAlert: a run not finished that long after it was queued alerts through the "
+                       "notifiers (the DAG factory's deadlines and deadline_notifiers options). Off by default: "
+                       "Airflow 3.3's `airflow dags test` (dag.test()) fails on a DAG that has a deadline.\n",
+        "version_added": "0.3.0", "type": "boolean", "example": None, "default": "False",
+    },
     "page_cache_seconds": {
         "description": "How long the operator page (Browse > Kafka pipelines) reuses one read of the "
                        "cluster.\n",
@@ -93,6 +100,11 @@ def spark_conn_id() -> str:
 def local_broker_fallback() -> bool:
     """``[kafka_eos] local_broker_fallback``."""
     return _get("local_broker_fallback").strip().lower() in ("true", "1", "t", "yes", "on")
+
+
+def deadlines() -> bool:
+    """``[kafka_eos] deadlines``."""
+    return _get("deadlines").strip().lower() in ("true", "1", "t", "yes", "on")
 
 
 def page_cache_seconds() -> float:

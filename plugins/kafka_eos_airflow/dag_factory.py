@@ -39,8 +39,7 @@ from airflow.sdk import DAG, CronDataIntervalTimetable, CronTriggerTimetable, Pa
 from kafka_eos.errors import SpecError
 from kafka_eos.spec import STREAM_SCHEDULE, PipelineSpec, check_owners, parse_spec, spec_paths
 from kafka_eos_airflow import config
-from kafka_eos_airflow.assets import source_asset
-from kafka_eos_airflow.lineage import sink_alias
+from kafka_eos_airflow.assets import sink_alias, source_asset
 from kafka_eos_airflow.checks import CheckpointRefreshOperator, FreshnessCheckOperator
 from kafka_eos_airflow.notifiers import RUNBOOK_DAG_ID, KafkaEosAlertRouter, deadline_missed, failure_notifiers
 from kafka_eos_airflow.operators import (KafkaEosPlanOperator, KafkaEosSparkSubmitOperator,
@@ -86,7 +85,8 @@ class DagOptions:
         ``access_control`` ...).
     :param deadlines: give each pipeline DAG whose spec sets ``source.freshness_limit_s`` a
         ``DeadlineAlert``: a run not finished that long after it was queued alerts (a ``deadline`` in
-        ``dag_kwargs`` replaces it).
+        ``dag_kwargs`` replaces it). None: ``[kafka_eos] deadlines`` (off by default: Airflow 3.3's
+        ``airflow dags test`` fails on a DAG that has a deadline).
     :param deadline_notifiers: where a missed deadline alerts: Airflow notifier classes (or their
         import paths) with their keyword arguments, e.g. ``[(SlackWebhookNotifier, {"slack_webhook_conn_id":
         "slack", "text": "{{ kafka_eos_alert.text }}"})]`` — Airflow runs deadline callbacks in the
@@ -105,7 +105,7 @@ class DagOptions:
     bundled_notifiers: bool = True
     stream_dags: bool | Callable[[PipelineSpec], bool] = True
     dag_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    deadlines: bool = True
+    deadlines: bool | None = None
     deadline_notifiers: Sequence[tuple[type | str, Mapping[str, Any]]] | None = None
     kafka_conn_id: str | None = None
     spark_conn_id: str | None = None
@@ -141,7 +141,8 @@ class DagOptions:
     def deadline(self, spec: PipelineSpec) -> dict[str, Any]:
         """The pipeline DAG's ``deadline`` argument, from the spec's freshness limit (none without one)."""
         limit = spec.source.freshness_limit_s
-        if limit is None or not self.deadlines or "deadline" in self.dag_kwargs:
+        wanted = config.deadlines() if self.deadlines is None else self.deadlines
+        if limit is None or not wanted or "deadline" in self.dag_kwargs:
             return {}
         from airflow.sdk.definitions.callback import AsyncCallback
         from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference

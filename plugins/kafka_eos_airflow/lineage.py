@@ -8,13 +8,11 @@
   ``{database}.{table}``; SQLite ``sqlite://{file}``, ``{table}``), with the counts as the datasets'
   statistics facets and a ``kafkaEos`` run facet (:class:`KafkaEosRunFacet`): mode (live, replay,
   backfill), side key, commit scope, status, counts and the offset ranges read, per partition.
-- **Assets**: :func:`sink_asset` is the Airflow asset of the place a run wrote, by the URI schemes of
-  Airflow's providers: ``kafka://{bootstrap server}/{topic}`` (apache-airflow-providers-apache-kafka's
-  ``create_asset``), ``postgres://{host}:{port}/{database}/{schema}/{table}`` (the Postgres provider's),
-  ``mysql://{host}:{port}/{database}/{table}``, ``sqlite:///{file}/{table}``.
+- **Assets**: :func:`output_places` gives each place's asset URI too, by the URI schemes of Airflow's
+  providers (:func:`kafka_eos_airflow.assets.sink_asset`).
 
-The cluster's address is known only when a task runs (it comes from the Airflow connection), so the
-pipeline DAG declares an asset alias (:func:`sink_alias`) and its verify task adds the resolved asset.
+Imported by the tasks only: OpenLineage's client takes most of a second to import, which a DAG file's
+parse must not pay.
 """
 
 from __future__ import annotations
@@ -30,8 +28,6 @@ from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
 
 if TYPE_CHECKING:  # pragma: no cover
-    from airflow.sdk import Asset, AssetAlias
-
     from kafka_eos.plan import Plan
 
 #: The ``kafkaEos`` facet's schema: described in docs/operations.md ("Lineage"); a URN, as kafka-eos
@@ -101,25 +97,6 @@ def output_places(spec: PipelineSpec, settings: KafkaSettings) -> list[tuple[str
     return places
 
 
-def sink_alias(pipeline: str) -> AssetAlias:
-    """The alias the pipeline DAG declares as its outlet: its verify task adds the sink's asset."""
-    from airflow.sdk import AssetAlias
-
-    return AssetAlias(name=f"kafka-eos.{pipeline}.sink", group="kafka-eos")
-
-
-def sink_asset(spec: PipelineSpec, settings: KafkaSettings) -> Asset:
-    """The Airflow asset of the place a run of ``spec`` writes its results to."""
-    from airflow.sdk import Asset
-
-    if spec.sink.kind == "kafka":
-        from airflow.providers.apache.kafka.assets.kafka import create_asset
-
-        return create_asset(server=kafka_server(settings), topic=spec.sink.topic)
-    _ns, _name, uri = output_places(spec, settings)[0]
-    return Asset(uri=uri)
-
-
 def run_facet(spec: PipelineSpec, plan: Plan, summary: dict[str, Any], mode: str,
               side_key: str | None) -> KafkaEosRunFacet:
     """The ``kafkaEos`` run facet of a verified run (``summary``: the verify task's)."""
@@ -154,4 +131,3 @@ def run_lineage(spec: PipelineSpec, settings: KafkaSettings, plan: Plan, summary
                for role, ns, name, _uri in output_places(spec, settings)]
     return OperatorLineage(inputs=inputs, outputs=outputs,
                            run_facets={"kafkaEos": run_facet(spec, plan, summary, mode, side_key)})
-

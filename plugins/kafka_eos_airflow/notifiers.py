@@ -7,7 +7,10 @@ Airflow's own HTTP and SMTP providers, configured through Airflow Connections.
   comma-separated list) and optionally ``from_email``.
 
 A notifier whose connection does not exist logs that and sends nothing: a deployment chooses its
-channels by defining connections, and the DAGs carry both notifiers.
+channels by defining connections, and the DAGs carry both notifiers. Notifiers of any provider get
+the same alerts through :class:`KafkaEosAlertRouter` (failures and warnings) and
+:func:`deadline_missed` (a pipeline DAG's ``DeadlineAlert``), with the structured payload
+(:func:`alert`, ``findings``) as ``kafka_eos_alert`` in their template context.
 
 An alert says what is wrong and what to do: DAG, run, task, the one-line error, and
 - ``stalls``: when a hung-transaction sensor failed, each held partition with its LSO, high
@@ -123,7 +126,7 @@ def _since(seconds_ago: float | None) -> str | None:
 
 
 def alert_findings(ti: Any, run_id: str | None, error: str, stalls: list[dict], stale: list[dict],
-                skipped: list[dict], runbook_dag_id: str) -> list[dict[str, Any]]:
+                   skipped: list[dict], runbook_dag_id: str) -> list[dict[str, Any]]:
     """The alert as structured findings, one per thing wrong: ``what`` (``held_partition``,
     ``stale_partition``, ``skipped_records``, ``task_failed``), ``pipeline``, ``partition``, ``since``
     (ISO time: the open transaction's start, the oldest unprocessed record's time, the alert's time)
@@ -141,7 +144,7 @@ def alert_findings(ti: Any, run_id: str | None, error: str, stalls: list[dict], 
     findings += [{
         "what": "stale_partition", "pipeline": s["pipeline"], "partition": f"{s['topic']}-{s['partition']}",
         "since": _since(s["age_s"]), "lag": s["lag"], "limit_s": s["limit_s"],
-        "runbook": _ui(f"/dags/{s.get('dag_id') or 'kafka_eos__' + s['pipeline']}"),
+        "runbook": _ui(f"/dags/kafka_eos__{s['pipeline']}"),
     } for s in stale]
     findings += [{
         "what": "skipped_records", "pipeline": s.get("pipeline"), "partition": f"{s['topic']}-{s['partition']}",
@@ -149,8 +152,8 @@ def alert_findings(ti: Any, run_id: str | None, error: str, stalls: list[dict], 
     } for s in skipped]
     if not findings:
         findings.append({"what": "task_failed", "pipeline": None, "partition": None, "since": _since(0),
-                      "dag_id": ti.dag_id, "run_id": run_id, "task_id": ti.task_id, "error": error,
-                      "runbook": getattr(ti, "log_url", None)})
+                         "dag_id": ti.dag_id, "run_id": run_id, "task_id": ti.task_id, "error": error,
+                         "runbook": getattr(ti, "log_url", None)})
     return findings
 
 

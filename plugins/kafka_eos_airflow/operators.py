@@ -468,7 +468,7 @@ class KafkaEosVerifyOperator(_PipelineOperator):
         from kafka_eos.manifest import ManifestStore
         from kafka_eos.pipeline import verify
 
-        from kafka_eos_airflow import lineage, metrics
+        from kafka_eos_airflow import assets, lineage, metrics
 
         run_id = context["run_id"]
         with task_errors():
@@ -519,8 +519,8 @@ class KafkaEosVerifyOperator(_PipelineOperator):
         metrics.run_metrics(summary, record, plan.created_at, mode, spec.sink.commit)
         if not plan.is_empty and summary["status"] == "committed":
             # "The sink was written": an event of its asset, for the DAGs scheduled on it.
-            context["outlet_events"][lineage.sink_alias(live_spec.name)].add(
-                lineage.sink_asset(spec, settings), extra=lineage.asset_extra(summary, plan, mode, side_key))
+            context["outlet_events"][assets.sink_alias(live_spec.name)].add(
+                assets.sink_asset(spec, settings), extra=lineage.asset_extra(summary, plan, mode, side_key))
         if not plan.is_empty and summary["status"] not in ("committed", "noop", "written before"):
             # The checkpoints moved (verified above) but the summary record did not land: the
             # data is committed; only the audit record is missing.

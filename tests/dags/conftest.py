@@ -260,7 +260,8 @@ def airflow_deployment(kafka_settings, free_ports, postgres_url):
     statsd = StatsdReceiver()
     environ = {**connections_environ(kafka_settings, "local[2]"),
                "AIRFLOW__KAFKA_EOS__PIPELINES_FOLDER": str(home / "specs"),
-               "AIRFLOW__KAFKA_EOS__PAGE_CACHE_SECONDS": "1", **statsd.environ()}
+               "AIRFLOW__KAFKA_EOS__PAGE_CACHE_SECONDS": "1", "AIRFLOW__KAFKA_EOS__DEADLINES": "True",
+               **statsd.environ()}
     deployment = LocalAirflow(home / "home", free_ports(1), home / "dags", environ,
                               database_url=postgres_url.rsplit("/", 1)[0] + f"/{database}")
     deployment.statsd = statsd

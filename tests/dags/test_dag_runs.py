@@ -245,6 +245,15 @@ def test_revenue_per_minute_dag_run(airflow_db, connections, kafka_settings, pip
     summary, _parts = ManifestStore(kafka_settings, f"{name}.manifest", name).run_records(dag_run.run_id)
     assert summary["status"] == "committed"
     assert (summary["records_in"], summary["dead_letters"]) == (6, 1)
+    # A SQL sink's lineage names its database file and tables; its asset is the table's.
+    lineage = verified_lineage(dag_run)
+    assert lineage["outputs"] == [(f"sqlite://{db}", "revenue_per_minute", summary["records_out"]),
+                                  (f"sqlite://{db}", "kafka_eos_dead_letters", 1)]
+    from airflow.sdk import Asset
+
+    # As a downstream DAG names it (Airflow normalizes both the same way).
+    table_asset = Asset(uri=f"sqlite:///{str(db).lstrip('/')}/revenue_per_minute")
+    assert [e["uri"] for e in asset_events(dag_run)] == [table_asset.uri]
 
 
 def test_a_dry_run_from_the_trigger_form_shows_the_capped_plan_and_changes_nothing(

@@ -81,7 +81,8 @@ def test_the_factory_options_shape_every_dag_and_two_folders_never_collide(tmp_p
     assert [type(c) for c in task.on_failure_callback] == [KafkaEosWebhookNotifier, KafkaEosEmailNotifier]
 
 
-def test_a_freshness_limit_gives_the_pipeline_dag_a_deadline_alerting_through_the_notifiers_named(tmp_path):
+def test_a_freshness_limit_gives_the_pipeline_dag_a_deadline_alerting_through_the_notifiers_named(tmp_path,
+                                                                                                  monkeypatch):
     from datetime import timedelta
 
     from airflow.providers.http.notifications.http import HttpNotifier
@@ -89,7 +90,8 @@ def test_a_freshness_limit_gives_the_pipeline_dag_a_deadline_alerting_through_th
     from kafka_eos_airflow.dag_factory import kafka_eos_dags
 
     folder = _folder(tmp_path / "p", late={"source": {"topics": ["late.in"], "freshness_limit_s": 600}}, free={})
-    dags = kafka_eos_dags(folder, deadline_notifiers=[(HttpNotifier, {"http_conn_id": "hooks", "endpoint": "/x"})])
+    dags = kafka_eos_dags(folder, deadlines=True,
+                          deadline_notifiers=[(HttpNotifier, {"http_conn_id": "hooks", "endpoint": "/x"})])
     (deadline,) = dags["kafka_eos__late"].deadline
     assert (type(deadline.reference).__name__, deadline.interval) == ("DagRunQueuedAtDeadline", timedelta(seconds=600))
     assert deadline.callback.path == "kafka_eos_airflow.notifiers.deadline_missed"
@@ -97,7 +99,9 @@ def test_a_freshness_limit_gives_the_pipeline_dag_a_deadline_alerting_through_th
         {"classpath": "airflow.providers.http.notifications.http.HttpNotifier",
          "kwargs": {"http_conn_id": "hooks", "endpoint": "/x"}}]}
     assert not dags["kafka_eos__free"].deadline  # no freshness limit, no deadline
-    # The bundled notifiers by default; off with deadlines=False.
+    # On by [kafka_eos] deadlines (off by default), through the bundled notifiers unless named.
+    assert not kafka_eos_dags(folder)["kafka_eos__late"].deadline
+    monkeypatch.setenv("AIRFLOW__KAFKA_EOS__DEADLINES", "True")
     (default,) = kafka_eos_dags(folder)["kafka_eos__late"].deadline
     assert "notifiers" not in default.callback.kwargs
     assert not kafka_eos_dags(folder, deadlines=False)["kafka_eos__late"].deadline

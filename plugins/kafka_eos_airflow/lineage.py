@@ -8,6 +8,9 @@
   ``{database}.{table}``; SQLite ``sqlite://{file}``, ``{table}``), with the counts as the datasets'
   statistics facets and a ``kafkaEos`` run facet (:class:`KafkaEosRunFacet`): mode (live, replay,
   backfill), side key, commit scope, status, counts and the offset ranges read, per partition.
+- **Streams**: the stream DAG's task reports its lineage per period (:func:`emit_stream_period`, an
+  OpenLineage RUNNING event of its run: the period's batches, counts and ranges, :func:`stream_facet`)
+  and over its whole life (:func:`stream_lineage`, its COMPLETE event).
 - **Assets**: :func:`output_places` gives each place's asset URI too, by the URI schemes of Airflow's
   providers (:func:`kafka_eos_airflow.assets.sink_asset`).
 
@@ -51,6 +54,10 @@ class KafkaEosRunFacet(RunFacet):
     ranges: list[dict[str, Any]] = attr.field(factory=list)
     skipped: list[dict[str, Any]] = attr.field(factory=list)
     sideKey: str | None = None  # noqa: N815
+    #: A stream's: its batches committed, and the period they are counted over (ISO times).
+    batches: int | None = None
+    periodStart: str | None = None  # noqa: N815
+    periodEnd: str | None = None  # noqa: N815
 
     @staticmethod
     def _get_schema() -> str:
@@ -118,16 +125,75 @@ def asset_extra(summary: dict[str, Any], plan: Plan, mode: str, side_key: str | 
             "ranges": [[r.topic, r.partition, r.from_offset, r.until] for r in plan.active]}
 
 
+def datasets(spec: PipelineSpec, settings: KafkaSettings, records_out: int,
+             dead_letters: int) -> tuple[list[InputDataset], list[OutputDataset]]:
+    """The OpenLineage inputs (the source topics) and outputs (the sink and the dead-letter places,
+    with the rows written to each) of a run of ``spec``."""
+    server = kafka_server(settings)
+    inputs = [InputDataset(namespace=f"kafka://{server}", name=t) for t in spec.source.topics]
+    counts = {"output": records_out, "dead_letters": dead_letters}
+    outputs = [OutputDataset(namespace=ns, name=name, outputFacets={
+                   "outputStatistics": OutputStatisticsOutputDatasetFacet(rowCount=counts[role])})
+               for role, ns, name, _uri in output_places(spec, settings)]
+    return inputs, outputs
+
+
 def run_lineage(spec: PipelineSpec, settings: KafkaSettings, plan: Plan, summary: dict[str, Any], mode: str,
                 side_key: str | None):
     """The OpenLineage of a verified run: inputs, outputs (with their row counts) and the run facet."""
     from airflow.providers.openlineage.extractors import OperatorLineage
 
-    server = kafka_server(settings)
-    inputs = [InputDataset(namespace=f"kafka://{server}", name=t) for t in spec.source.topics]
-    counts = {"output": summary["records_out"], "dead_letters": summary["dead_letters"]}
-    outputs = [OutputDataset(namespace=ns, name=name, outputFacets={
-                   "outputStatistics": OutputStatisticsOutputDatasetFacet(rowCount=counts[role])})
-               for role, ns, name, _uri in output_places(spec, settings)]
+    inputs, outputs = datasets(spec, settings, summary["records_out"], summary["dead_letters"])
     return OperatorLineage(inputs=inputs, outputs=outputs,
                            run_facets={"kafkaEos": run_facet(spec, plan, summary, mode, side_key)})
+
+
+def stream_facet(spec: PipelineSpec, figures: list[dict[str, Any]], period_start: str,
+                 period_end: str) -> KafkaEosRunFacet:
+    """The ``kafkaEos`` facet of a stream over a period: its batches' counts (``mode`` ``stream``) and
+    the ranges they read, joined per partition (the first batch's start to the last one's end)."""
+    spans: dict[tuple[str, int], list[int]] = {}
+    for f in figures:
+        for topic, partition, start, until in f.get("ranges", []):
+            span = spans.setdefault((topic, partition), [start, until])
+            span[0], span[1] = min(span[0], start), max(span[1], until)
+    done = [f for f in figures if f["status"] != "failed"]
+    return KafkaEosRunFacet(
+        pipeline=spec.name, mode="stream", commitScope=spec.sink.commit, sink=spec.sink.kind, status="running",
+        recordsIn=sum(f["records_in"] for f in done), recordsOut=sum(f["records_out"] for f in done),
+        deadLetters=sum(f["dead_letters"] for f in done), batches=len(done), periodStart=period_start,
+        periodEnd=period_end,
+        ranges=[{"topic": t, "partition": p, "from": a, "until": b} for (t, p), (a, b) in sorted(spans.items())])
+
+
+def stream_lineage(spec: PipelineSpec, settings: KafkaSettings, facet: KafkaEosRunFacet):
+    """The OpenLineage of a stream task (its whole life: the COMPLETE event's)."""
+    from airflow.providers.openlineage.extractors import OperatorLineage
+
+    inputs, outputs = datasets(spec, settings, facet.recordsOut, facet.deadLetters)
+    return OperatorLineage(inputs=inputs, outputs=outputs, run_facets={"kafkaEos": facet})
+
+
+def emit_stream_period(context: Any, spec: PipelineSpec, settings: KafkaSettings, facet: KafkaEosRunFacet) -> None:
+    """A RUNNING event of the stream task's OpenLineage run, for one period of its batches: what the
+    provider's listener sends at the task's start and end, with the period's datasets and facet in
+    between. Nothing when the provider is disabled (no transport configured)."""
+    from datetime import datetime, timezone
+
+    from airflow.providers.openlineage import conf as ol_conf
+    from airflow.providers.openlineage.plugins.adapter import _PRODUCER, OpenLineageAdapter
+    from airflow.providers.openlineage.plugins.listener import get_openlineage_listener
+    from openlineage.client.event_v2 import Job, Run, RunEvent, RunState
+
+    if ol_conf.is_disabled():
+        return
+    ti, dag_run = context["ti"], context["dag_run"]
+    run_id = OpenLineageAdapter.build_task_instance_run_id(
+        dag_id=ti.dag_id, task_id=ti.task_id, try_number=ti.try_number,
+        logical_date=dag_run.logical_date or dag_run.run_after, map_index=ti.map_index)
+    inputs, outputs = datasets(spec, settings, facet.recordsOut, facet.deadLetters)
+    get_openlineage_listener().adapter.emit(RunEvent(
+        eventType=RunState.RUNNING, eventTime=datetime.now(timezone.utc).isoformat(),
+        run=Run(runId=run_id, facets={"kafkaEos": facet}),
+        job=Job(namespace=ol_conf.namespace(), name=f"{ti.dag_id}.{ti.task_id}"),
+        inputs=inputs, outputs=outputs, producer=_PRODUCER))

@@ -123,14 +123,21 @@ def run_dag(airflow_db):
     return run
 
 
-def lineage_events(run_id: str, job_suffix: str = "") -> list[dict]:
-    """The OpenLineage events the file transport wrote for the tasks of DAG run ``run_id`` (whose
-    job names end with ``job_suffix``), in the order written."""
+def _lineage_events(run_id: str | None = None, job_name: str = "") -> list[dict]:
+    """The OpenLineage events the file transport wrote, in the order written: of the tasks of DAG run
+    ``run_id`` (None: any), whose job names end with ``job_name``."""
     if not LINEAGE_FILE.exists():
         return []
     events = [json.loads(line) for line in LINEAGE_FILE.read_text().splitlines() if line.strip()]
-    return [e for e in events if e["job"]["name"].endswith(job_suffix) and
-            ((e["run"]["facets"].get("airflow") or {}).get("dagRun") or {}).get("run_id") == run_id]
+    return [e for e in events if e["job"]["name"].endswith(job_name) and (run_id is None or (
+            (e["run"]["facets"].get("airflow") or {}).get("dagRun") or {}).get("run_id") == run_id)]
+
+
+@pytest.fixture
+def lineage_events():
+    """``lineage_events(run_id=None, job_name="")``: the OpenLineage events the tasks wrote (the
+    session's file transport)."""
+    return _lineage_events
 
 
 class StatsdReceiver:

@@ -118,12 +118,10 @@ def returned(dag_run, task_id: str):
         return None if row is None else XComModel.deserialize_value(row)
 
 
-def verified_lineage(dag_run) -> dict:
+def verified_lineage(lineage_events, dag_run) -> dict:
     """The verify task's OpenLineage COMPLETE event of ``dag_run``: inputs and outputs as
     (namespace, name, row count) and its ``kafkaEos`` run facet. The provider emits events off the
     task's thread: waited for."""
-    from conftest import lineage_events
-
     deadline = time.monotonic() + READ_TIMEOUT_S
     while not (found := [e for e in lineage_events(dag_run.run_id, ".verify") if e["eventType"] == "COMPLETE"]):
         assert time.monotonic() < deadline, f"no OpenLineage COMPLETE event of {dag_run.run_id}'s verify task"
@@ -169,7 +167,7 @@ def run_dag(pipelines_module, name: str, logical_date: datetime = LOGICAL_DATE, 
     return dag_run
 
 
-def test_orders_enriched_dag_run(airflow_db, connections, kafka_settings, pipelines_module, unique):
+def test_orders_enriched_dag_run(airflow_db, connections, kafka_settings, pipelines_module, lineage_events, unique):
     name = f"oe-{unique}"
     topics = {"orders": f"{name}.orders", "enriched": f"{name}.orders.enriched", "dlq": f"{name}.orders.dlq"}
     kafka_admin.create_topics(kafka_settings, {topics["orders"]: 3, topics["enriched"]: 3, topics["dlq"]: 1})
@@ -196,7 +194,7 @@ def test_orders_enriched_dag_run(airflow_db, connections, kafka_settings, pipeli
 
     # Lineage (OpenLineage's file transport) and the sink's asset event name what the run read and wrote.
     server = kafka_settings.bootstrap_servers.split(",")[0]
-    run = verified_lineage(dag_run)
+    run = verified_lineage(lineage_events, dag_run)
     assert run["inputs"] == [(f"kafka://{server}", topics["orders"], None)]
     assert run["outputs"] == [(f"kafka://{server}", topics["enriched"], 5), (f"kafka://{server}", topics["dlq"], 1)]
     facet = run["facet"]
@@ -225,8 +223,8 @@ def test_orders_enriched_dag_run(airflow_db, connections, kafka_settings, pipeli
     assert_checkpoint_at_end(kafka_settings, f"kafka-eos.{name}", topics["orders"])
 
 
-def test_revenue_per_minute_dag_run(airflow_db, connections, kafka_settings, pipelines_module, unique,
-                                    tmp_path):
+def test_revenue_per_minute_dag_run(airflow_db, connections, kafka_settings, pipelines_module, lineage_events,
+                                    unique, tmp_path):
     name = f"rpm-{unique}"
     topics = {"orders": f"{name}.orders"}
     db = tmp_path / "revenue.db"
@@ -246,7 +244,7 @@ def test_revenue_per_minute_dag_run(airflow_db, connections, kafka_settings, pip
     assert summary["status"] == "committed"
     assert (summary["records_in"], summary["dead_letters"]) == (6, 1)
     # A SQL sink's lineage names its database file and tables; its asset is the table's.
-    lineage = verified_lineage(dag_run)
+    lineage = verified_lineage(lineage_events, dag_run)
     assert lineage["outputs"] == [(f"sqlite://{db}", "revenue_per_minute", summary["records_out"]),
                                   (f"sqlite://{db}", "kafka_eos_dead_letters", 1)]
     from airflow.sdk import Asset
@@ -334,7 +332,7 @@ def test_a_checkpoint_reset_from_the_trigger_form_is_confirmed_audited_and_the_n
 
 
 def test_a_replay_from_the_trigger_form_writes_the_range_to_the_backfill_topic_once(
-        airflow_db, connections, kafka_settings, pipelines_module, unique, capfd):
+        airflow_db, connections, kafka_settings, pipelines_module, lineage_events, unique, capfd):
     name = f"replay-{unique}"
     topics = {"orders": f"{name}.orders", "enriched": f"{name}.orders.enriched", "dlq": f"{name}.orders.dlq",
               "backfill": f"{name}.orders.backfill"}
@@ -377,7 +375,7 @@ def test_a_replay_from_the_trigger_form_writes_the_range_to_the_backfill_topic_o
     # The replay's lineage says it was a replay and names the backfill topic, not the live output;
     # its asset event is the backfill topic's.
     server = kafka_settings.bootstrap_servers.split(",")[0]
-    lineage = verified_lineage(replay)
+    lineage = verified_lineage(lineage_events, replay)
     assert lineage["outputs"] == [(f"kafka://{server}", topics["backfill"], len(VALID_ORDERS))]
     assert (lineage["facet"]["mode"], lineage["facet"]["recordsOut"], lineage["facet"]["deadLetters"]) == (
         "replay", len(VALID_ORDERS), 1)

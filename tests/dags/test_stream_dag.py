@@ -15,6 +15,7 @@ import pytest
 import yaml
 from confluent_kafka import Producer
 from test_backfill import _wait
+from waiting import wait_until
 
 from kafka_eos import kafka_admin
 from kafka_eos.readers import read_committed
@@ -149,7 +150,7 @@ def test_a_stream_scheduled_dag_runs_on_committed_data_and_steps_aside_for_a_str
 
 
 def test_the_stream_dag_runs_a_stream_until_caught_up(airflow_db, kafka_connection, kafka_settings, pipelines_module,
-                                                      statsd, unique):
+                                                      statsd, lineage_events, unique):
     import os
     from pathlib import Path
 
@@ -165,6 +166,7 @@ def test_the_stream_dag_runs_a_stream_until_caught_up(airflow_db, kafka_connecti
         "sink": {"kind": "kafka", "topic": out, "commit": "per_partition"}}))
     dag = pipelines_module.dags_from_folder(specs)[f"kafka_eos_stream__{name}"]
     dag.tasks[0].retries = 0
+    dag.tasks[0].lineage_period_s = 0  # a lineage event per batch here (every 5 minutes by default)
     dag_run = dag.test(run_conf={"until_caught_up": True, "interval_s": 0.2})
     assert {ti.task_id: ti.state for ti in dag_run.get_task_instances()} == {"stream": "success"}
 
@@ -180,3 +182,24 @@ def test_the_stream_dag_runs_a_stream_until_caught_up(airflow_db, kafka_connecti
     assert records_out == len(truth.committed)
     latencies = statsd.named(f"airflow.kafka_eos.stream.batch_latency.{name}")
     assert len(latencies) == len(batches) and all(k == "ms" and v > 0 for _n, v, k in latencies)
+    # Its lineage: a RUNNING event per period (here: per batch) with the period's ranges and counts,
+    # and the task's COMPLETE event with the whole stream's, naming the source and the sink.
+    job = f"kafka_eos_stream__{name}.stream"
+    server = kafka_settings.bootstrap_servers.split(",")[0]
+    running = [e for e in lineage_events(job_name=job) if e["eventType"] == "RUNNING"
+               and "kafkaEos" in e["run"]["facets"]]
+    assert len(running) == len(batches)
+    assert sum(e["run"]["facets"]["kafkaEos"]["recordsOut"] for e in running) == len(truth.committed)
+    covered = sorted((r["partition"], r["from"], r["until"]) for e in running
+                     for r in e["run"]["facets"]["kafkaEos"]["ranges"])
+    assert {(p, until) for p, _f, until in covered} >= {(p, lso[(topic, p)].lso) for p in (0, 1)}
+    # The provider emits off the task's thread: waited for.
+    (complete,) = wait_until("the stream task's COMPLETE event", lambda: [
+        e for e in lineage_events(dag_run.run_id, job) if e["eventType"] == "COMPLETE"] or None, 60, every_s=0.5)
+    facet = complete["run"]["facets"]["kafkaEos"]
+    assert (facet["mode"], facet["batches"], facet["recordsOut"]) == ("stream", len(batches), len(truth.committed))
+    assert {r["partition"]: (r["from"], r["until"]) for r in facet["ranges"]} == {
+        p: (0, lso[(topic, p)].lso) for p in (0, 1)}
+    assert [(d["namespace"], d["name"]) for d in complete["inputs"]] == [(f"kafka://{server}", topic)]
+    assert [(d["namespace"], d["name"]) for d in complete["outputs"]] == [(f"kafka://{server}", out)]
+    assert running[0]["run"]["runId"] == complete["run"]["runId"]  # the same OpenLineage run

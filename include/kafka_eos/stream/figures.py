@@ -27,10 +27,13 @@ LATENCY_BUCKETS_S = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 
 
 
 def batch_figures(pipeline: str, batch: int, summary: RunSummary, plan_s: float) -> dict[str, Any]:
-    """One committed batch: its counts and its latency (plan start to commit), in seconds."""
+    """One committed batch: its counts, its latency (plan start to commit) in seconds, and the
+    ranges it read (``[topic, partition, from, until]``)."""
     return {"pipeline": pipeline, "batch": batch, "status": summary.status, "records_in": summary.records_in,
             "records_out": summary.records_out, "dead_letters": summary.dead_letters,
-            "latency_s": round(summary.seconds + plan_s, 4), "plan_s": round(plan_s, 4)}
+            "latency_s": round(summary.seconds + plan_s, 4), "plan_s": round(plan_s, 4),
+            "ranges": [[r["topic"], r["partition"], r["from"], r["until"]] for r in summary.ranges
+                       if r["until"] != r["from"]]}
 
 
 def failed_figures(pipeline: str, batch: int) -> dict[str, Any]:

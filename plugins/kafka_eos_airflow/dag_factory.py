@@ -41,7 +41,8 @@ from kafka_eos.spec import STREAM_SCHEDULE, PipelineSpec, check_owners, parse_sp
 from kafka_eos_airflow import config
 from kafka_eos_airflow.assets import sink_alias, source_asset
 from kafka_eos_airflow.checks import CheckpointRefreshOperator, FreshnessCheckOperator
-from kafka_eos_airflow.notifiers import RUNBOOK_DAG_ID, KafkaEosAlertRouter, deadline_missed, failure_notifiers
+from kafka_eos_airflow.notifiers import (PIPELINE_DAG_PREFIX, RUNBOOK_DAG_ID, WATCHDOG_DAG_ID, KafkaEosAlertRouter,
+                                         deadline_missed, failure_notifiers)
 from kafka_eos_airflow.operators import (KafkaEosPlanOperator, KafkaEosSparkSubmitOperator,
                                          KafkaEosVerifyOperator)
 from kafka_eos_airflow.params import pipeline_params
@@ -52,7 +53,7 @@ from kafka_eos_airflow.stream import KafkaEosStreamOperator
 
 log = logging.getLogger(__name__)
 
-DAG_ID_PREFIX = "kafka_eos__"
+DAG_ID_PREFIX = PIPELINE_DAG_PREFIX
 STREAM_DAG_ID_PREFIX = "kafka_eos_stream__"
 #: A fixed start: with catchup off only the latest interval runs; a moving start (``now()``)
 #: would make every parse a different DAG.
@@ -310,7 +311,6 @@ def dags_from_folder(folder: str | Path, options: DagOptions | None = None, **kw
     return dags
 
 
-WATCHDOG_DAG_ID = "kafka_eos_watchdog"
 #: A watchdog run watches for 4 of its 5 minutes, then makes room for the next one.
 WATCH_S = 240
 #: How long until the next watchdog run may refresh a checkpoint: its interval, twice (one run late).

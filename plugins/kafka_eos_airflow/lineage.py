@@ -97,8 +97,11 @@ def output_places(spec: PipelineSpec, settings: KafkaSettings) -> list[tuple[str
     if sink.kind == "kafka":
         places.append(("output", f"kafka://{server}", sink.topic, f"kafka://{server}/{sink.topic}"))
     else:
-        places.append(("output", *_sql_place(sink.url, sink.table)))
-        places.append(("dead_letters", *_sql_place(sink.url, sink.dead_letters_table)))
+        from kafka_eos.sinks.sql import default_url
+
+        url = sink.url or default_url(spec)  # no url: the default SQLite file, as the sink writes it
+        places.append(("output", *_sql_place(url, sink.table)))
+        places.append(("dead_letters", *_sql_place(url, sink.dead_letters_table)))
     if sink.dlq_topic and sink.dlq_topic != sink.topic:
         places.append(("dead_letters", f"kafka://{server}", sink.dlq_topic, f"kafka://{server}/{sink.dlq_topic}"))
     return places

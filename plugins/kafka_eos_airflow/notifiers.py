@@ -45,6 +45,10 @@ if TYPE_CHECKING:  # pragma: no cover
 WEBHOOK_CONN_ID = "kafka_eos_alerts_webhook"
 #: The DAG that aborts a held partition's transaction (dags/kafka_eos_runbooks.py).
 RUNBOOK_DAG_ID = "kafka_eos_runbook_abort_transaction"
+#: The watchdog's DAG: its freshness task's alert links each late pipeline's DAG, under the same
+#: DAG id prefix as its own (the DAG factory's ``dag_id_prefix``).
+WATCHDOG_DAG_ID = "kafka_eos_watchdog"
+PIPELINE_DAG_PREFIX = "kafka_eos__"
 SMTP_CONN_ID = "kafka_eos_alerts_smtp"
 
 
@@ -141,10 +145,11 @@ def alert_findings(ti: Any, run_id: str | None, error: str, stalls: list[dict], 
         "runbook_conf": {"topic": s["topic"], "partition": s["partition"], "start_offset": s["lso"]},
         "abort": abort_command(s["topic"], s["partition"], s["lso"]),
     } for s in stalls]
+    prefix = ti.dag_id[:-len(WATCHDOG_DAG_ID)] if ti.dag_id.endswith(WATCHDOG_DAG_ID) else ""
     findings += [{
         "what": "stale_partition", "pipeline": s["pipeline"], "partition": f"{s['topic']}-{s['partition']}",
         "since": _since(s["age_s"]), "lag": s["lag"], "limit_s": s["limit_s"],
-        "runbook": _ui(f"/dags/kafka_eos__{s['pipeline']}"),
+        "runbook": _ui(f"/dags/{prefix}{PIPELINE_DAG_PREFIX}{s['pipeline']}"),
     } for s in stale]
     findings += [{
         "what": "skipped_records", "pipeline": s.get("pipeline"), "partition": f"{s['topic']}-{s['partition']}",

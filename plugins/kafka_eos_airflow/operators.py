@@ -515,8 +515,11 @@ class KafkaEosVerifyOperator(_PipelineOperator):
                               f" ({summary['promote_caveat']})" if summary["promote_caveat"] else "")
         set_run_note(context, self._note(summary, plan, side, context))
         mode, side_key = (side.kind, side.key) if side else ("live", None)
-        self._lineage = lineage.run_lineage(spec, settings, plan, summary, mode, side_key)
-        metrics.run_metrics(summary, record, plan.created_at, mode, spec.sink.commit)
+        try:
+            self._lineage = lineage.run_lineage(spec, settings, plan, summary, mode, side_key)
+            metrics.run_metrics(summary, record, plan.created_at, mode, spec.sink.commit)
+        except Exception as exc:  # noqa: BLE001 - the run is verified: its report must not fail it
+            self.log.warning("run %s: lineage or metrics not reported: %s", run_id, exc)
         if not plan.is_empty and summary["status"] == "committed":
             # "The sink was written": an event of its asset, for the DAGs scheduled on it.
             context["outlet_events"][assets.sink_alias(live_spec.name)].add(

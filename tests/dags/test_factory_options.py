@@ -298,3 +298,28 @@ def test_an_airflow_notifier_of_the_teams_gets_the_alerts_and_the_failures(run_d
     assert (skipped["what"], skipped["pipeline"], skipped["partition"], skipped["from"], skipped["until"]) == (
         "skipped_records", unique, f"{topic}-0", 1, 4)
     assert datetime.fromisoformat(skipped["since"]) <= datetime.now(timezone.utc)
+
+
+def test_lineage_names_sql_places_by_the_naming_spec_without_credentials():
+    from kafka_eos.settings import KafkaSettings
+    from kafka_eos.sinks.sql import default_url
+    from kafka_eos_airflow.assets import sink_asset
+    from kafka_eos_airflow.lineage import output_places
+
+    settings = KafkaSettings("broker-1:9092,broker-2:9092")
+    pg = parse_spec({"name": "pg", "source": {"topics": ["in"]}, "sink": {
+        "kind": "sql", "table": "analytics.revenue", "key_columns": ["k"],
+        "url": "postgresql+psycopg2://writer:s3cret@db.example:6543/warehouse"}}, "pg.yaml")
+    places = output_places(pg, settings)
+    assert places == [
+        ("output", "postgres://db.example:6543", "warehouse.analytics.revenue",
+         "postgres://db.example:6543/warehouse/analytics/revenue"),
+        ("dead_letters", "postgres://db.example:6543", "warehouse.public.kafka_eos_dead_letters",
+         "postgres://db.example:6543/warehouse/public/kafka_eos_dead_letters")]
+    assert "s3cret" not in repr(places) and "writer" not in repr(places)
+    assert sink_asset(pg, settings).uri == "postgres://db.example:6543/warehouse/analytics/revenue"
+    # No url: the default SQLite file the sink writes.
+    local = parse_spec({"name": "local", "source": {"topics": ["in"]},
+                        "sink": {"kind": "sql", "table": "t", "key_columns": ["k"]}}, "local.yaml")
+    path = default_url(local).removeprefix("sqlite:///")
+    assert output_places(local, settings)[0][:3] == ("output", f"sqlite:///{path.lstrip('/')}", "t")

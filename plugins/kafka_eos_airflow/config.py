@@ -97,14 +97,18 @@ def spark_conn_id() -> str:
     return _get("spark_conn_id") or OPTIONS["spark_conn_id"]["default"]
 
 
+def _flag(option: str) -> bool:
+    return _get(option).strip().lower() in ("true", "1", "t", "yes", "on")
+
+
 def local_broker_fallback() -> bool:
     """``[kafka_eos] local_broker_fallback``."""
-    return _get("local_broker_fallback").strip().lower() in ("true", "1", "t", "yes", "on")
+    return _flag("local_broker_fallback")
 
 
 def deadlines() -> bool:
     """``[kafka_eos] deadlines``."""
-    return _get("deadlines").strip().lower() in ("true", "1", "t", "yes", "on")
+    return _flag("deadlines")
 
 
 def page_cache_seconds() -> float:

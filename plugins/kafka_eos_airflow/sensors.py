@@ -24,7 +24,11 @@ def pipeline_topics(pipeline: str) -> list[str]:
     """Every topic a pipeline reads or writes: sources, sink, dead letters, backfills, its manifest."""
     from kafka_eos.spec import load_spec
 
-    spec = load_spec(pipeline, import_transform=False)
+    return spec_topics(load_spec(pipeline, import_transform=False))
+
+
+def spec_topics(spec) -> list[str]:
+    """:func:`pipeline_topics` of a loaded spec."""
     topics = [*spec.source.topics, spec.sink.topic, spec.sink.dlq_topic, spec.sink.backfill_topic,
               spec.manifest_topic]
     return list(dict.fromkeys(t for t in topics if t))
@@ -108,7 +112,8 @@ class HungTransactionSensor(BaseSensorOperator):
 
         for pipeline in self.pipelines:
             try:
-                name, topics = load_spec(pipeline, import_transform=False).name, set(pipeline_topics(pipeline))
+                spec = load_spec(pipeline, import_transform=False)  # once: its name and its topics
+                name, topics = spec.name, set(spec_topics(spec))
             except Exception as exc:  # noqa: BLE001 - a spec changed since the watch began: the alert goes on
                 self.log.warning("%s: not counted in the metrics: %s", pipeline, exc)
                 continue

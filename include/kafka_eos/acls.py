@@ -262,10 +262,10 @@ def _cluster_operations(admin) -> set[str]:
 
     from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S
 
-    md = admin.list_topics(timeout=ADMIN_TIMEOUT_S)
-    broker = next(iter(md.brokers), None)
-    if broker is None:
+    nodes = admin.describe_cluster(request_timeout=ADMIN_TIMEOUT_S).result(timeout=ADMIN_TIMEOUT_S + 5).nodes
+    if not nodes:
         return set()
+    broker = nodes[0].id
     resource = ConfigResource(ResourceType.BROKER, str(broker))
     try:
         admin.describe_configs([resource])[resource].result(timeout=ADMIN_TIMEOUT_S)

@@ -143,9 +143,10 @@ def cmd_airflow(args) -> int:
     # Only a start needs the cluster to answer: stop and status work without it.
     airflow = LocalAirflow.default(_settings(args) if args.action == "start" else
                                    KafkaSettings.from_environ(os.environ, args.bootstrap, LocalBroker.default().bootstrap,
-                                                              _local_registry_url()))
+                                                              _local_registry_url()),
+                                   args.executor if args.action == "start" else None)
     if args.action == "start":
-        Console().step(f"starting Airflow (api-server, scheduler, dag-processor, triggerer; state under {airflow.home})")
+        Console().step(f"starting Airflow ({', '.join(airflow.components)}; state under {airflow.home})")
         print(f"{airflow.start()}  (login {ADMIN}, password in {airflow.home / 'simple_auth_manager_passwords.json.generated'})")
     elif args.action == "stop":
         airflow.stop()
@@ -409,32 +410,39 @@ def cmd_checkpoint(args) -> int:
 
 
 def cmd_pipelines(args) -> int:
-    from kafka_eos.manifest import ManifestStore
-    from kafka_eos.overview.snapshot import one_line
-    from kafka_eos.pipeline import checkpoint_rows
-    from kafka_eos.stream.lease import stream_owner
+    from kafka_eos.overview.snapshot import one_line, snapshot
+    from kafka_eos.stream.lease import stream_owners
 
     settings = _settings(args)
-    found = []
+    found, specs = [], {}
     for path in spec_paths():
         row: dict = {"name": path.stem, "spec": str(path)}
-        try:
-            spec = load_spec(str(path), import_transform=False)
-            row.update(name=spec.name, sink=spec.sink.kind,
-                       target=spec.sink.topic if spec.sink.kind == "kafka" else spec.sink.table,
-                       commit=spec.sink.commit)
-            partitions, _drift = checkpoint_rows(spec, settings)
-            row["lag"] = sum(p["lag"] for p in partitions)
-            last = ManifestStore.of(spec, settings).last_run()
-            row["last_run"] = None if last is None else {
-                "run_id": last["plan"]["run_id"], "status": last.get("status"),
-                "at": last.get("committed_at") or last.get("updated_at"),
-                **({"stream_batch": last["stream"]["batch"]} if "stream" in last else {})}
-            owner = stream_owner(spec, settings)
-            row["streaming"] = None if owner is None else owner.client_id
-        except Exception as exc:  # noqa: BLE001 - a SQL sink's database error too: its own row, not the end
-            row["error"] = one_line(exc)
         found.append(row)
+        try:
+            spec = specs[str(path)] = load_spec(str(path), import_transform=False)
+        except Exception as exc:  # noqa: BLE001 - a broken spec gets its own row, hides no other
+            row["error"] = one_line(exc)
+            continue
+        row.update(name=spec.name, sink=spec.sink.kind, target=spec.sink.topic if spec.sink.kind == "kafka" else spec.sink.table,
+                   commit=spec.sink.commit)
+    # What the operator page reads, in its batched reads (one offsets query for every partition of
+    # every pipeline), with the newest run of each; and every stream's lease, in one request.
+    entries = dict(zip(specs, snapshot(settings, specs.values(), runs=1)))
+    owners = stream_owners(specs.values(), settings)
+    for row in found:
+        entry = entries.get(row["spec"])
+        if entry is None:
+            continue
+        owner = owners[row["name"]]
+        if entry["error"] or isinstance(owner, Exception):
+            row["error"] = entry["error"] or one_line(owner)
+            continue
+        row["lag"] = entry["lag"]
+        last = entry["runs"][0] if entry["runs"] else None
+        row["last_run"] = None if last is None else {
+            "run_id": last["run_id"], "status": last["status"], "at": last["at"],
+            **({"stream_batch": last["stream_batch"]} if "stream_batch" in last else {})}
+        row["streaming"] = None if owner is None else owner.client_id
     if args.json:
         _print_json({"pipelines": found})
         return 0
@@ -688,6 +696,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("dag_id", nargs="?", help="trigger: the DAG to run (kafka_eos__<pipeline>)")
     a.add_argument("--conf", help="trigger: the run's conf, a JSON object (the trigger form's parameters)")
     a.add_argument("--wait", action="store_true", help="trigger: wait until the run ends; exit 1 if it failed")
+    a.add_argument("--executor", choices=["local", "celery"],
+                   help="start: Airflow's LocalExecutor (SQLite), or its CeleryExecutor: Redis (Debian's redis-server) "
+                        "as Celery's broker, a PostgreSQL server of its own as metadata DB and result backend, two "
+                        "Celery workers (default: the executor of the last start, else local)")
     s = command("spark", cmd_spark, "a local Spark standalone cluster (a master and two workers on 127.0.0.1) "
                                     "under .local/spark (start, stop, status)")
     s.add_argument("action", choices=["start", "stop", "status"])

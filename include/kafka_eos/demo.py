@@ -112,7 +112,7 @@ def reset(settings: KafkaSettings, specs: list[PipelineSpec], topics: dict[str, 
             pass  # no such group yet
     for spec in specs:  # a deliberate fresh start: the manifest forgets the old checkpoints too
         ManifestStore.of(spec, settings).forget_checkpoints()
-    existing = set(admin.list_topics(timeout=RESET_TIMEOUT_S).topics)
+    existing = kafka_admin.topics_metadata(settings, topics).partitions
     doomed = [t for t in topics if t in existing]
     if doomed:
         for topic, fut in admin.delete_topics(doomed).items():

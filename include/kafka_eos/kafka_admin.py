@@ -122,7 +122,9 @@ def check_reachable(settings: KafkaSettings) -> None:
     admin = admin_client(settings)
     with last_client_error() as seen:
         try:
-            md = admin.list_topics(timeout=settings.connect_timeout_s)
+            # DescribeCluster: the brokers, not the metadata of every topic of the cluster.
+            brokers = admin.describe_cluster(request_timeout=settings.connect_timeout_s).result(
+                timeout=settings.connect_timeout_s + 5).nodes
         except KafkaException as exc:
             err = exc.args[0]
             admin.poll(0)  # librdkafka's queued log lines reach the logger when the client is polled
@@ -132,33 +134,84 @@ def check_reachable(settings: KafkaSettings) -> None:
                 f"cannot reach Kafka at {settings.bootstrap_servers} within {settings.connect_timeout_s:g}s "
                 f"({detail}); check --bootstrap / KAFKA_BOOTSTRAP_SERVERS ({CONNECT_TIMEOUT_ENV} sets the wait)"
             ) from exc
-    if not md.brokers:
+    if not brokers:
         raise BrokerUnreachable(f"Kafka at {settings.bootstrap_servers} answered with no brokers")
 
 
-def cluster_metadata(settings: KafkaSettings):
-    """The cluster's topics and brokers, for callers that check many topics at once."""
-    return admin_client(settings).list_topics(timeout=ADMIN_TIMEOUT_S)
+@dataclass(frozen=True)
+class TopicsMetadata:
+    """What the cluster says of some topics (and only of them): how many partitions each of
+    those that exist has, and why each of the others could not be described."""
+
+    partitions: dict[str, int]
+    #: topic -> the broker's reason (``does not exist``, ``not authorized``…).
+    missing: dict[str, str]
+    where: str
+
+    def count(self, topic: str, role: str = "topic") -> int:
+        """``topic``'s partitions.
+
+        :raises TopicMissing: naming the topic, its role and why it could not be described.
+        """
+        if topic not in self.partitions:
+            raise TopicMissing(f"{role} topic {topic!r} {self.missing.get(topic, 'was not described')} on {self.where}")
+        return self.partitions[topic]
 
 
-def partitions_of(settings: KafkaSettings, topics: Iterable[str], role: str = "topic", md=None) -> dict[str, int]:
+#: Describe errors that say a topic is not there (or not there for this principal).
+_ABSENT = {"UNKNOWN_TOPIC_OR_PART": "does not exist", "UNKNOWN_TOPIC_ID": "does not exist",
+           "TOPIC_AUTHORIZATION_FAILED": "is not authorized to be described"}
+
+
+def topics_metadata(settings: KafkaSettings, topics: Iterable[str]) -> TopicsMetadata:
+    """The partition counts of ``topics``: one metadata request naming them, never one for the
+    whole cluster's metadata (on a shared cluster of thousands of topics that is megabytes and
+    seconds, for each run, sensor poke and page view).
+
+    :raises BrokerError: the cluster did not answer, or refused for another reason than absence.
+    """
+    from confluent_kafka import TopicCollection
+
+    names = list(dict.fromkeys(topics))
+    found: dict[str, int] = {}
+    missing: dict[str, str] = {}
+    if names:
+        admin = admin_client(settings)
+        futures = admin.describe_topics(TopicCollection(names), request_timeout=ADMIN_TIMEOUT_S)
+        for name, future in futures.items():
+            try:
+                found[name] = len(future.result(timeout=ADMIN_TIMEOUT_S + 5).partitions)
+            except KafkaException as exc:
+                err = exc.args[0]
+                if err.name() not in _ABSENT:
+                    raise BrokerError(f"describing topic {name!r}: {err.str()}") from None
+                missing[name] = _ABSENT[err.name()]
+    return TopicsMetadata(found, missing, settings.bootstrap_servers)
+
+
+def partitions_of(settings: KafkaSettings, topics: Iterable[str], role: str = "topic",
+                  md: TopicsMetadata | None = None) -> dict[str, int]:
     """Number of partitions per topic.
 
-    :param md: :func:`cluster_metadata` already read (else it is read now).
+    :param md: :func:`topics_metadata` of these topics already read (else it is read now).
     :raises TopicMissing: naming the first topic that does not exist and its role.
     """
-    md = md or cluster_metadata(settings)
-    out = {}
-    for topic in topics:
-        tmd = md.topics.get(topic)
-        if tmd is None or tmd.error is not None:
-            raise TopicMissing(f"{role} topic {topic!r} does not exist on {admin_brokers(md)}")
-        out[topic] = len(tmd.partitions)
-    return out
+    topics = list(topics)
+    md = md or topics_metadata(settings, topics)
+    return {topic: md.count(topic, role) for topic in topics}
 
 
-def admin_brokers(md) -> str:
-    return ",".join(f"{b.host}:{b.port}" for b in md.brokers.values()) or "the cluster"
+def broker_count(settings: KafkaSettings) -> int:
+    """How many brokers the cluster has (DescribeCluster)."""
+    admin = admin_client(settings)
+    return len(admin.describe_cluster(request_timeout=ADMIN_TIMEOUT_S).result(timeout=ADMIN_TIMEOUT_S + 5).nodes)
+
+
+def cluster_metadata(settings: KafkaSettings):
+    """The whole cluster's topics and brokers: for the fault harness and the local broker's
+    readiness, which look at every partition of a cluster of their own; never on a pipeline's
+    path (:func:`topics_metadata`)."""
+    return admin_client(settings).list_topics(timeout=ADMIN_TIMEOUT_S)
 
 
 def all_partitions(settings: KafkaSettings) -> list[TP]:
@@ -173,14 +226,16 @@ def ensure_compacted_topic(settings: KafkaSettings, topic: str, partitions: int 
     """Create ``topic`` compacted when it is missing (a run manifest), and wait until it can be
     used. With ``retention_ms`` it is ``compact,delete``: records older than that go too. With
     ``segment_ms`` its segments roll at least that often (compaction never touches the active one)."""
-    md = admin_client(settings).list_topics(timeout=ADMIN_TIMEOUT_S)
-    _create(settings, {topic: partitions}, default_replication(md), compacted_config(retention_ms, segment_ms), md)
+    if topic in topics_metadata(settings, [topic]).partitions:
+        return
+    _create(settings, {topic: partitions}, default_replication(broker_count(settings)),
+            compacted_config(retention_ms, segment_ms))
 
 
-def default_replication(md) -> int:
+def default_replication(brokers: int) -> int:
     """The replication factor kafka-eos gives a topic it creates: 3, or every broker of a smaller
-    cluster (``md``: the cluster's metadata)."""
-    return min(3, len(md.brokers)) or 1
+    cluster (``brokers``: how many it has)."""
+    return min(3, brokers) or 1
 
 
 def compacted_config(retention_ms: int | None = None, segment_ms: int | None = None) -> dict[str, str]:
@@ -238,14 +293,12 @@ def create_topic(settings: KafkaSettings, topic: str, partitions: int, replicati
     _create(settings, {topic: partitions}, replication, dict(config))
 
 
-def _create(settings: KafkaSettings, topics: Mapping[str, int], replication: int, config: dict,
-            md=None) -> None:
-    admin = admin_client(settings)
-    md = md or admin.list_topics(timeout=ADMIN_TIMEOUT_S)
-    new = [NewTopic(t, n, replication, config=config) for t, n in topics.items()
-           if t not in md.topics or md.topics[t].error is not None]
+def _create(settings: KafkaSettings, topics: Mapping[str, int], replication: int, config: dict) -> None:
+    existing = topics_metadata(settings, topics).partitions
+    new = [NewTopic(t, n, replication, config=config) for t, n in topics.items() if t not in existing]
     if not new:
         return
+    admin = admin_client(settings)
     for topic, fut in admin.create_topics(new).items():
         try:
             fut.result(timeout=ADMIN_TIMEOUT_S)
@@ -267,6 +320,16 @@ def partition_offsets(settings: KafkaSettings, tps: Iterable[TP],
     tps = list(tps)
     if not tps:
         return {}
+    if admin is None:
+        # One client for the three queries, connected first by a metadata request for one of the
+        # topics: a new client's first ListOffsets can find no usable broker yet (its bootstrap
+        # connection handing over to the broker's own) and wait 1-3 s for librdkafka's next
+        # leader query.
+        admin = admin_client(settings)
+        try:
+            admin.list_topics(tps[0][0], timeout=ADMIN_TIMEOUT_S)
+        except KafkaException:
+            pass  # the queries' own retries handle a cluster that is not there yet
 
     def query(spec: OffsetSpec, isolation: IsolationLevel) -> dict[TP, int]:
         given = admin
@@ -398,10 +461,10 @@ def broker_config(settings: KafkaSettings, name: str, default: float) -> float:
 
     admin = admin_client(settings)
     try:
-        broker = next(iter(admin.list_topics(timeout=ADMIN_TIMEOUT_S).brokers))
+        broker = admin.describe_cluster(request_timeout=ADMIN_TIMEOUT_S).result(timeout=ADMIN_TIMEOUT_S + 5).nodes[0].id
         resource = ConfigResource(ResourceType.BROKER, str(broker))
         return float(admin.describe_configs([resource])[resource].result(timeout=ADMIN_TIMEOUT_S)[name].value)
-    except (KafkaException, KeyError, StopIteration, ValueError, TypeError) as exc:
+    except (KafkaException, KeyError, IndexError, ValueError, TypeError) as exc:
         log.warning("cannot read the brokers' %s (%s): assuming %s", name, exc, default)
         return default
 

@@ -363,7 +363,10 @@ class ManifestStore:
         md = admin.list_topics(self.topic, timeout=ADMIN_TIMEOUT_S).topics.get(self.topic)
         if md is None or md.error is not None:
             return None
-        return partition_offsets(self.settings, [(self.topic, 0)])[(self.topic, 0)]
+        # The same client first: it is connected now. A new client's first ListOffsets can find no
+        # usable broker yet (the bootstrap connection handing over to the broker's own) and wait
+        # a leader query of librdkafka's, 1-3 s.
+        return partition_offsets(self.settings, [(self.topic, 0)], admin=admin)[(self.topic, 0)]
 
     def _tail(self, committed: bool, offsets=None) -> Iterator[tuple[int, float, str, dict | None]]:
         """The manifest's records newest first, as ``(offset, timestamp s, key, record or None)``,

@@ -14,7 +14,7 @@ from typing import Callable, TypeVar
 from confluent_kafka import KafkaError, KafkaException
 
 from kafka_eos.errors import BrokerError, CheckpointConflict, CheckpointLost, KafkaEosError
-from kafka_eos.kafka_admin import (TP, cluster_metadata, committed_offsets_and_times,
+from kafka_eos.kafka_admin import (TP, TopicsMetadata, committed_offsets_and_times, topics_metadata,
                                    offsets_retention_s, partition_offsets, partitions_of)
 from kafka_eos.manifest import ManifestState, ManifestStore
 from kafka_eos.plan import Plan, plan_ranges, stale_checkpoints
@@ -35,19 +35,25 @@ class Drift:
     kafka: int | None
 
 
-def source_partitions(spec: PipelineSpec, settings: KafkaSettings, md=None) -> list[TP]:
+def source_partitions(spec: PipelineSpec, settings: KafkaSettings, md: TopicsMetadata | None = None) -> list[TP]:
     """Every partition of the source topics, after checking every topic the run needs exists.
 
-    :param md: the cluster's metadata already read (:func:`kafka_admin.cluster_metadata`).
+    :param md: :func:`kafka_admin.topics_metadata` of (at least) :func:`needed_topics` already read.
     :raises TopicMissing: naming the missing topic and its role.
     """
-    md = md or cluster_metadata(settings)
+    md = md or topics_metadata(settings, needed_topics(spec))
     counts = partitions_of(settings, spec.source.topics, "source", md)
     if spec.sink.kind == "kafka":
         partitions_of(settings, [spec.sink.topic], "sink", md)
     if spec.sink.dlq_topic:
         partitions_of(settings, [spec.sink.dlq_topic], "dead-letter", md)
     return [(t, p) for t, n in counts.items() for p in range(n)]
+
+
+def needed_topics(spec: PipelineSpec) -> list[str]:
+    """The topics a run of ``spec`` checks before it plans: its sources, its Kafka sink, its dead letters."""
+    return [*spec.source.topics, *([spec.sink.topic] if spec.sink.kind == "kafka" else []),
+            *([spec.sink.dlq_topic] if spec.sink.dlq_topic else [])]
 
 
 def checkpoints(spec: PipelineSpec, settings: KafkaSettings, tps: list[TP]) -> tuple[dict[TP, int | None], list[Drift]]:

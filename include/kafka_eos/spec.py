@@ -249,7 +249,7 @@ def load_spec(name_or_path: str, environ: Mapping[str, str] | None = None,
     if not path.is_file():
         raise SpecError(f"{path}: no such pipeline spec")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=YAML_LOADER)
     except yaml.YAMLError as exc:
         first = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
         raise SpecError(f"{path}: not valid YAML ({first})") from None
@@ -287,14 +287,43 @@ def bundled_specs(exclude: Path | None = None, folder: Path | str | None = None)
     """The parsable specs of ``folder`` (default :func:`~kafka_eos.paths.pipelines_dir`) other than
     ``exclude`` (transforms not imported)."""
     found = []
+    excluded = exclude.resolve() if exclude is not None else None
     for path in spec_paths(folder):
-        if exclude is not None and path.resolve() == exclude.resolve():
+        if excluded is not None and path.resolve() == excluded:
             continue
-        try:
-            found.append(parse_spec(yaml.safe_load(path.read_text()), str(path)))
-        except (SpecError, yaml.YAMLError, OSError):
-            continue  # a broken spec is reported when it is loaded itself
+        spec = _parsed(path)
+        if spec is not None:  # a broken spec is reported when it is loaded itself
+            found.append(spec)
     return found
+
+
+#: Specs parsed without an environment, by (path, mtime, size): loading each of a hundred specs
+#: checks it against every other one of its folder; parsing them all again for each would be
+#: 10,000 YAML parses for one pass of the watchdog.
+_PARSED: dict[tuple[str, int, int], PipelineSpec | None] = {}
+
+
+def _parsed(path: Path) -> PipelineSpec | None:
+    """``path`` parsed without an environment (None: it does not parse), from the cache while the
+    file is unchanged."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    if key not in _PARSED:
+        try:
+            spec = parse_spec(yaml.load(path.read_text(), Loader=YAML_LOADER), str(path))
+        except (SpecError, yaml.YAMLError, OSError):
+            spec = None
+        if len(_PARSED) > 10_000:
+            _PARSED.clear()
+        _PARSED[key] = spec
+    return _PARSED[key]
+
+
+#: libyaml's safe loader where PyYAML was built with it (a tenth of the pure-Python parser's time).
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def spec_paths(folder: Path | str | None = None) -> list[Path]:

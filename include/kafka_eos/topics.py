@@ -47,14 +47,15 @@ def pipeline_topics(spec: PipelineSpec, settings: KafkaSettings,
     from kafka_eos.audit import AUDIT_RETENTION_MS, AUDIT_TOPIC
     from kafka_eos.manifest import MANIFEST_RETENTION_MS, MANIFEST_SEGMENT_MS
 
-    md = kafka_admin.cluster_metadata(settings)
-    existing = {t: len(m.partitions) for t, m in md.topics.items() if m.error is None}
-    replication = kafka_admin.default_replication(md)
+    sink = spec.sink
+    names = [*spec.source.topics, sink.topic, sink.dlq_topic, sink.backfill_topic, sink.backfill_dlq_topic,
+             spec.manifest_topic, AUDIT_TOPIC]
+    existing = kafka_admin.topics_metadata(settings, [t for t in names if t]).partitions
+    replication = kafka_admin.default_replication(kafka_admin.broker_count(settings))
     durable = {"min.insync.replicas": "2"} if replication >= 3 else {}
     source_partitions = existing.get(spec.source.topics[0]) or partitions or DEFAULT_PARTITIONS
     roles: list[tuple[str, str, int, dict[str, str]]] = [
         (t, "source", existing.get(t) or partitions or DEFAULT_PARTITIONS, durable) for t in spec.source.topics]
-    sink = spec.sink
     data = [(sink.topic, "sink"), (sink.dlq_topic, "dead letters"), (sink.backfill_topic, "backfill"),
             (sink.backfill_dlq_topic, "backfill dead letters")]
     roles += [(t, role, source_partitions, durable) for t, role in data if t]

@@ -37,7 +37,7 @@ import yaml
 from airflow.sdk import DAG, CronDataIntervalTimetable, CronTriggerTimetable, Param
 
 from kafka_eos.errors import SpecError
-from kafka_eos.spec import STREAM_SCHEDULE, PipelineSpec, check_owners, parse_spec, spec_paths
+from kafka_eos.spec import STREAM_SCHEDULE, YAML_LOADER, PipelineSpec, check_owners, parse_spec, spec_paths
 from kafka_eos_airflow import config
 from kafka_eos_airflow.assets import sink_alias, source_asset
 from kafka_eos_airflow.checks import CheckpointRefreshOperator, FreshnessCheckOperator
@@ -287,7 +287,7 @@ def dags_from_folder(folder: str | Path, options: DagOptions | None = None, **kw
     specs: list[PipelineSpec] = []
     for path in sorted(Path(folder).glob("*.yaml")):
         try:
-            raw = yaml.safe_load(path.read_text())
+            raw = yaml.load(path.read_text(), Loader=YAML_LOADER)
             # No environ: ${VAR} in a SQL URL stays unresolved here (the tasks resolve it), so
             # no secret ends up in the serialized DAG.
             specs.append(parse_spec(raw, str(path.resolve())))

@@ -20,7 +20,7 @@ from kafka_eos.errors import BrokerError
 from kafka_eos.health import DEFAULT_OLDER_THAN_S
 from kafka_eos.health.attribute import LONG_RUNNING, attribute
 from kafka_eos.health.stall import Stall
-from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, TP, PartitionOffsets, admin_client, partition_offsets
+from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, TP, PartitionOffsets, admin_client, partition_offsets, topics_metadata
 from kafka_eos.readers import first_records
 from kafka_eos.settings import KafkaSettings
 
@@ -33,18 +33,21 @@ def topic_partitions(settings: KafkaSettings, topics: Iterable[str] | None = Non
         before its first run): skipped while absent. A topic that does not exist holds no transaction.
     :raises BrokerError: a named topic not in ``missing_ok`` does not exist.
     """
-    admin = admin_client(settings)  # kept alive while its answer is read
-    md = admin.list_topics(timeout=ADMIN_TIMEOUT_S)
-    names = list(topics) if topics else sorted(t for t in md.topics if not t.startswith("__"))
+    if not topics:  # asked for the whole cluster: its whole metadata, once
+        admin = admin_client(settings)  # kept alive while its answer is read
+        md = admin.list_topics(timeout=ADMIN_TIMEOUT_S)
+        return [(t, p) for t in sorted(t for t in md.topics if not t.startswith("__") and md.topics[t].error is None)
+                for p in sorted(md.topics[t].partitions)]
+    names = list(dict.fromkeys(topics))
+    md = topics_metadata(settings, names)  # these topics only, in one request
     missing_ok = set(missing_ok)
     out = []
     for name in names:
-        tmd = md.topics.get(name)
-        if tmd is None or tmd.error is not None:
+        if name not in md.partitions:
             if name in missing_ok:
                 continue
-            raise BrokerError(f"topic {name!r} does not exist")
-        out += [(name, p) for p in sorted(tmd.partitions)]
+            raise BrokerError(f"topic {name!r} {md.missing.get(name, 'does not exist')}")
+        out += [(name, p) for p in range(md.partitions[name])]
     return out
 
 

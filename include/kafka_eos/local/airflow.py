@@ -1,6 +1,8 @@
 """A local Airflow 3 deployment: api-server, scheduler, dag-processor and triggerer as separate
 processes (LocalExecutor; SQLite metadata, or PostgreSQL), on 127.0.0.1 only, over a dags folder and this
-project's plugins. What ``airflow dags test`` is not: a real scheduler that creates runs (backfills
+project's plugins. Or the same on Airflow's CeleryExecutor: Redis (Debian's ``redis-server``, on
+127.0.0.1, its data in the home folder) as Celery's broker, the PostgreSQL metadata database as its
+result backend, and Celery workers (two by default) that run the tasks. What ``airflow dags test`` is not: a real scheduler that creates runs (backfills
 included), a real triggerer for deferrable sensors, and the REST API and UI.
 
 It only starts the ``airflow`` command line (it never imports Airflow). Airflow's own log
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import time
@@ -27,6 +30,13 @@ from kafka_eos.local.process_groups import group_of, stop_group
 HOST = "127.0.0.1"
 #: The components, each an ``airflow`` subcommand of its own process.
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+#: The executors a local deployment runs on.
+EXECUTORS = ("local", "celery")
+#: Task slots of each Celery worker (two workers share the deployment's 4).
+CELERY_CONCURRENCY = 2
+#: A task whose process stopped heartbeating for this long (a worker or its host died) is failed
+#: and retried; Airflow's default is 300 s. The task runner heartbeats every few seconds.
+TASK_HEARTBEAT_TIMEOUT_S = 30
 #: Migrating a fresh SQLite database and starting four Python processes on 2 busy cores.
 START_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 30.0
@@ -102,6 +112,55 @@ class LocalAirflow:
     #: The metadata database; None: SQLite under ``home``. With SQLite, an ``airflow`` command that
     #: writes (``backfill create``) while the scheduler runs can fail with "database is locked".
     database_url: str | None = None
+    #: ``local`` (LocalExecutor) or ``celery`` (CeleryExecutor, which needs ``database_url``).
+    executor: str = "local"
+    #: Celery workers (``celery-worker-1``, ``-2``...), with ``executor="celery"``.
+    workers: int = 2
+    #: Redis's port, with ``executor="celery"`` (default: a free one, kept in the home folder).
+    redis_port: int | None = None
+    #: A PostgreSQL server this deployment starts and stops with itself (``kafka-eos airflow start
+    #: --executor celery``): its ``database_url`` names a database on it.
+    postgres: object | None = None
+    _log_start: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.executor not in EXECUTORS:
+            raise AirflowError(f"executor {self.executor!r}: one of {', '.join(EXECUTORS)}")
+        if self.executor == "celery" and not (self.database_url or "").startswith("postgresql"):
+            raise AirflowError("the CeleryExecutor needs a PostgreSQL metadata database (database_url), "
+                               "its result backend too")
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        """This deployment's processes: Airflow's four, and with Celery, Redis and the workers."""
+        if self.executor != "celery":
+            return COMPONENTS
+        return ("redis", *COMPONENTS, *(f"celery-worker-{n}" for n in range(1, self.workers + 1)))
+
+    def _redis_port(self) -> int:
+        """Redis's port: given, or a free one picked once and kept in the home folder."""
+        if self.redis_port is not None:
+            return self.redis_port
+        path = self.home / "redis.port"
+        if not path.exists():
+            import socket
+
+            self.home.mkdir(parents=True, exist_ok=True)
+            with socket.socket() as sock:
+                sock.bind((HOST, 0))
+                path.write_text(str(sock.getsockname()[1]))
+        return int(path.read_text())
+
+    def _executor_env(self) -> dict[str, str]:
+        if self.executor != "celery":
+            return {"AIRFLOW__CORE__EXECUTOR": "LocalExecutor"}
+        return {"AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+                "AIRFLOW__CELERY__BROKER_URL": f"redis://{HOST}:{self._redis_port()}/0",
+                # Celery's database backend names a SQLAlchemy URL after "db+".
+                "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{self.database_url}",
+                "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(CELERY_CONCURRENCY),
+                # Two cores: the scheduler sends and reads task states from one process.
+                "AIRFLOW__CELERY__SYNC_PARALLELISM": "1"}
 
     @property
     def url(self) -> str:
@@ -121,7 +180,7 @@ class LocalAirflow:
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(self.home / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.database_url or f"sqlite:///{self.home / 'airflow.db'}",
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            **self._executor_env(),
             # Two cores: a few task processes at once, not Airflow's default of 32.
             "AIRFLOW__CORE__PARALLELISM": "4",
             "AIRFLOW__API__HOST": HOST,
@@ -132,6 +191,8 @@ class LocalAirflow:
             # New DAG files are found within seconds, not the default 5 minutes.
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+            # A dead worker's (or scheduler's) tasks are failed and retried within seconds of this.
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(TASK_HEARTBEAT_TIMEOUT_S),
             # Spark binds to the loopback address too.
             "SPARK_LOCAL_IP": HOST,
             # A local Airflow of kafka-eos's own: where the Kafka connection is not defined, the
@@ -145,10 +206,15 @@ class LocalAirflow:
         }
 
     @classmethod
-    def default(cls, settings) -> "LocalAirflow":
+    def default(cls, settings, executor: str | None = None) -> "LocalAirflow":
         """The deployment of ``kafka-eos airflow start``: under ``.local/airflow``, the project's
         dags/, the API and UI on ``KAFKA_EOS_AIRFLOW_PORT`` (default 8080), its Kafka connection
-        pointing at ``settings``' cluster and Spark at ``SPARK_MASTER`` (default local mode)."""
+        pointing at ``settings``' cluster and Spark at ``SPARK_MASTER`` (default local mode).
+
+        :param executor: ``local`` (SQLite metadata) or ``celery`` (a PostgreSQL server of its own
+            under ``.local/airflow/postgres``, Redis, two workers); None: the one it was last
+            started with (``local`` at first)."""
+        from kafka_eos.local.postgres import LocalPostgres
         from kafka_eos.paths import IN_CHECKOUT, local_dir, pipelines_dir
 
         home = local_dir() / "airflow"
@@ -157,7 +223,21 @@ class LocalAirflow:
         else:  # an installed package: a DAG file over the pipelines folder, as a user's own
             dags = home / "dags"
             write_all_dags_file(dags, pipelines_dir().resolve())
-        return cls(home, int(os.environ.get("KAFKA_EOS_AIRFLOW_PORT", "8080")), dags, connections_environ(settings))
+        chosen = home / "executor"
+        executor = executor or (chosen.read_text().strip() if chosen.exists() else "local")
+        port = int(os.environ.get("KAFKA_EOS_AIRFLOW_PORT", "8080"))
+        if executor != "celery":
+            return cls(home, port, dags, connections_environ(settings), executor=executor)
+        pg_port = home / "postgres.port"
+        if not pg_port.exists():
+            from kafka_eos.local.postgres import _kernel_free_port
+
+            home.mkdir(parents=True, exist_ok=True)
+            pg_port.write_text(str(_kernel_free_port()))
+        postgres = LocalPostgres(int(pg_port.read_text()), folder=home / "postgres")
+        url = f"postgresql+psycopg2://kafka_eos@{HOST}:{postgres.port}/airflow"
+        return cls(home, port, dags, connections_environ(settings), database_url=url, executor="celery",
+                   postgres=postgres)
 
     def password(self) -> str:
         """The admin's password: generated once into the file Airflow's simple auth manager reads
@@ -210,8 +290,11 @@ class LocalAirflow:
         :raises AirflowError: a component exited or the deployment was not healthy in time.
         """
         self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "executor").write_text(self.executor)
+        if self.postgres is not None:
+            self._start_postgres()
         self.airflow("db", "migrate", timeout_s=START_TIMEOUT_S)
-        procs = {component: self.launch(component) for component in COMPONENTS}
+        procs = {component: self.launch(component) for component in self.components}
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             for component, proc in procs.items():
@@ -219,7 +302,7 @@ class LocalAirflow:
                     self.stop()
                     raise AirflowError(f"airflow {component} exited ({proc.returncode}); see "
                                        f"{self.home / (component + '.log')}")
-            if self.healthy():
+            if self.healthy() and self.workers_ready():
                 return self.url
             time.sleep(2)
         self.stop()
@@ -228,12 +311,29 @@ class LocalAirflow:
     def launch(self, component: str) -> subprocess.Popen:
         """Start one component (one of :data:`COMPONENTS`) in a session of its own, its output
         appended to ``<component>.log`` in the home folder; :meth:`start` starts them all."""
-        args = {"api-server": ["api-server", "--host", HOST, "--port", str(self.port)],
-                "scheduler": ["scheduler", "--skip-serve-logs"],
-                "triggerer": ["triggerer", "--skip-serve-logs"]}.get(component, [component])
-        with open(self.home / f"{component}.log", "ab") as log:
+        if component == "redis":
+            (self.home / "redis").mkdir(parents=True, exist_ok=True)
+            # Loopback only, no snapshots: Celery's queue lives as long as the deployment.
+            argv = ["redis-server", "--bind", HOST, "--port", str(self._redis_port()), "--dir",
+                    str(self.home / "redis"), "--save", "", "--appendonly", "no", "--protected-mode", "yes"]
+            if shutil.which("redis-server") is None:
+                raise AirflowError("redis-server not found: the CeleryExecutor's broker is Debian's redis-server "
+                                   "(apt-get install redis-server)")
+        elif component.startswith("celery-worker-"):
+            # A hostname of its own per worker: Celery tells them apart by it. No log server
+            # (it would listen on every interface): the api-server reads the task logs' files.
+            argv = ["airflow", "celery", "worker", "--celery-hostname", f"{component}@{HOST}",
+                    "--concurrency", str(CELERY_CONCURRENCY), "--skip-serve-logs", "--without-gossip",
+                    "--without-mingle"]
+        else:
+            argv = ["airflow", *{"api-server": ["api-server", "--host", HOST, "--port", str(self.port)],
+                                 "scheduler": ["scheduler", "--skip-serve-logs"],
+                                 "triggerer": ["triggerer", "--skip-serve-logs"]}.get(component, [component])]
+        log_file = self.home / f"{component}.log"
+        self._log_start[component] = log_file.stat().st_size if log_file.exists() else 0
+        with open(log_file, "ab") as log:
             # A session of its own: stop() ends the component and every process it started.
-            proc = subprocess.Popen(["airflow", *args], env=self.env(), stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(argv, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         self._pid_file(component).write_text(str(proc.pid))
         return proc
@@ -252,14 +352,40 @@ class LocalAirflow:
         return all((health.get(k) or {}).get("status") == "healthy"
                    for k in ("metadatabase", "scheduler", "triggerer", "dag_processor"))
 
+    def _start_postgres(self) -> None:
+        """The PostgreSQL server of this deployment, and its ``airflow`` database."""
+        from sqlalchemy import create_engine, text
+
+        server = self.postgres.start()
+        engine = create_engine(server, isolation_level="AUTOCOMMIT")
+        with engine.connect() as conn:
+            if conn.execute(text("select 1 from pg_database where datname = 'airflow'")).first() is None:
+                conn.execute(text("create database airflow"))
+        engine.dispose()
+
+    def workers_ready(self) -> bool:
+        """Every Celery worker started by this object has said it is ready since it started
+        (true with the LocalExecutor)."""
+        for worker in (c for c in self.components if c.startswith("celery-worker-")):
+            log = self.home / f"{worker}.log"
+            if not log.exists():
+                return False
+            with open(log, "rb") as f:
+                f.seek(self._log_start.get(worker, 0))
+                if b" ready." not in f.read():
+                    return False
+        return True
+
     def stop(self) -> None:
-        """End every component and what it started (SIGTERM, then SIGKILL)."""
-        for component in COMPONENTS:
+        """End every component and what it started (SIGTERM, then SIGKILL); Redis last."""
+        for component in [c for c in self.components if c != "redis"] + ["redis"]:
             pid_file = self._pid_file(component)
             if not pid_file.exists():
                 continue
             stop_group(int(pid_file.read_text()), STOP_TIMEOUT_S)
             pid_file.unlink(missing_ok=True)
+        if self.postgres is not None:
+            self.postgres.stop()
 
     def token(self) -> str:
         """A bearer token of the admin user for the REST API."""

@@ -37,29 +37,39 @@ class LocalPostgres:
     (user ``kafka_eos``, trust authentication on loopback); ``stop()`` stops it and removes the folder.
 
     :param port: the port to listen on; by default a free one the kernel picks.
+    :param folder: a folder that keeps the cluster between a stop and the next start (a local
+        Airflow's metadata database); by default a new temporary one, removed by ``stop()``.
     """
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, folder: Path | None = None) -> None:
         self.bin_dir = _pg_bin()
         self.port = port
+        self.folder = folder
         self.base: Path | None = None
         self.as_pg = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 
     def start(self) -> str:
         from sqlalchemy import create_engine, text
 
-        # Not under a private tmp folder: the server may run as another user.
-        self.base = Path(tempfile.mkdtemp(prefix="kafka-eos-pg-"))
+        if self.folder is not None:
+            self.base = self.folder
+            self.base.mkdir(parents=True, exist_ok=True)
+        else:  # not under a private tmp folder: the server may run as another user
+            self.base = Path(tempfile.mkdtemp(prefix="kafka-eos-pg-"))
         self.base.chmod(0o755)
         data = self.base / "data"
         if self.as_pg:
             shutil.chown(self.base, "postgres")
-        subprocess.run([*self.as_pg, str(self.bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "kafka_eos"],
-                       check=True, capture_output=True)
+        if not (data / "PG_VERSION").exists():
+            subprocess.run([*self.as_pg, str(self.bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "kafka_eos"],
+                           check=True, capture_output=True)
         port = self.port or _kernel_free_port()
-        subprocess.run([*self.as_pg, str(self.bin_dir / "pg_ctl"), "-D", str(data), "-l", str(self.base / "pg.log"),
-                        "-w", "-o", f"-p {port} -k {self.base} -c listen_addresses=127.0.0.1", "start"],
-                       check=True, capture_output=True)
+        running = subprocess.run([*self.as_pg, str(self.bin_dir / "pg_ctl"), "-D", str(data), "status"],
+                                 capture_output=True).returncode == 0
+        if not running:
+            subprocess.run([*self.as_pg, str(self.bin_dir / "pg_ctl"), "-D", str(data), "-l", str(self.base / "pg.log"),
+                            "-w", "-o", f"-p {port} -k {self.base} -c listen_addresses=127.0.0.1", "start"],
+                           check=True, capture_output=True)
         url = f"postgresql+psycopg2://kafka_eos@127.0.0.1:{port}/postgres"
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
@@ -75,9 +85,12 @@ class LocalPostgres:
                 time.sleep(0.5)
 
     def stop(self) -> None:
+        """Stop the server (one kept in ``folder`` too, started by another process)."""
+        self.base = self.base or self.folder
         if self.base is None:
             return
         subprocess.run([*self.as_pg, str(self.bin_dir / "pg_ctl"), "-D", str(self.base / "data"), "-m", "fast", "stop"],
                        capture_output=True)
-        shutil.rmtree(self.base, ignore_errors=True)
+        if self.folder is None:
+            shutil.rmtree(self.base, ignore_errors=True)
         self.base = None

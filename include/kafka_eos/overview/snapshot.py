@@ -22,9 +22,9 @@ from kafka_eos.errors import KafkaEosError
 from kafka_eos.health.attribute import attribute
 from kafka_eos.health.backlog import with_oldest_unprocessed
 from kafka_eos.health.detect import find_stalls
-from kafka_eos.kafka_admin import TP, cluster_metadata, partition_offsets
+from kafka_eos.kafka_admin import TP, partition_offsets, topics_metadata
 from kafka_eos.manifest import PLANNED, ManifestStore
-from kafka_eos.pipeline import checkpoints, rows_of, source_partitions
+from kafka_eos.pipeline import checkpoints, needed_topics, rows_of, source_partitions
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
 
@@ -50,6 +50,7 @@ def _run(rec: dict) -> dict:
     ranges = [r for r in plan.get("ranges", []) if r["from_offset"] < r["until"]]
     status = "empty" if rec.get("status") == PLANNED and not ranges else rec.get("status")
     return {"run_id": plan.get("run_id"), "status": status,
+            **({"stream_batch": rec["stream"]["batch"]} if "stream" in rec else {}),
             "at": rec.get("committed_at") or rec.get("updated_at") or plan.get("created_at"),
             "records_in": rec.get("records_in"), "records_out": rec.get("records_out"),
             "dead_letters": rec.get("dead_letters"),
@@ -85,7 +86,8 @@ def snapshot(settings: KafkaSettings, specs: Iterable[PipelineSpec], runs: int =
     specs = list(specs)
     out: list[dict] = []
     tps_of: dict[str, list[TP]] = {}
-    md = cluster_metadata(settings)  # one metadata request: every topic of every pipeline
+    # One metadata request naming every topic of every pipeline (never the whole cluster's).
+    md = topics_metadata(settings, [t for spec in specs for t in needed_topics(spec)])
     for spec in specs:
         entry = {"pipeline": spec.name, "group_id": spec.source.group_id, "sink": _sink(spec),
                  "partitions": [], "drift": [], "pinned": [], "lag": 0, "runs": [], "error": None}

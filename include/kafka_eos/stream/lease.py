@@ -19,12 +19,13 @@ import os
 import socket
 import time
 from dataclasses import dataclass
+from typing import Iterable
 from datetime import datetime
 
 from confluent_kafka import Consumer, KafkaException
 
 from kafka_eos.errors import BrokerError, PipelineBusy
-from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, admin_client, retrying
+from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, admin_client, is_transient, retrying
 from kafka_eos.manifest import PLANNED, ManifestStore
 from kafka_eos.plan import Plan
 from kafka_eos.settings import KafkaSettings
@@ -64,22 +65,45 @@ def stream_owner(spec: PipelineSpec, settings: KafkaSettings) -> StreamOwner | N
 
     :raises BrokerError: the group cannot be described.
     """
-    group = lease_group(spec)
+    found = stream_owners([spec], settings)[spec.name]
+    if isinstance(found, BrokerError):
+        raise found
+    return found
 
-    def once():
-        admin = admin_client(settings)  # kept alive while its future is read
-        try:
-            return admin.describe_consumer_groups([group], request_timeout=ADMIN_TIMEOUT_S)[group].result(
-                timeout=ADMIN_TIMEOUT_S)
-        except KafkaException as exc:
-            if exc.args[0].name() == "GROUP_ID_NOT_FOUND":
-                return None
-            raise BrokerError(f"describing lease group {group!r}: {exc.args[0].name()} {exc.args[0].str()}") from exc
 
-    # A cold broker answers NOT_COORDINATOR while it loads its group metadata: retried.
-    desc = retrying(once)
-    if desc is None:
-        return None
+def stream_owners(specs: Iterable[PipelineSpec], settings: KafkaSettings) -> dict[str, StreamOwner | BrokerError | None]:
+    """:func:`stream_owner` of each of ``specs`` (by pipeline name), their lease groups described
+    in one request; a group that could not be described has its error in its place."""
+    groups = {lease_group(spec): spec.name for spec in specs}
+    if not groups:
+        return {}
+
+    def once() -> dict[str, object]:
+        admin = admin_client(settings)  # kept alive while its futures are read
+        futures = admin.describe_consumer_groups(list(groups), request_timeout=ADMIN_TIMEOUT_S)
+        out: dict[str, object] = {}
+        for group, future in futures.items():
+            try:
+                out[group] = future.result(timeout=ADMIN_TIMEOUT_S)
+            except KafkaException as exc:
+                err = exc.args[0]
+                if err.name() == "GROUP_ID_NOT_FOUND":
+                    out[group] = None
+                    continue
+                error = BrokerError(f"describing lease group {group!r}: {err.name()} {err.str()}")
+                error.__cause__ = exc
+                if is_transient(error):  # a cold broker loads its group metadata: all again
+                    raise error
+                out[group] = error
+        return out
+
+    described = retrying(once)
+    return {name: _owner_of(described[group]) for group, name in groups.items()}
+
+
+def _owner_of(desc) -> StreamOwner | BrokerError | None:
+    if desc is None or isinstance(desc, BrokerError):
+        return desc
     members = sorted(desc.members, key=lambda m: not (m.assignment and m.assignment.topic_partitions))
     if not members:
         return None

@@ -89,7 +89,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c requirements.txt -r requirements-dev.txt -e ".[postgres]"
+	$(PY) -m pip install -q -c requirements.txt -r requirements-dev.txt -e ".[postgres,celery]"
 	touch $@
 
 jars: $(JARS)/kafka/.resolved $(JARS)/spark/.resolved $(JARS)/registry/.resolved

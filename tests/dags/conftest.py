@@ -243,10 +243,16 @@ def alert_receivers(monkeypatch, free_ports):
 
 @pytest.fixture(scope="session")
 def airflow_deployment(kafka_settings, free_ports, postgres_url):
-    """A real Airflow deployment (api-server, scheduler, dag-processor, triggerer; LocalExecutor,
-    PostgreSQL) on 127.0.0.1, for the tests that need Airflow's scheduler (backfills) or its API. Its
-    DAGs are made by the project's DAG factory from the specs the tests write to the ``specs``
-    folder beside its dags folder. Started once per session, stopped at its end."""
+    """A real Airflow deployment on 127.0.0.1, for the tests that need Airflow's scheduler
+    (backfills), its executor or its API: api-server, scheduler, dag-processor, triggerer, on the
+    CeleryExecutor (Redis as Celery's broker, PostgreSQL as metadata DB and result backend, two
+    Celery workers that run every task of these tests). Its DAGs are made by the project's DAG
+    factory from the specs the tests write to the ``specs`` folder beside its dags folder. Started
+    once per session, stopped at its end.
+
+    ``deployment.pause_dir``: the Spark commit's pause point (``before_commit``, see
+    :mod:`kafka_eos.faults`) is set for every task and armed only while this folder exists: a test
+    makes it to hold one run's commit there (a worker-kill test)."""
     from sqlalchemy import create_engine, text
 
     from kafka_eos.local.airflow import LocalAirflow, connections_environ, write_specs_dag_file
@@ -265,13 +271,17 @@ def airflow_deployment(kafka_settings, free_ports, postgres_url):
     # Airflow's own configuration, as in a deployment (no KAFKA_EOS_PIPELINES_DIR).
     # Its metrics go to StatsD at a socket the tests read (deployment.statsd), as a deployment's would.
     statsd = StatsdReceiver()
+    pause_dir = home / "pause"
     environ = {**connections_environ(kafka_settings, "local[2]"),
+               "KAFKA_EOS_PAUSE_AT": "before_commit", "KAFKA_EOS_PAUSE_DIR": str(pause_dir),
                "AIRFLOW__KAFKA_EOS__PIPELINES_FOLDER": str(home / "specs"),
                "AIRFLOW__KAFKA_EOS__PAGE_CACHE_SECONDS": "1", "AIRFLOW__KAFKA_EOS__DEADLINES": "True",
                **statsd.environ()}
     deployment = LocalAirflow(home / "home", free_ports(1), home / "dags", environ,
-                              database_url=postgres_url.rsplit("/", 1)[0] + f"/{database}")
+                              database_url=postgres_url.rsplit("/", 1)[0] + f"/{database}", executor="celery",
+                              redis_port=free_ports(1))
     deployment.statsd = statsd
+    deployment.pause_dir = pause_dir
     deployment.start()
     yield deployment
     deployment.stop()

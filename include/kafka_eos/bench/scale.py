@@ -40,6 +40,11 @@ TARGETS_S = {"parse": 2.0, "watchdog": 30.0, "page": 2.0, "pipelines_cli": 2.0, 
              "full_metadata": None}
 #: Records in each source partition.
 RECORDS = 3
+#: Plans timed on each broker (the median is the figure, the range its spread).
+PLANS = 9
+#: After creating the extra topics, time for the broker to settle (their logs, the controller's
+#: records) before the second half of the figures.
+SETTLE_S = 30
 
 
 def _free_port() -> int:
@@ -169,7 +174,7 @@ def measure(settings, specs, env: dict) -> dict:
     from kafka_eos.overview.snapshot import snapshot
     from kafka_eos.pipeline import compute_plan
 
-    plan_s = min(_timed(compute_plan, specs[0], settings, f"bench-{n}")[0] for n in range(5))
+    plans = sorted(_timed(compute_plan, specs[0], settings, f"bench-{n}")[0] for n in range(PLANS))
     kafka_eos = str(Path(sys.executable).parent / "kafka-eos")
     plan_cli = min(_process([kafka_eos, "plan", specs[0].path, "--bootstrap", settings.bootstrap_servers, "--json"], env)
                    for _ in range(2))
@@ -181,7 +186,8 @@ def measure(settings, specs, env: dict) -> dict:
 
     admin = admin_client(settings)  # for the figure beside: what one request for all metadata costs
     full_s = min(_timed(admin.list_topics, timeout=120)[0] for _ in range(3))
-    return {"full_metadata": round(full_s, 3), "plan": round(plan_s, 3), "plan_cli": round(plan_cli, 2), "watchdog": round(watchdog["seconds"], 2),
+    return {"full_metadata": round(full_s, 3), "plan": round(plans[len(plans) // 2], 3),
+            "plan_spread": [round(plans[0], 3), round(plans[-1], 3)], "plan_cli": round(plan_cli, 2), "watchdog": round(watchdog["seconds"], 2),
             "watchdog_partitions": watchdog["partitions"], "watchdog_fresh": watchdog["fresh"],
             "page": round(page_s, 3), "page_errors": [e["error"] for e in entries if e["error"]],
             "page_partitions": sum(len(e["partitions"]) for e in entries), "pipelines_cli": round(cli_s, 2)}
@@ -241,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  on the broker with only the pipelines' topics: {result['empty']}", flush=True)
         added_s = add_topics(settings, args.extra_topics, args.extra_partitions)
         print(f"  created {args.extra_topics} topics x {args.extra_partitions} partitions in {added_s:.0f}s", flush=True)
+        time.sleep(SETTLE_S)
         result["extra_topics"] = {"topics": args.extra_topics, "partitions": args.extra_topics * args.extra_partitions,
                                   "created_s": round(added_s)}
         result["crowded"] = measure(settings, specs, env)
@@ -256,7 +263,7 @@ def report(result: dict, args, out_dir: Path) -> int:
     empty, crowded, parse = result["empty"], result["crowded"], result["parse"]
     extra = f"{args.extra_topics} extra topics ({result['extra_topics']['partitions']} partitions)"
     rows = [("parse", f"DAG file over {args.pipelines} specs + 1 broken ({parse['dags']} DAGs)", parse["parse"], None)]
-    for key, what in (("plan", "a plan (in-process, best of 5)"), ("plan_cli", "kafka-eos plan --json (whole process)"),
+    for key, what in (("plan", f"a plan (in-process, median of {PLANS})"), ("plan_cli", "kafka-eos plan --json (whole process)"),
                       ("watchdog", f"watchdog pass over {args.pipelines} pipelines"),
                       ("page", f"operator page read, {args.pipelines} pipelines"),
                       ("pipelines_cli", "kafka-eos pipelines --json (whole process)"),
@@ -277,9 +284,13 @@ def report(result: dict, args, out_dir: Path) -> int:
             anomalies.append(f"{label}: the page read {m['page_partitions']} partitions, errors {m['page_errors'][:3]}")
         if m["watchdog_fresh"] != args.pipelines:
             anomalies.append(f"{label}: the freshness check checked {m['watchdog_fresh']} of {args.pipelines} pipelines")
-    # "The same within the spread": the crowded plan no slower than twice the empty one plus 50 ms.
-    if crowded["plan"] > 2 * empty["plan"] + 0.05:
-        anomalies.append(f"a plan took {crowded['plan']}s beside {extra}, {empty['plan']}s without them")
+    # "The same within the spread": the crowded median within the empty runs' range (widened to
+    # 100 ms: a plan's few requests vary by tens of ms on two busy cores).
+    low, high = empty["plan_spread"]
+    if crowded["plan"] > max(high, low + 0.1):
+        anomalies.append(f"a plan took {crowded['plan']}s (median) beside {extra}, {low}-{high}s without them")
+    print(f"plan spread: {low}-{high}s on the broker with only the pipelines' topics, "
+          f"{crowded['plan_spread'][0]}-{crowded['plan_spread'][1]}s beside {extra}")
     for a in anomalies:
         print(f"ANOMALY {a}")
     out = out_dir / "scale.json"

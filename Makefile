@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 JARS   := .local/jars
 MVN    := mvn -q -B -s jvm/settings.xml -f jvm/pom.xml
 
-.PHONY: demo demo-avro test test-quick chaos soak bench bench-stream bench-page wheel compat install jars postgres chromium compose-tool kafka-start kafka-stop cluster-up cluster-down airflow-up airflow-down clean
+.PHONY: demo demo-avro test test-quick chaos soak bench bench-stream bench-page bench-scale wheel compat install jars postgres redis chromium compose-tool kafka-start kafka-stop cluster-up cluster-down airflow-up airflow-down clean
 
 demo: install jars
 	$(VENV)/bin/kafka-eos demo
@@ -24,7 +24,7 @@ demo-avro: install jars
 # module with a cluster of its own, each stay on one worker (tests/conftest.py).
 TEST_WORKERS ?= 3
 
-test: install jars postgres chromium compose-tool
+test: install jars postgres redis chromium compose-tool
 	@echo "make test: every test, on $(TEST_WORKERS) workers: 15-23 minutes on 2 cores, by the host's speed (make test-quick: about a minute)"
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
@@ -42,6 +42,13 @@ postgres:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
 	  echo "installing PostgreSQL from Debian's packages"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
+
+# Airflow's CeleryExecutor takes Redis as Celery's broker (kafka-eos airflow start --executor celery,
+# the deployment tests): Debian's server package, started by them on 127.0.0.1.
+redis:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "installing Redis from Debian's packages"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 
 # The trigger-form test drives Debian's Chromium with Selenium (the system driver: nothing is
 # downloaded at run time).
@@ -133,9 +140,18 @@ soak: install jars postgres
 # Throughput beside plain at-least-once Spark and Kafka's own perf tools, fixed costs, the planner
 # and memory (a table on stdout; .local/bench/throughput.json and throughput.png; about 25 minutes on 2 cores).
 # BENCH_ARGS: e.g. --records 100000 --sizes 1 --skip airflow,postgres.
+# Then the big estate (make bench-scale).
 bench: install jars postgres
 	$(PY) -m pip install -q -r requirements-bench.txt
 	$(PY) -m kafka_eos.bench.throughput $(BENCH_ARGS)
+	$(PY) -m kafka_eos.bench.scale
+
+# A big estate: 100 pipelines in one folder (the DAG file's parse as the dag-processor measures it,
+# a watchdog pass, the operator page, kafka-eos pipelines) and a plan, on a broker of its own before
+# and after 3,000 other topics (12,000 partitions) were created beside them. Figures against their
+# targets on stdout and in .local/bench/scale.json; about 4 minutes. SCALE_ARGS: e.g. --pipelines 20.
+bench-scale: install jars
+	$(PY) -m kafka_eos.bench.scale $(SCALE_ARGS)
 
 # End-to-end latency and throughput of continuous mode and of event-driven runs (figures on stdout
 # and in .local/bench/stream_latency.json; about 15 minutes). BENCH_ARGS: e.g. --forms continuous --rates 1000.

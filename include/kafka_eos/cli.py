@@ -339,6 +339,7 @@ def cmd_stream(args) -> int:
 
     from kafka_eos.logs import child_stderr_to, spark_log4j_options, spark_log_file
     from kafka_eos.spark_io import get_session
+    from kafka_eos.stream import PARENT_PID_ENV
     from kafka_eos.stream.loop import StreamRunner
 
     console = Console()
@@ -374,6 +375,9 @@ def cmd_stream(args) -> int:
                           observe=observe)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: runner.stop(signal.Signals(signum).name))
+    parent = os.environ.get(PARENT_PID_ENV)
+    if parent:  # started by a task (the stream DAG's): it ends when that task's process is gone
+        runner.stop_with_parent(int(parent))
     stats = runner.run()
     console.step(f"stream {spec.name} stopped ({stats.stopped_by}): {stats.batches} batch(es), in {stats.records_in}, "
                  f"out {stats.records_out}, dead letters {stats.dead_letters}, failed batches {stats.failed_batches}")

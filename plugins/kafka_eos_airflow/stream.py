@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseHook, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowNotFoundException
 
+from kafka_eos.stream import PARENT_PID_ENV
 from kafka_eos.stream.figures import parse_figures_line
 
 from kafka_eos_airflow import config
@@ -139,7 +140,11 @@ class KafkaEosStreamOperator(BaseOperator):
         command = [sys.executable, "-m", "kafka_eos.cli", "stream", self.pipeline, "--interval", f"{interval:g}",
                    "--figures", *(["--until-caught-up"] if drain else [])]
         with tempfile.TemporaryDirectory(prefix="kafka-eos-stream-") as tmp:
-            env = {**os.environ, **settings.to_environ(Path(tmp) / "client.json"), **self._spark_master()}
+            # The stream's own session (on_kill signals it alone), but not its own life: it stops
+            # once this task's process is gone (a worker killed under it), not as an orphan that
+            # holds the pipeline's lease while the task's retry waits for it.
+            env = {**os.environ, **settings.to_environ(Path(tmp) / "client.json"), **self._spark_master(),
+                   PARENT_PID_ENV: str(os.getpid())}
             self.log.info("starting: %s", " ".join(command))
             self._proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           text=True, start_new_session=True)

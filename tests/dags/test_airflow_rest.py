@@ -1,5 +1,5 @@
 """A pipeline driven through Airflow's REST API, the way a user's tooling drives it, against a real
-deployment (api-server, scheduler, dag-processor, triggerer; LocalExecutor on PostgreSQL): trigger a
+deployment (api-server, scheduler, dag-processor, triggerer; two Celery workers, PostgreSQL): trigger a
 run with a conf, wait for it, read its state, its tasks and their logs. And the hung-transaction
 sensor deferring into the real triggerer, whose trigger finds the culprit.
 
@@ -70,19 +70,26 @@ def _log(airflow, dag_id: str, run: dict, task_id: str, try_number: int = 1) -> 
     return "\n".join(lines)
 
 
-def test_a_pipeline_triggered_with_a_conf_through_the_rest_api(airflow_deployment, kafka_settings, unique):
-    airflow = airflow_deployment
-    name = f"rest_{unique.replace('-', '_')}"
+def deploy_orders_pipeline(airflow, kafka_settings, name: str) -> tuple[dict[str, str], str]:
+    """An orders pipeline on the deployment (Kafka sink, dead letters), its source holding 5 valid
+    orders and a malformed one: its topics and its DAG's id, parsed and unpaused."""
     topics = {t: f"{name}.{t}" for t in ("orders", "out", "dlq")}
     kafka_admin.create_topics(kafka_settings, {topics["orders"]: 1, topics["out"]: 1, topics["dlq"]: 1})
-    produce_orders(kafka_settings, topics["orders"])  # 5 valid orders, then a malformed one
-    # Manual only (no schedule): every run here is one the test triggers.
+    produce_orders(kafka_settings, topics["orders"])
+    # Manual only (no schedule): every run is one the test triggers.
     (airflow.dags_folder.parent / "specs" / f"{name}.yaml").write_text(yaml.safe_dump({
         "name": name, "source": {"topics": [topics["orders"]]},
         "transform": "spark_apps.transforms.orders:enrich",
         "sink": {"kind": "kafka", "topic": topics["out"], "dlq_topic": topics["dlq"]}}))
     dag_id = f"kafka_eos__{name}"
     _parsed(airflow, dag_id)
+    return topics, dag_id
+
+
+def test_a_pipeline_triggered_with_a_conf_through_the_rest_api(airflow_deployment, kafka_settings, unique):
+    airflow = airflow_deployment
+    name = f"rest_{unique.replace('-', '_')}"
+    topics, dag_id = deploy_orders_pipeline(airflow, kafka_settings, name)  # 5 valid orders, then a malformed one
 
     # A run capped by its conf reads the first 3 offsets only.
     first = _trigger_and_wait(airflow, dag_id, {"max_records_per_partition": 3})

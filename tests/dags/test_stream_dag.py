@@ -1,4 +1,4 @@
-"""Event-driven runs in a real Airflow deployment (scheduler, triggerer, LocalExecutor, PostgreSQL):
+"""Event-driven runs in a real Airflow deployment (scheduler, triggerer, Celery workers, PostgreSQL):
 a spec with ``schedule: stream`` gets a DAG scheduled on its source asset; the asset's watcher runs
 in the triggerer and a run commits the committed records exactly once, without a clock. While a
 stream owns the pipeline, a run steps aside (its tasks are skipped) and commits nothing."""

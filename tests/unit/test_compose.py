@@ -99,10 +99,11 @@ def test_dependencies_exist_and_wait_for_a_condition(compose):
 
 
 def test_airflow_services_share_one_configuration(compose):
-    envs = [_environment(compose["services"][name]) for name in AIRFLOW_SERVICES]
+    names = [*AIRFLOW_SERVICES, "airflow-worker-1", "airflow-worker-2"]
+    envs = [_environment(compose["services"][name]) for name in names]
     assert all(env == envs[0] for env in envs), "Airflow services must agree on secrets and connections"
     env = envs[0]
-    assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "${AIRFLOW_EXECUTOR:-LocalExecutor}"  # LocalExecutor unless chosen
     assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql")
     assert "@airflow-db:" in env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
     assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://airflow-api-server:8080/execution/"
@@ -148,10 +149,10 @@ def _compose_command() -> list[str]:
     pytest.fail("no Compose tool: run `make compose-tool` (Debian's docker-compose) or install the docker compose plugin")
 
 
-def _config(env_file: Path) -> subprocess.CompletedProcess:
+def _config(env_file: Path, *options: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [*_compose_command(), "--project-directory", str(ROOT), "-f", str(COMPOSE_FILE), "--env-file", str(env_file),
-         "config"],
+         *options, "config"],
         capture_output=True, text=True, timeout=120, env={k: v for k, v in os.environ.items()
                                                           if k not in _env_example()[1]})
 
@@ -179,6 +180,32 @@ def test_the_compose_tool_accepts_the_file_and_resolves_it(tmp_path, capsys):
             assert host_ip == "127.0.0.1", f"{name} publishes {port} on every interface"
         if name != "airflow-init":  # a one-shot job: it has nothing to be healthy about
             assert service.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+
+
+def test_the_celery_profile_puts_every_airflow_service_on_the_celery_executor(tmp_path):
+    assigned, _ = _env_example()
+    env_file = tmp_path / "compose.env"
+    env_file.write_text("".join(f"{name}=placeholder-{name.lower()}\n" for name in sorted(assigned))
+                        + "AIRFLOW_EXECUTOR=CeleryExecutor\n")
+    result = _config(env_file, "--profile", "celery")
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    workers = sorted(name for name in services if name.startswith("airflow-worker-"))
+    assert workers == ["airflow-worker-1", "airflow-worker-2"]
+    airflow = [name for name in services if name.startswith("airflow-") and name != "airflow-db"]
+    for name in airflow:  # one configuration, workers included
+        env = services[name]["environment"]
+        assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor", name
+        assert env["AIRFLOW__CELERY__BROKER_URL"] == "redis://redis:6379/0", name
+        assert env["AIRFLOW__CELERY__RESULT_BACKEND"] == \
+            "db+postgresql+psycopg2://airflow:placeholder-airflow_db_password@airflow-db:5432/airflow", name
+    for worker in workers:
+        service = services[worker]
+        assert service["command"][:3] == ["airflow", "celery", "worker"]
+        assert service["hostname"] == worker and worker in service["command"]
+        assert "redis" in service["depends_on"] and service.get("healthcheck", {}).get("test")
+    assert "ports" not in services["redis"]  # Celery's broker stays on the compose network
+    assert services["redis"]["healthcheck"]["test"]
 
 
 def test_the_compose_tool_refuses_a_missing_secret_naming_it(tmp_path):

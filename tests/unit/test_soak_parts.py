@@ -16,7 +16,7 @@ from kafka_eos.sample_data import MALFORMED, order_record
 from kafka_eos.soak.audit import SourceRecord, eur_rates, revenue, valid_order
 from kafka_eos.soak.faults import KINDS, QUIET_S, schedule
 from kafka_eos.soak.lag import Sample, recovered_at
-from kafka_eos.soak.report import lag_svg
+from kafka_eos.soak.report import lag_svg, recovery_table
 
 
 def test_the_schedule_is_the_seeds_quiet_at_both_ends_and_meets_every_kind_in_an_hour():
@@ -69,6 +69,17 @@ def test_a_fault_is_recovered_from_when_every_pipeline_passed_the_lsos_at_its_he
     assert recovered_at(samples, 15, {"orders-0": 9}) == 30
     assert recovered_at(samples, 31, {"orders-0": 9}) is None
     assert recovered_at(samples, 0, {"orders-0": 5}) == 10
+
+
+def test_recovery_per_fault_kind_counts_from_the_heal_against_the_target():
+    samples = [Sample(at, {}, {"a": {"orders-0": ck}}) for at, ck in ((100, 3), (150, 9), (400, 20))]
+    events = [SimpleNamespace(kind="worker_kill", injected=90.0, healed=95.0, lso_at_heal={"orders-0": 9}),
+              SimpleNamespace(kind="worker_kill", injected=190.0, healed=200.0, lso_at_heal={"orders-0": 20}),
+              SimpleNamespace(kind="scheduler_kill", injected=380.0, healed=390.0, lso_at_heal={"orders-0": 30}),
+              SimpleNamespace(kind="replay", injected=10.0, healed=None, lso_at_heal={})]
+    rows = {line.split()[0]: line.split()[1:] for line in recovery_table(events, samples, 120).splitlines()[1:]}
+    # worker_kill: 55 s and 200 s after their heals (one over 120 s); scheduler_kill never recovered.
+    assert rows == {"worker_kill": ["2", "200", "1"], "scheduler_kill": ["1", "-", "1"]}
 
 
 def test_the_lag_chart_is_an_svg_with_a_line_per_pipeline_and_a_mark_per_fault():

@@ -264,14 +264,18 @@ class LocalAirflow:
         """Wait until the API lists ``dag_id``; then unpause it (new DAGs start paused).
 
         Asks for a parse at once (``airflow dags reserialize``) rather than waiting for the
-        dag-processor's next pass. The two may write the same new DAG's row at the same moment and
-        the loser fails on the unique key; either write serves, so the command's exit is not checked.
+        dag-processor's next pass. The two may write the same new DAG's row (or asset alias) at the
+        same moment and the loser fails on the unique key; either write serves, so the command's
+        exit is not checked. When the loser is the dag-processor, Airflow 3.3.2's exits on it
+        (PendingRollbackError): it is started again, as a service manager would.
 
         :raises AirflowError: not listed in time, with the deployment's import errors.
         """
+        self.revive("dag-processor")
         self.airflow("dags", "reserialize", check=False)
         deadline = time.monotonic() + timeout_s
         while dag_id not in {d["dag_id"] for d in self.api("GET", "/api/v2/dags?limit=1000")["dags"]}:
+            self.revive("dag-processor")
             if time.monotonic() > deadline:
                 errors = self.api("GET", "/api/v2/importErrors")["import_errors"]
                 raise AirflowError(f"DAG {dag_id} not parsed within {timeout_s:g}s; import errors: "
@@ -279,6 +283,16 @@ class LocalAirflow:
             time.sleep(2)
         if unpause:
             self.api("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+
+    def revive(self, *components: str) -> list[str]:
+        """Start again those of ``components`` (default: all of this deployment's) that were
+        started and have exited; returns their names."""
+        revived = []
+        for component in components or self.components:
+            if self._pid_file(component).exists() and self.pid(component) is None:
+                self.launch(component)
+                revived.append(component)
+        return revived
 
     def _pid_file(self, component: str) -> Path:
         return self.home / f"{component}.pid"

@@ -24,7 +24,7 @@ from kafka_eos.backfill.side import (GENERATION_COLUMN, GENERATION_HEADER, RANGE
 from kafka_eos.kafka_admin import TP, partition_offsets, partitions_of
 from kafka_eos.pipeline import checkpoint_rows, checkpoints
 from kafka_eos.readers import committed_messages
-from kafka_eos.soak.world import SOURCE, World
+from kafka_eos.soak.world import SOURCE, WATCHDOG_DAG, World
 from kafka_eos.txn import DEAD_LETTER_HEADER_NAMES
 
 #: The orders transform's validation, restated (spark_apps.transforms.orders): these fields, a
@@ -219,6 +219,33 @@ def strangers(world: World, events, actions) -> list[Check]:
             Check("strangers' transactions not aborted by the runbook", uncleared)]
 
 
+#: A fault explains a watchdog run's failure that overlaps it or ends less than this before the run
+#: (a run watches for 4 minutes; a broker down leaves partitions unreadable a while after).
+FAULT_SHADOW_S = 300.0
+
+
+def _epoch(iso: str | None) -> float | None:
+    return None if not iso else datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def watchdog_failures(world: World, events) -> Check:
+    """Watchdog runs that failed without finding anything (no alert naming a held partition or
+    stale data during the run) and without a fault overlapping them: a watchdog that cries wolf."""
+    runs = world.airflow.api("GET", f"/api/v2/dags/{WATCHDOG_DAG}/dagRuns?state=failed&limit=1000")["dag_runs"]
+    findings = [at for at, body in world.inbox.alerts if body.get("stalls") or body.get("stale") or body.get("findings")]
+    faults = [(e.injected, (e.healed or e.injected) + FAULT_SHADOW_S) for e in events]
+    unexplained = []
+    for run in runs:
+        start, end = _epoch(run.get("start_date")), _epoch(run.get("end_date"))
+        if start is None or end is None:
+            continue
+        if any(start - 5 <= at <= end + 60 for at in findings) or any(a <= end and start <= b for a, b in faults):
+            continue
+        unexplained.append(run["dag_run_id"])
+    return Check("watchdog runs failed without a finding or a fault", len(unexplained),
+                 f"{len(runs)} failed runs; unexplained: {', '.join(unexplained[:5])}")
+
+
 def operator_page(world: World) -> Check:
     """The operator page's partition figures equal the broker's (read now, everything at rest)."""
     time.sleep(2)  # the page's cache (1 s in the soak's deployment)
@@ -246,7 +273,8 @@ def audit(world: World, events, actions, load_log: Path) -> list[Check]:
               for name in world.pipelines]
     groups += [("checkpoints", lambda: checkpoints_at_lso(world)), ("open transactions", lambda: [open_transactions(world)]),
                ("side runs", lambda: side_runs(world, events, source)),
-               ("strangers", lambda: strangers(world, events, actions)), ("operator page", lambda: [operator_page(world)])]
+               ("strangers", lambda: strangers(world, events, actions)), ("operator page", lambda: [operator_page(world)]),
+               ("watchdog", lambda: [watchdog_failures(world, events)])]
     for what, check in groups:
         try:
             checks += check()

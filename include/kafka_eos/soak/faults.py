@@ -31,7 +31,7 @@ from kafka_eos.soak import load
 from kafka_eos.soak.world import SOURCE, STREAM, World, pipeline_dag
 
 KINDS = ("broker_kill", "broker_term", "broker_stop", "task_kill", "scheduler_kill", "triggerer_kill",
-         "stream_restart", "stranger", "replay", "backfill", "add_partition")
+         "worker_kill", "stream_restart", "stranger", "replay", "backfill", "add_partition")
 #: No fault in the first minute (every pipeline's first run) or the last (the soak settles).
 QUIET_S = 60.0
 #: Between two faults' starts: from the seed, in this range.
@@ -193,6 +193,13 @@ class FaultDriver(threading.Thread):
 
     def triggerer_kill(self, event: Event) -> None:
         self._component(event, "triggerer")
+
+    def worker_kill(self, event: Event) -> None:
+        """A Celery worker's process group, the two in turn: its tasks' processes die with it (a
+        stream's process, in a session of its own, is left an orphan and must stop by itself)."""
+        workers = [c for c in self.world.airflow.components if c.startswith("celery-worker-")]
+        self._workers_killed = getattr(self, "_workers_killed", 0) + 1
+        self._component(event, workers[self._workers_killed % len(workers)])
 
     def stream_restart(self, event: Event) -> None:
         """SIGKILL the stream's process; the stream DAG's task fails and its retry starts it again."""

@@ -14,6 +14,9 @@ from pathlib import Path
 from kafka_eos.console import table
 from kafka_eos.soak.lag import Sample, recovered_at
 
+#: Recovery's target: every pipeline back past the LSOs of a fault's end within this long of it.
+RECOVERY_TARGET_S = 120.0
+
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
 
 
@@ -28,6 +31,24 @@ def events_table(events, samples: list[Sample], began: float) -> str:
         rows.append((f"{e.injected - began:.0f}", e.kind, e.target[:60], f"{(e.healed or e.injected) - e.injected:.0f}",
                      "-" if back is None else f"{back - e.injected:.0f}", e.note[:80]))
     return table(rows, ("t (s)", "fault", "target", "healed after (s)", "recovered after (s)", "note"))
+
+
+def recovery_table(events, samples: list[Sample], target_s: float) -> str:
+    """Per fault kind: how many, the slowest recovery (every pipeline past the LSOs of the fault's
+    end, counted from its end), and how many took longer than ``target_s`` or never recovered."""
+    by_kind: dict[str, list[float | None]] = {}
+    for e in events:
+        if not e.lso_at_heal:
+            continue
+        healed = e.healed or e.injected
+        back = recovered_at(samples, healed, e.lso_at_heal)
+        by_kind.setdefault(e.kind, []).append(None if back is None else back - healed)
+    rows = []
+    for kind, times in sorted(by_kind.items()):
+        known = [t for t in times if t is not None]
+        over = sum(1 for t in times if t is None or t > target_s)
+        rows.append((kind, len(times), f"{max(known):.0f}" if known else "-", over))
+    return table(rows, ("fault", "count", "slowest recovery (s)", f"over {target_s:g} s"))
 
 
 def runs_table(runs: dict[str, Counter]) -> str:
@@ -88,6 +109,8 @@ def write(folder: Path, *, seed: int, minutes: float, began: float, ended: float
         f"({sum(bool(b.get('stalls')) for _, b in alerts)} naming pinned partitions). Task tries beyond the first: {tries}.",
         "", "## Audit", "", "```", table([(c.name, c.number, c.detail[:120]) for c in checks], ("check", "number", "detail")), "```",
         "", "## Faults", "", "```", events_table(events, samples, began), "```",
+        "", f"## Recovery (target: every pipeline past its LSO within {RECOVERY_TARGET_S:g} s of the fault's end)", "",
+        "```", recovery_table(events, samples, RECOVERY_TARGET_S), "```",
         "", "## Operator actions (REST)", "", "```",
         table([(hhmmss(a.began), a.kind, a.target, f"{(a.ended or a.began) - a.began:.0f}", a.outcome) for a in actions],
               ("at", "action", "target", "took (s)", "outcome")), "```",

@@ -36,9 +36,6 @@ STREAM = "orders_stream"
 #: The DAG runs' fail point (:mod:`kafka_eos.faults`): a process passing it while the token file is
 #: absent creates the file and is killed there. The fault driver arms it by removing the file.
 CRASH_POINT = "before_commit"
-#: A task whose process died is noticed (and retried) after this long, not Airflow's 5 minutes:
-#: a soak's scheduler is killed several times an hour.
-HEARTBEAT_TIMEOUT_S = 90
 #: The DAGs the soak drives, by the ids kafka-eos's DAG factory gives them (the REST API names DAGs by id).
 WATCHDOG_DAG = "kafka_eos_watchdog"
 RUNBOOK_DAG = "kafka_eos_runbook_abort_transaction"
@@ -173,10 +170,11 @@ class World:
             "AIRFLOW__KAFKA_EOS__PAGE_CACHE_SECONDS": "1",
             "AIRFLOW_CONN_KAFKA_EOS_ALERTS_WEBHOOK": json.dumps({
                 "conn_type": "http", "host": "127.0.0.1", "port": self.inbox.port, "schema": "http"}),
-            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S),
         }
+        # The CeleryExecutor: Redis and two workers (a fault kills one); a task whose worker died
+        # is retried after the deployment's heartbeat timeout (30 s, not Airflow's 5 minutes).
         self.airflow = LocalAirflow(self.home / "airflow", self.base_port + 10, dags, environ,
-                                    database_url=f"{base}/airflow")
+                                    database_url=f"{base}/airflow", executor="celery", redis_port=self.base_port + 11)
         log(f"Airflow at {self.airflow.url}")
         self.airflow.start()
         self.started.append(self.airflow.stop)

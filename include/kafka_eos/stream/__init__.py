@@ -4,3 +4,7 @@ makes a stream and scheduled batch runs take turns rather than fence each other 
 
 See docs/stream.md.
 """
+
+#: Set by whoever starts ``kafka-eos stream`` for a task of its own (the stream DAG's operator):
+#: its process id. The stream stops after its batch in flight once that process is gone.
+PARENT_PID_ENV = "KAFKA_EOS_STREAM_PARENT_PID"

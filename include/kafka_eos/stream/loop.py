@@ -24,6 +24,7 @@ transaction is aborted by the new producer's init_transactions().
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -137,6 +138,22 @@ class StreamRunner:
         """End the loop after the batch in flight (safe from a signal handler)."""
         self._stop_reason = self._stop_reason or reason
         self._stop.set()
+
+    def stop_with_parent(self, parent_pid: int, every_s: float = 1.0) -> threading.Thread:
+        """Stop (after the batch in flight) once the process ``parent_pid`` is no longer this
+        one's parent: the Airflow task that started this stream died (its worker or host killed,
+        its process killed by the task runner) and the stream would go on as an orphan holding
+        the pipeline's lease, while the task's retry waits for it. A daemon thread that looks
+        every ``every_s``."""
+        def watch() -> None:
+            while not self._stop.wait(every_s):
+                if os.getppid() != parent_pid:
+                    self.stop(f"its parent process {parent_pid} ended (an orphan stream stops)")
+                    return
+
+        thread = threading.Thread(target=watch, name="kafka-eos-parent-watch", daemon=True)
+        thread.start()
+        return thread
 
     # -- planning -------------------------------------------------------------------------
     def _plan(self) -> Plan:

@@ -26,7 +26,7 @@ TEST_WORKERS ?= 3
 
 test: install jars postgres redis chromium compose-tool
 	@echo "make test: every test, on $(TEST_WORKERS) workers: 15-23 minutes on 2 cores, by the host's speed (make test-quick: about a minute)"
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadscope -m "not chaos" $(PYTEST_ARGS)
 
 # The edit loop: the unit tests and the quick integration tests (marked quick) on the shared
 # broker and SparkSession; make test still runs everything. Two workers: mostly CPU-bound tests.
@@ -124,9 +124,11 @@ $(JARS)/registry/.resolved: jvm/registry/pom.xml
 # The fault matrix: every scenario (brokers killed, terminated, stopped; the driver and executors
 # killed at each commit step; a zombie; a stalled producer) on each sink, on a local three-node
 # cluster; a table on stdout, exit 1 on any anomaly. CHAOS_ARGS: e.g. --quick, --sink sql,
-# --scenario SIGSTOP.
-chaos: install jars
+# --scenario SIGSTOP. Then the Celery cells: a worker killed inside a DAG run's commit (Kafka sink
+# in both scopes, SQL sink) and under a stream, on a local Airflow with two Celery workers.
+chaos: install jars postgres redis
 	$(PY) -m kafka_eos.chaos $(CHAOS_ARGS)
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests/dags/test_celery_workers.py
 
 # Hours of operation under faults: three pipelines (two scheduled every minute, one stream) under a
 # real scheduler on a three-node cluster, faults at random times from SOAK_SEED (default: a new

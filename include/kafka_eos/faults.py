@@ -16,8 +16,8 @@ runs under, not just this process: an executor lost mid-commit, as when its host
 ``KAFKA_EOS_CRASH_ONCE=<file>``: only the first process to create ``<file>`` crashes, and writes
 what it killed there (Spark reruns the task in a new process, which must get through).
 
-``KAFKA_EOS_PAUSE_AT=<point>`` with ``KAFKA_EOS_PAUSE_DIR=<dir>`` holds the first process to pass
-``<point>`` there: it writes ``<dir>/<point>.reached`` (its pid) and waits until ``<dir>/<point>.go``
+``KAFKA_EOS_PAUSE_AT=<point>[,<point>...]`` with ``KAFKA_EOS_PAUSE_DIR=<dir>`` holds the first process
+to pass ``<point>`` there: it writes ``<dir>/<point>.reached`` (its pid) and waits until ``<dir>/<point>.go``
 exists. The fault matrix injects its fault meanwhile: a broker killed or stopped, a newer attempt
 run to its end, a stall past the transaction timeout. While ``<dir>`` does not exist nothing pauses:
 a long-lived deployment can carry the setting and a test arm it for one run by making the folder.
@@ -84,12 +84,12 @@ def applied(settings: dict[str, str]) -> Iterator[None]:
 
 def armed(point: str) -> bool:
     """True when this process is asked to crash or pause at ``point``."""
-    return point in (_POINT, _PAUSE_AT)
+    return point == _POINT or point in _PAUSE_AT.split(",")
 
 
 def fault_point(point: str) -> None:
     """Pause here, or SIGKILL this process (or its executor), when the environment asks for it (tests only)."""
-    if point == _PAUSE_AT:
+    if point in _PAUSE_AT.split(","):
         _pause(point)
     if point != _POINT:
         return

@@ -163,30 +163,35 @@ _ABSENT = {"UNKNOWN_TOPIC_OR_PART": "does not exist", "UNKNOWN_TOPIC_ID": "does 
            "TOPIC_AUTHORIZATION_FAILED": "is not authorized to be described"}
 
 
-def topics_metadata(settings: KafkaSettings, topics: Iterable[str]) -> TopicsMetadata:
+def topics_metadata(settings: KafkaSettings, topics: Iterable[str], timeout_s: float = ADMIN_TIMEOUT_S) -> TopicsMetadata:
     """The partition counts of ``topics``: one metadata request naming them, never one for the
     whole cluster's metadata (on a shared cluster of thousands of topics that is megabytes and
     seconds, for each run, sensor poke and page view).
 
-    :raises BrokerError: the cluster did not answer, or refused for another reason than absence.
+    :param timeout_s: bound of the request, and of its retries after errors that clear by themselves.
+    :raises BrokerError: the cluster did not answer (its cause the client's error), or refused for
+        another reason than absence.
     """
     from confluent_kafka import TopicCollection
 
     names = list(dict.fromkeys(topics))
-    found: dict[str, int] = {}
-    missing: dict[str, str] = {}
-    if names:
-        admin = admin_client(settings)
-        futures = admin.describe_topics(TopicCollection(names), request_timeout=ADMIN_TIMEOUT_S)
+
+    def once() -> TopicsMetadata:
+        found: dict[str, int] = {}
+        missing: dict[str, str] = {}
+        admin = admin_client(settings)  # kept alive while its futures are read
+        futures = admin.describe_topics(TopicCollection(names), request_timeout=timeout_s)
         for name, future in futures.items():
             try:
-                found[name] = len(future.result(timeout=ADMIN_TIMEOUT_S + 5).partitions)
+                found[name] = len(future.result(timeout=timeout_s + 5).partitions)
             except KafkaException as exc:
                 err = exc.args[0]
-                if err.name() not in _ABSENT:
-                    raise BrokerError(f"describing topic {name!r}: {err.str()}") from None
+                if err.name() not in _ABSENT:  # a transient one is retried (a coordinator moving...)
+                    raise BrokerError(f"describing topic {name!r}: {err.str()}") from exc
                 missing[name] = _ABSENT[err.name()]
-    return TopicsMetadata(found, missing, settings.bootstrap_servers)
+        return TopicsMetadata(found, missing, settings.bootstrap_servers)
+
+    return retrying(once, timeout_s) if names else TopicsMetadata({}, {}, settings.bootstrap_servers)
 
 
 def partitions_of(settings: KafkaSettings, topics: Iterable[str], role: str = "topic",

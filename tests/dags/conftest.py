@@ -250,9 +250,9 @@ def airflow_deployment(kafka_settings, free_ports, postgres_url):
     factory from the specs the tests write to the ``specs`` folder beside its dags folder. Started
     once per session, stopped at its end.
 
-    ``deployment.pause_dir``: the Spark commit's pause point (``before_commit``, see
-    :mod:`kafka_eos.faults`) is set for every task and armed only while this folder exists: a test
-    makes it to hold one run's commit there (a worker-kill test)."""
+    ``deployment.pause_dir``: the commits' pause points (``before_commit``, ``before_sql_commit``,
+    see :mod:`kafka_eos.faults`) are set for every task and armed only while this folder exists: a
+    test makes it to hold one run's commit there (the worker-kill tests)."""
     from sqlalchemy import create_engine, text
 
     from kafka_eos.local.airflow import LocalAirflow, connections_environ, write_specs_dag_file
@@ -273,7 +273,7 @@ def airflow_deployment(kafka_settings, free_ports, postgres_url):
     statsd = StatsdReceiver()
     pause_dir = home / "pause"
     environ = {**connections_environ(kafka_settings, "local[2]"),
-               "KAFKA_EOS_PAUSE_AT": "before_commit", "KAFKA_EOS_PAUSE_DIR": str(pause_dir),
+               "KAFKA_EOS_PAUSE_AT": "before_commit,before_sql_commit", "KAFKA_EOS_PAUSE_DIR": str(pause_dir),
                "AIRFLOW__KAFKA_EOS__PIPELINES_FOLDER": str(home / "specs"),
                "AIRFLOW__KAFKA_EOS__PAGE_CACHE_SECONDS": "1", "AIRFLOW__KAFKA_EOS__DEADLINES": "True",
                **statsd.environ()}

@@ -70,17 +70,25 @@ def _log(airflow, dag_id: str, run: dict, task_id: str, try_number: int = 1) -> 
     return "\n".join(lines)
 
 
-def deploy_orders_pipeline(airflow, kafka_settings, name: str) -> tuple[dict[str, str], str]:
-    """An orders pipeline on the deployment (Kafka sink, dead letters), its source holding 5 valid
-    orders and a malformed one: its topics and its DAG's id, parsed and unpaused."""
+def deploy_orders_pipeline(airflow, kafka_settings, name: str, commit: str = "atomic", sql_url: str | None = None,
+                           partitions: int = 1) -> tuple[dict[str, str], str]:
+    """An orders pipeline on the deployment, its source holding 5 valid orders and a malformed one:
+    its topics and its DAG's id, parsed and unpaused. Kafka sink (orders enriched, dead letters to
+    a topic) in ``commit`` scope; or with ``sql_url``, the revenue aggregation into that database."""
     topics = {t: f"{name}.{t}" for t in ("orders", "out", "dlq")}
-    kafka_admin.create_topics(kafka_settings, {topics["orders"]: 1, topics["out"]: 1, topics["dlq"]: 1})
+    kafka_admin.create_topics(kafka_settings, {topics["orders"]: partitions, topics["out"]: partitions,
+                                               topics["dlq"]: 1})
     produce_orders(kafka_settings, topics["orders"])
+    if sql_url is None:
+        transform, sink = "spark_apps.transforms.orders:enrich", {
+            "kind": "kafka", "topic": topics["out"], "dlq_topic": topics["dlq"], "commit": commit}
+    else:
+        transform, sink = "spark_apps.transforms.revenue:revenue_per_minute", {
+            "kind": "sql", "url": sql_url, "table": f"{name}_revenue", "key_columns": ["minute", "category"],
+            "merge": "add", "commit": commit}
     # Manual only (no schedule): every run is one the test triggers.
     (airflow.dags_folder.parent / "specs" / f"{name}.yaml").write_text(yaml.safe_dump({
-        "name": name, "source": {"topics": [topics["orders"]]},
-        "transform": "spark_apps.transforms.orders:enrich",
-        "sink": {"kind": "kafka", "topic": topics["out"], "dlq_topic": topics["dlq"]}}))
+        "name": name, "source": {"topics": [topics["orders"]]}, "transform": transform, "sink": sink}))
     dag_id = f"kafka_eos__{name}"
     _parsed(airflow, dag_id)
     return topics, dag_id

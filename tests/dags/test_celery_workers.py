@@ -53,19 +53,28 @@ def _kill_host_of(airflow, pid: int) -> str:
     raise AssertionError(f"process {pid} (the paused commit) runs under no Celery worker")
 
 
+@pytest.mark.parametrize("sink,commit", [
+    ("kafka", "atomic"),
+    pytest.param("kafka", "per_partition", marks=pytest.mark.chaos),  # the commit in a Spark executor's Python worker
+    pytest.param("sql", "atomic", marks=pytest.mark.chaos),
+])
 def test_a_worker_killed_mid_commit_is_retried_on_the_other_worker_exactly_once(airflow_deployment, kafka_settings,
-                                                                                 unique):
+                                                                                 unique, tmp_path, sink, commit):
     airflow = airflow_deployment
-    name = f"celery_{unique.replace('-', '_')}"
-    topics, dag_id = deploy_orders_pipeline(airflow, kafka_settings, name)  # 5 valid orders, then a malformed one
+    name = f"celery_{unique.replace('-', '_')}"[:60]
+    sql_url = f"sqlite:///{tmp_path / 'sink.db'}" if sink == "sql" else None
+    # 5 valid orders, then a malformed one (two partitions for per_partition: a commit per partition).
+    topics, dag_id = deploy_orders_pipeline(airflow, kafka_settings, name, commit, sql_url,
+                                            partitions=2 if commit == "per_partition" else 1)
+    point = "before_sql_commit" if sink == "sql" else "before_commit"
 
-    airflow.pause_dir.mkdir()  # armed: the first commit to reach before_commit holds there
+    airflow.pause_dir.mkdir()  # armed: the first commit to reach the point holds there
     killed = None
     try:
         run = airflow.api("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": {}})
         run_path = f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run['dag_run_id'], safe='')}"
-        reached = airflow.pause_dir / "before_commit.reached"
-        wait_until("the run's commit to reach before_commit", lambda: reached.exists() and reached.read_text().strip(),
+        reached = airflow.pause_dir / f"{point}.reached"
+        wait_until(f"the run's commit to reach {point}", lambda: reached.exists() and reached.read_text().strip(),
                    timeout_s=300, every_s=0.5)
         killed = _kill_host_of(airflow, int(reached.read_text()))
         killed_at = time.monotonic()
@@ -91,11 +100,19 @@ def test_a_worker_killed_mid_commit_is_retried_on_the_other_worker_exactly_once(
         if killed is not None:  # the next tests get two workers again
             airflow.launch(killed)
             wait_until(f"{killed} to be ready again", airflow.workers_ready, timeout_s=120, every_s=1)
-    print(f"killed {killed} inside the commit; the run succeeded {recovered_s:.0f}s later, on its retry")
+    print(f"{sink} {commit}: killed {killed} at {point}; the run succeeded {recovered_s:.0f}s later, on its retry")
 
+    if sink == "sql":  # exactly once: every order counted once (merge add: twice would double them)
+        from sqlalchemy import create_engine, text
+
+        with create_engine(sql_url).connect() as conn:
+            counted = conn.execute(text(f"select sum(order_count) from {name}_revenue")).scalar()
+            dead = conn.execute(text("select count(*) from kafka_eos_dead_letters")).scalar()
+        assert (counted, dead) == (len(VALID_ORDERS), 1)
+        return
     # Exactly once: the killed attempt's open transaction was aborted (fenced by the retry's).
     out = [json.loads(m.value())["order_id"] for m in read_committed(kafka_settings, topics["out"])]
-    assert out == [o["order_id"] for o in VALID_ORDERS]
+    assert sorted(out) == sorted(o["order_id"] for o in VALID_ORDERS)
     assert len(read_committed(kafka_settings, topics["dlq"])) == 1
 
 

@@ -39,7 +39,7 @@ def topic_partitions(settings: KafkaSettings, topics: Iterable[str] | None = Non
         return [(t, p) for t in sorted(t for t in md.topics if not t.startswith("__") and md.topics[t].error is None)
                 for p in sorted(md.topics[t].partitions)]
     names = list(dict.fromkeys(topics))
-    md = topics_metadata(settings, names)  # these topics only, in one request
+    md = topics_metadata(settings, names, ADMIN_TIMEOUT_S)  # these topics only, in one request
     missing_ok = set(missing_ok)
     out = []
     for name in names:

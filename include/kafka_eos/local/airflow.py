@@ -2,8 +2,9 @@
 processes (LocalExecutor; SQLite metadata, or PostgreSQL), on 127.0.0.1 only, over a dags folder and this
 project's plugins. Or the same on Airflow's CeleryExecutor: Redis (Debian's ``redis-server``, on
 127.0.0.1, its data in the home folder) as Celery's broker, the PostgreSQL metadata database as its
-result backend, and Celery workers (two by default) that run the tasks. What ``airflow dags test`` is not: a real scheduler that creates runs (backfills
-included), a real triggerer for deferrable sensors, and the REST API and UI.
+result backend, and Celery workers (two by default) that run the tasks. What ``airflow dags test``
+is not: a real scheduler that creates runs (backfills included), a real triggerer for deferrable
+sensors, an executor, and the REST API and UI.
 
 It only starts the ``airflow`` command line (it never imports Airflow). Airflow's own log
 servers are not started (``--skip-serve-logs``: they listen on every interface); task logs are

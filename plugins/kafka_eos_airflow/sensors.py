@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout, AirflowSkipException
 
-from kafka_eos.health import watch_threshold_s
+from kafka_eos.health import spec_topics, watch_threshold_s
 
 from kafka_eos_airflow import config
 from kafka_eos_airflow.notifiers import HungTransactionsFound
@@ -27,11 +27,6 @@ def pipeline_topics(pipeline: str) -> list[str]:
     return spec_topics(load_spec(pipeline, import_transform=False))
 
 
-def spec_topics(spec) -> list[str]:
-    """:func:`pipeline_topics` of a loaded spec."""
-    topics = [*spec.source.topics, spec.sink.topic, spec.sink.dlq_topic, spec.sink.backfill_topic,
-              spec.manifest_topic]
-    return list(dict.fromkeys(t for t in topics if t))
 
 
 class HungTransactionSensor(BaseSensorOperator):

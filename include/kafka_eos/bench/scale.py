@@ -142,7 +142,7 @@ def watchdog_pass(settings, specs) -> dict:
     topics and threshold, its trigger looks once at every partition of them and names the
     holders, the freshness check reads every pipeline's backlog. Seconds, and what each found."""
     from kafka_eos.errors import TopicMissing
-    from kafka_eos.health import watch_threshold_s
+    from kafka_eos.health import spec_topics, watch_threshold_s
     from kafka_eos.health.attribute import attribute
     from kafka_eos.health.backlog import backlog, stale
     from kafka_eos.health.detect import observe, topic_partitions
@@ -151,8 +151,7 @@ def watchdog_pass(settings, specs) -> dict:
     paths = [spec.path for spec in specs]
     started = time.perf_counter()
     loaded = [load_spec(p, import_transform=False) for p in paths]  # the sensor's execute
-    topics = list(dict.fromkeys(t for s in loaded for t in (*s.source.topics, s.sink.topic, s.sink.dlq_topic,
-                                                            s.sink.backfill_topic, s.manifest_topic) if t))
+    topics = list(dict.fromkeys(t for s in loaded for t in spec_topics(s)))
     older_than = watch_threshold_s(s.sink.transaction_timeout_s for s in loaded)
     tps = topic_partitions(settings, topics, topics)  # the trigger's look
     stalls, _seen = observe(settings, tps, older_than, {})

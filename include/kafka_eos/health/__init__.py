@@ -18,6 +18,14 @@ DEFAULT_OLDER_THAN_S = 360.0
 WATCH_MARGIN_S = 60.0
 
 
+def spec_topics(spec) -> list[str]:
+    """Every topic a pipeline reads or writes, as the watchdog watches them: sources, sink, dead
+    letters, backfills, its manifest."""
+    topics = [*spec.source.topics, spec.sink.topic, spec.sink.dlq_topic, spec.sink.backfill_topic,
+              spec.manifest_topic]
+    return list(dict.fromkeys(t for t in topics if t))
+
+
 def watch_threshold_s(transaction_timeouts_s) -> float:
     """The watchdog's threshold for pipelines with these ``sink.transaction_timeout_s``: the
     longest of them plus :data:`WATCH_MARGIN_S`, and never under :data:`DEFAULT_OLDER_THAN_S`

@@ -38,6 +38,11 @@ CELERY_CONCURRENCY = 2
 #: A task whose process stopped heartbeating for this long (a worker or its host died) is failed
 #: and retried; Airflow's default is 300 s. The task runner heartbeats every few seconds.
 TASK_HEARTBEAT_TIMEOUT_S = 30
+#: A task queued longer than this (and looked for this often) is taken back and queued again: a
+#: Celery worker killed after it took a task's message but before the task started leaves the task
+#: "queued" (no heartbeat to miss) until then; Airflow's defaults are 600 s and every 120 s. Taken
+#: back twice, a task is failed: a deployment whose tasks wait longer for a free worker slot raises it.
+TASK_QUEUED_TIMEOUT_S, TASK_QUEUED_CHECK_S = 60, 15
 #: Migrating a fresh SQLite database and starting four Python processes on 2 busy cores.
 START_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 30.0
@@ -194,6 +199,9 @@ class LocalAirflow:
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
             # A dead worker's (or scheduler's) tasks are failed and retried within seconds of this.
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(TASK_HEARTBEAT_TIMEOUT_S),
+            # A task a dead worker had taken but not started is queued again within about a minute.
+            "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": str(TASK_QUEUED_TIMEOUT_S),
+            "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL": str(TASK_QUEUED_CHECK_S),
             # Spark binds to the loopback address too.
             "SPARK_LOCAL_IP": HOST,
             # A local Airflow of kafka-eos's own: where the Kafka connection is not defined, the

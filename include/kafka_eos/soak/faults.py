@@ -23,6 +23,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import NewPartitions
 
 from kafka_eos.chaos import brokers
+from kafka_eos.errors import BrokerError
 from kafka_eos.health import watch_threshold_s
 from kafka_eos.kafka_admin import admin_client, admin_result, partition_offsets, partitions_of
 from kafka_eos.pipeline import checkpoints
@@ -45,6 +46,10 @@ RESTART_AFTER_S = 5.0
 ARMED_FOR_S = 240.0
 #: The source never grows beyond this many partitions.
 MAX_SOURCE_PARTITIONS = 6
+#: How long a replay waits to read orders_enriched's checkpoints: an attempt killed inside its commit
+#: leaves its transactional offset commit pending (the group's offsets unreadable, as stable offsets)
+#: until the retry fences it: a heartbeat timeout, a retry delay and the retry's start.
+CHECKPOINTS_WITHIN_S = 240.0
 #: How long after the watchdog's threshold an alert may come (the issue's bound), plus the
 #: runbook's dry run and abort: a stranger is drawn only if this fits before the soak ends.
 ALERT_WITHIN_S, RUNBOOK_S = 60.0, 90.0
@@ -238,7 +243,7 @@ class FaultDriver(threading.Thread):
         """Replay a past range of orders_enriched (below its checkpoint) through its DAG's trigger form."""
         spec = self.world.spec("orders_enriched")
         n = partitions_of(self.world.settings, [SOURCE])[SOURCE]
-        cks, _drift = checkpoints(spec, self.world.settings, [(SOURCE, p) for p in range(n)])
+        cks = self._checkpoints(spec, [(SOURCE, p) for p in range(n)], event)
         until = {f"{SOURCE}-{p}": ck for (_, p), ck in cks.items() if ck}
         if not until:
             event.note = "nothing committed yet to replay"
@@ -249,6 +254,22 @@ class FaultDriver(threading.Thread):
                                      {"logical_date": None, "conf": conf})
         event.target = f"{spec.name} {conf['replay_from']} .. {conf['replay_until']}"
         event.details = {"pipeline": spec.name, "run_id": run["dag_run_id"], **conf}
+
+    def _checkpoints(self, spec, partitions, event: Event) -> dict:
+        """The pipeline's checkpoints, waiting (up to CHECKPOINTS_WITHIN_S) while an attempt killed
+        inside its commit holds the group's offsets; how long it waited goes in the event's note."""
+        began, deadline = time.time(), time.time() + CHECKPOINTS_WITHIN_S
+        while True:
+            try:
+                cks, _drift = checkpoints(spec, self.world.settings, partitions)
+            except BrokerError:
+                if time.time() >= deadline or self._halt.is_set():
+                    raise
+                time.sleep(10)
+                continue
+            if time.time() - began > 1:
+                event.note = f"checkpoints readable after {time.time() - began:.0f}s (a pending offset commit)"
+            return cks
 
     def backfill(self, event: Event) -> None:
         """Backfill one past minute of revenue_per_minute with Airflow's backfill (REST)."""

@@ -1,6 +1,7 @@
 """The person on call, through Airflow's REST API only: an alert that names a pinned partition gets
-the runbook's dry run, then (the dry run having shown the transaction) the approved abort; a
-pipeline or stream task that failed for good is cleared, so it runs again."""
+the runbook's dry run, then (the dry run having shown the transaction) the abort, approved in
+Airflow's Human-in-the-loop step when it asks; a pipeline or stream task that failed for good is
+cleared, so it runs again."""
 
 from __future__ import annotations
 
@@ -85,27 +86,31 @@ class Operator(threading.Thread):
         action = Action("abort", f"{topic}-{partition}@{start_offset}", time.time())
         self.actions.append(action)
         conf = {"topic": topic, "partition": partition, "start_offset": start_offset}
-        dry_state, found = self.trigger(RUNBOOK_DAG, {**conf, "dry_run": True}, xcom_of="abort_transaction")
+        # A dry run ends at ``inspect`` (the approval and the abort are skipped): its finding is inspect's.
+        dry_state, found = self.trigger(RUNBOOK_DAG, {**conf, "dry_run": True}, xcom_of="inspect")
         action.details["dry_run"] = {"state": dry_state, "found": found}
         force = False
         if dry_state != "success":
             force = True
             dry_state, found = self.trigger(RUNBOOK_DAG, {**conf, "dry_run": True, "force": True},
-                                            xcom_of="abort_transaction")
+                                            xcom_of="inspect")
             action.details["forced_dry_run"] = {"state": dry_state, "found": found}
         if dry_state != "success":
             action.outcome, action.ended = f"dry run {dry_state}", time.time()
             return action
         state, result = self.trigger(RUNBOOK_DAG, {**conf, "dry_run": False, "force": force,
                                                    "confirm": confirmation(topic, partition, start_offset)},
-                                     xcom_of="abort_transaction")
-        action.details["abort"] = {"state": state, "result": result, "forced": force}
+                                     xcom_of="abort_transaction", approve=True)
+        action.details["abort"] = {"state": state, "result": result, "forced": force,
+                                   "approval_asked": bool(found and found.get("needs_approval"))}
         action.outcome, action.ended = f"abort {state}", time.time()
         self.say(f"operator: {action.target}: dry run {dry_state}{' (forced)' if force else ''}, abort {state}")
         return action
 
-    def trigger(self, dag_id: str, conf: dict, xcom_of: str | None = None) -> tuple[str, object]:
-        """Trigger ``dag_id`` with ``conf`` and wait for its end: ``(state, the task's return value)``."""
+    def trigger(self, dag_id: str, conf: dict, xcom_of: str | None = None,
+                approve: bool = False) -> tuple[str, object]:
+        """Trigger ``dag_id`` with ``conf`` and wait for its end: ``(state, the task's return value)``.
+        With ``approve``, the run's ``approve`` step is answered "Approve" when it waits for a person."""
         airflow = self.world.airflow
         run = airflow.api("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf})
         run_id = urllib.parse.quote(run["dag_run_id"], safe="")
@@ -115,6 +120,8 @@ class Operator(threading.Thread):
             time.sleep(3)
             try:
                 state = airflow.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")["state"]
+                if approve and state == "running" and self._approve(dag_id, run_id):
+                    approve = False  # answered once
             except OSError:
                 continue  # the api-server busy or restarting
         value = None
@@ -122,6 +129,17 @@ class Operator(threading.Thread):
             value = airflow.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{xcom_of}"
                                        "/xcomEntries/return_value")["value"]
         return state, value
+
+    def _approve(self, dag_id: str, run_id: str) -> bool:
+        """Answer the run's approval request (Airflow's Human-in-the-loop step) as the person on call:
+        True once answered; False while the step does not wait for an answer (yet, or at all)."""
+        path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/approve"
+        if self.world.airflow.api("GET", path)["state"] not in ("awaiting_input", "deferred"):
+            return False
+        # Deferred but its request not written yet: a 404 (an OSError), and the caller asks again.
+        self.world.airflow.api("PATCH", f"{path}/-1/hitlDetails", {"chosen_options": ["Approve"]})
+        self.say(f"operator: approved {dag_id} {urllib.parse.unquote(run_id)}")
+        return True
 
     # --- failed runs ---------------------------------------------------------------------------------
 

@@ -111,6 +111,12 @@ $(JARS)/spark/.resolved: jvm/pom.xml
 	$(MVN) -P spark dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=../$(JARS)/spark
 	touch $@
 
+# PostgreSQL's JDBC driver: the bench's baseline for the SQL sink (Spark's own JDBC writer).
+$(JARS)/jdbc/.resolved: jvm/pom.xml
+	rm -rf $(JARS)/jdbc
+	$(MVN) -P jdbc dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=../$(JARS)/jdbc
+	touch $@
+
 # The Schema Registry (Apicurio Registry, from Maven Central): Quarkus's build step makes a runner
 # jar and its lib/ folder out of the registry's application jar (jvm/registry/pom.xml).
 $(JARS)/registry/.resolved: jvm/registry/pom.xml
@@ -143,7 +149,7 @@ soak: install jars postgres
 # and memory (a table on stdout; .local/bench/throughput.json and throughput.png; about 25 minutes on 2 cores).
 # BENCH_ARGS: e.g. --records 100000 --sizes 1 --skip airflow,postgres.
 # Then the big estate (make bench-scale).
-bench: install jars postgres
+bench: install jars $(JARS)/jdbc/.resolved postgres
 	$(PY) -m pip install -q -r requirements-bench.txt
 	$(PY) -m kafka_eos.bench.throughput $(BENCH_ARGS)
 	$(PY) -m kafka_eos.bench.scale

@@ -1,5 +1,8 @@
 """spark-submit entry point of ``make bench``'s baseline: the same plan and transform as a
-kafka-eos run, written with Spark's own Kafka sink (at-least-once: no transaction, no offsets).
+kafka-eos run, written with Spark's own Kafka sink (at-least-once: no transaction, no offsets),
+or, for a spec with a SQL sink, with Spark's own JDBC writer (``df.write.jdbc(mode="append")``:
+results into ``--table``, dead letters into ``<table>_dead``; PostgreSQL's JDBC driver on
+``--jars``).
 
     spark-submit --jars <connector jars> spark_apps/bench_baseline.py --spec S --plan P
     python spark_apps/bench_baseline.py --spec S --plan P --spark-remote sc://127.0.0.1:15002
@@ -34,12 +37,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", required=True)
     parser.add_argument("--plan", required=True)
     parser.add_argument("--spark-remote", help="run on this Spark Connect server (a plain Python process)")
+    parser.add_argument("--table", help="a SQL sink's spec: the table the results are appended to")
     args = parser.parse_args(argv)
     started = time.monotonic()
     spec = load_spec(args.spec)
     plan = Plan.from_json(Path(args.plan).read_text(), args.plan)
     settings = KafkaSettings.from_environ(os.environ)
     spark = get_session(f"bench baseline {spec.name}", remote=args.spark_remote)
+    if spec.sink.kind == "sql":
+        out = transformed(spark, spec, plan, settings)
+        url, props = jdbc_of(spec.sink.url)
+        out.results.write.jdbc(url, args.table, mode="append", properties=props)
+        out.dead_letters.write.jdbc(url, f"{args.table}_dead", mode="append", properties=props)
+        print("BASELINE_SUMMARY " + json.dumps({"seconds_in_app": round(time.monotonic() - started, 3)}))
+        return 0
     results = transformed(spark, spec, plan, settings).results
     dlq = spec.sink.dlq_topic or spec.sink.topic
     out = results.select(
@@ -51,6 +62,20 @@ def main(argv: list[str] | None = None) -> int:
     writer.save()
     print("BASELINE_SUMMARY " + json.dumps({"seconds_in_app": round(time.monotonic() - started, 3)}))
     return 0
+
+
+def jdbc_of(url: str) -> tuple[str, dict]:
+    """PostgreSQL's JDBC URL and connection properties of a SQLAlchemy URL (its password, if any,
+    in the properties, never on a command line)."""
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    if u.get_backend_name() != "postgresql":
+        raise SystemExit(f"bench baseline: a JDBC baseline needs a PostgreSQL sink.url, not {u.get_backend_name()}")
+    props = {"driver": "org.postgresql.Driver", "user": u.username or ""}
+    if u.password:
+        props["password"] = u.password
+    return f"jdbc:postgresql://{u.host}:{u.port or 5432}/{u.database}", props
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ the Spark entry point and the tests all run the same code."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 import time
 from collections import Counter
@@ -16,6 +17,8 @@ from kafka_eos.plan import Plan
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
 from kafka_eos.transforms import DLQ_REASON
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -256,7 +259,9 @@ def _run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: 
         if source is not None:
             source.persist()
         try:
+            counting = time.monotonic()
             records_in = source.count() if source is not None else 0
+            log.info("SQL sink %s: source read and counted in %.2f s", spec.sink.table, time.monotonic() - counting)
             res = sql_sink.write(results, dead_letters, spec, plan, settings, summary, records_in,
                                  sink=clients.sql if clients else None, undecodable=undecodable)
         finally:

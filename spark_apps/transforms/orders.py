@@ -161,3 +161,17 @@ def enrich(df: DataFrame) -> DataFrame:
     # value stays binary: a dead letter must carry the source bytes unchanged, even non-UTF-8.
     value = F.when(F.col(DLQ_REASON).isNull(), F.encode(enriched, "UTF-8")).otherwise(F.col("value"))
     return parsed.select("key", value.alias("value"), "headers", *SOURCE_COLUMNS, DLQ_REASON)
+
+
+def as_rows(df: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """The orders as table rows (a SQL sink, one row per order, keyed by its source coordinates):
+    ``(results, dead_letters)``. ``results``: ``topic``, ``partition``, ``offset``, ``order_id``,
+    ``customer_id``, ``amount``, ``currency``, ``category``, ``event_time`` (timestamp),
+    ``amount_eur`` and ``size``; ``dead_letters`` as :func:`spark_apps.transforms.revenue.revenue_per_minute`'s.
+    Row-wise, like :func:`enrich`."""
+    parsed = parse_orders(df)
+    results = parsed.where(F.col(DLQ_REASON).isNull()).select(
+        *SOURCE_COLUMNS, "order_id", "customer_id", "amount", "currency", "category", "event_time", "amount_eur",
+        size_bucket(F.col("amount_eur")).alias("size"))
+    dead_letters = parsed.where(F.col(DLQ_REASON).isNotNull()).select(*SOURCE_COLUMNS, "key", "value", DLQ_REASON)
+    return results, dead_letters

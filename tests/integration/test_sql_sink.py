@@ -142,3 +142,132 @@ def test_a_refresh_never_moves_a_sql_sinks_mirror_back_behind_a_concurrent_run(s
     assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, tps) == {
         r.tp: r.until for r in second.ranges}
     verify(spec, kafka_settings, second)
+
+
+TYPED = '''
+from pyspark.sql import functions as F
+
+def typed(df):
+    o = F.col("offset")
+    text = (F.when(o % 5 == 0, F.lit(None)).when(o % 5 == 1, F.lit(""))
+            .otherwise(F.concat(F.lit('comma, "quote"\\nline '), F.col("value").cast("string"))))
+    return df.select("topic", "partition", "offset", text.alias("text"),
+                     (o.cast("decimal(18,2)") / 4).cast("decimal(18,2)").alias("amount"),
+                     F.timestamp_seconds(o + 1700000000).alias("at"),
+                     F.to_date(F.timestamp_seconds(o * 86400)).alias("day"),
+                     (o % 2 == 0).alias("even"), (o / 3).alias("ratio"),
+                     F.when(o % 7 == 0, F.lit(None)).otherwise(o * 1000).alias("big"),
+                     F.lit(None).cast("string").alias("dlq_reason"))
+'''
+
+
+def test_rows_reach_postgresql_by_copy_value_for_value(spark, kafka_settings, make_spec, postgres_url,
+                                                       transforms_from, unique, monkeypatch):
+    """The results go to PostgreSQL by COPY (as Arrow writes them in CSV), not row by row: texts
+    with commas, quotes and line breaks, empty texts and nulls, decimals, timestamps (UTC), dates,
+    booleans, doubles and big integers come back exactly; a second run of the same keys upserts."""
+    from datetime import date, datetime, timedelta
+    from decimal import Decimal
+
+    from confluent_kafka import Producer
+
+    from kafka_eos.sinks.sql import SqlSink
+
+    row_by_row = []
+    real = SqlSink._upsert_refusing
+    monkeypatch.setattr(SqlSink, "_upsert_refusing", lambda self, conn, table, rows: row_by_row.append(len(rows))
+                        or real(self, conn, table, rows))
+    table = f"typed_{unique.replace('-', '_')}"[:60]
+    spec = make_spec(transforms_from("typed_transform", TYPED) + ":typed", "sql", "atomic", partitions=2,
+                     table=table, url=postgres_url, key_columns=["topic", "partition", "offset"])
+    topic = spec.source.topics[0]
+    producer = Producer(kafka_settings.client_config(**{"enable.idempotence": True}))
+    for i in range(3000):
+        producer.produce(topic, value=f"v{i}".encode(), partition=i % 2)
+    assert producer.flush(30) == 0
+    plan = prepare_plan(spec, kafka_settings, "run-1")
+    summary = run_batch(spark, spec, plan, kafka_settings)
+    verify(spec, kafka_settings, plan)
+    assert (summary.status, summary.records_out, summary.dead_letters) == ("committed", 3000, 0)
+    assert row_by_row == []  # all by COPY
+
+    def expected(partition: int, offset: int) -> tuple:
+        value = f"v{2 * offset + partition}"
+        text = None if offset % 5 == 0 else "" if offset % 5 == 1 else f'comma, "quote"\nline {value}'
+        return (text, (Decimal(offset) / 4).quantize(Decimal("0.01")),
+                datetime(2023, 11, 14, 22, 13, 20) + timedelta(seconds=offset),
+                date(1970, 1, 1) + timedelta(days=offset), offset % 2 == 0, offset / 3,
+                None if offset % 7 == 0 else offset * 1000)
+
+    with create_engine(postgres_url).connect() as conn:
+        rows = conn.execute(text(f'select partition, "offset", text, amount, at, day, even, ratio, big from {table}'
+                                 ' order by partition, "offset"')).all()
+    assert len(rows) == 3000
+    assert [tuple(r[2:]) for r in rows] == [expected(r.partition, r.offset) for r in rows]
+
+    # Another pipeline over the same topic into the same table (a record more): the 3,000 keys there
+    # are upserted through the staging table, not refused or doubled.
+    producer.produce(topic, value=b"v3000", partition=0)
+    assert producer.flush(30) == 0
+    from kafka_eos.spec import parse_spec, spec_document
+
+    doc = spec_document(spec)
+    doc["name"] = f"{spec.name}-again"
+    doc["source"] = {"topics": [topic]}
+    again = parse_spec(doc, spec.path.replace(".yaml", "-again.yaml"))
+    plan = prepare_plan(again, kafka_settings, "run-2")
+    assert run_batch(spark, again, plan, kafka_settings).records_out == 3001
+    assert row_by_row == []
+    with create_engine(postgres_url).connect() as conn:
+        rows = conn.execute(text(f'select partition, "offset", text, amount, at, day, even, ratio, big from {table}'
+                                 ' order by partition, "offset"')).all()
+    assert len(rows) == 3001
+    assert [tuple(r[2:]) for r in rows] == [expected(r.partition, r.offset) for r in rows]
+
+
+KEYED = '''
+from pyspark.sql import functions as F
+
+def keyed(df):
+    results = df.select((F.col("offset") % 3).alias("k"), F.lit(1).cast("bigint").alias("n"), F.lit(2.5).alias("x"))
+    dead_letters = df.where(F.lit(False)).select("topic", "partition", "offset", "key", "value",
+                                                 F.lit(None).cast("string").alias("dlq_reason"))
+    return results, dead_letters
+'''
+
+
+@pytest.mark.parametrize("merge", ["add", "replace"])
+def test_a_key_a_run_gives_twice_is_summed_under_merge_add_and_refused_under_replace(
+        spark, kafka_settings, make_spec, postgres_url, transforms_from, unique, merge):
+    """PostgreSQL's ON CONFLICT merges a key once per statement. ``merge: add`` sums a run's rows of
+    one key first (as merging them one by one would); ``replace`` has no last row to keep: a
+    one-line error naming the table and the key columns, and nothing committed."""
+    from confluent_kafka import Producer
+
+    from kafka_eos import kafka_admin
+    from kafka_eos.errors import SpecError
+
+    table = f"keyed_{merge}_{unique.replace('-', '_')}"[:60]
+    spec = make_spec(transforms_from(f"keyed_{merge}", KEYED) + ":keyed", "sql", "atomic", partitions=1,
+                     table=table, url=postgres_url, key_columns=["k"], merge=merge)
+    topic = spec.source.topics[0]
+    producer = Producer(kafka_settings.client_config(**{"enable.idempotence": True}))
+    for i in range(30):
+        producer.produce(topic, value=b"x", partition=0)
+    assert producer.flush(30) == 0
+    plan = prepare_plan(spec, kafka_settings, "run-1")
+    if merge == "replace":
+        with pytest.raises(SpecError, match=rf"sink.key_columns: the run's rows for table {table} hold a key \(k\) "
+                                            r"more than once, and merge: replace keeps one row per key"):
+            run_batch(spark, spec, plan, kafka_settings)
+        assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [(topic, 0)]) == {(topic, 0): None}
+        return
+    run_batch(spark, spec, plan, kafka_settings)
+    verify(spec, kafka_settings, plan)
+    for i in range(6):
+        producer.produce(topic, value=b"x", partition=0)
+    assert producer.flush(30) == 0
+    run_batch(spark, spec, prepare_plan(spec, kafka_settings, "run-2"), kafka_settings)
+    with create_engine(postgres_url).connect() as conn:
+        assert conn.execute(text(f"select k, n, x from {table} order by k")).all() == [(0, 12, 30.0), (1, 12, 30.0),
+                                                                                        (2, 12, 30.0)]

@@ -12,6 +12,9 @@ another on the same generated orders (about 200-byte JSON values, 6 partitions, 
 - baseline: plain Spark, the same plan and transform, Spark's own at-least-once Kafka sink;
 - kafka-eos: the same, exactly-once, Kafka sink ``atomic`` and ``per_partition``; the SQL sink
   (SQLite, PostgreSQL) with the ``revenue_per_minute`` aggregation;
+- the SQL sink at every size with a row per order (``orders:as_rows``, keyed by source
+  coordinates) into PostgreSQL, beside Spark's own JDBC writer (``df.write.jdbc``, append,
+  at-least-once) appending the same rows to a table of the same definition;
 - fixed costs: ``kafka-eos run`` with an empty plan and with a handful of records, and an Airflow
   DAG run (``airflow dags test``) of each;
 - the planner over a topic of 1,000 partitions;
@@ -64,6 +67,8 @@ NOTE = "gift wrap; leave at the door; ring twice" + "." * 16
 ORDERS_TRANSFORM = "spark_apps.transforms.orders:enrich"
 #: The SQL-sink transform (per-minute revenue: an aggregation).
 REVENUE_TRANSFORM = "spark_apps.transforms.revenue:revenue_per_minute"
+#: The SQL-sink transform of a row per order (the one measured against Spark's JDBC writer).
+ROWS_TRANSFORM = "spark_apps.transforms.orders:as_rows"
 #: Spark master of every run: the machine's two cores.
 MASTER = "local[2]"
 #: How often the process tree's memory is sampled.
@@ -76,7 +81,9 @@ TARGETS = {"atomic": 0.9, "per_partition": 1.0, "plan_1000_s": 2.0, "empty_run_s
            # Small runs through the Spark Connect server (no JVM start per run).
            "few_run_connect_s": 8.0, "few_dag_connect_s": 20.0,
            # The Avro pipeline against the same transform on JSON (docs/formats.md).
-           "avro_x_json": 0.9}
+           "avro_x_json": 0.9,
+           # The SQL sink (a row per order, PostgreSQL) over Spark's own JDBC writer.
+           "sql_rows": 1.0}
 
 
 @dataclass
@@ -219,13 +226,14 @@ def run_measured(argv: list[str], env: dict, log: Path, timeout_s: float = 3600)
                     {k: round(v) for k, v in peaks.items()}, "".join(stdout))
 
 
-def spark_submit(app: Path, args: list[str]) -> list[str]:
-    """A spark-submit of ``app`` the way a DAG's Spark task runs it (client mode, local[2])."""
+def spark_submit(app: Path, args: list[str], jars: list[Path] = ()) -> list[str]:
+    """A spark-submit of ``app`` the way a DAG's Spark task runs it (client mode, local[2]), with
+    ``jars`` beside the connector's."""
     from kafka_eos.spark_io import local_master_conf, session_conf
 
     conf = {**session_conf(), **local_master_conf(MASTER)}
     argv = [str(Path(sys.executable).parent / "spark-submit"), "--master", MASTER,
-            "--jars", conf.pop("spark.jars")]
+            "--jars", ",".join([conf.pop("spark.jars"), *map(str, jars)])]
     for key, value in conf.items():
         argv += ["--conf", f"{key}={value}"]
     return [*argv, str(app), *args]
@@ -249,6 +257,9 @@ def bench_spec(work: Path, settings: KafkaSettings, source: Input, label: str, *
         create_topics(settings, {f"{name}.out": PARTITIONS, f"{name}.dlq": 1})
         raw.update(transform=ORDERS_TRANSFORM,
                    sink={"kind": "kafka", "topic": f"{name}.out", "dlq_topic": f"{name}.dlq", "commit": commit})
+    elif kind == "sql_rows":
+        raw.update(transform=ROWS_TRANSFORM,
+                   sink={"kind": "sql", "table": name, "key_columns": ["topic", "partition", "offset"], "url": url})
     else:
         raw.update(transform=REVENUE_TRANSFORM,
                    sink={"kind": "sql", "table": name, "key_columns": ["minute", "category"], "merge": "add",
@@ -285,6 +296,52 @@ def run_baseline(work: Path, settings: KafkaSettings, source: Input, remote: str
     return row
 
 
+def run_jdbc_baseline(work: Path, settings: KafkaSettings, source: Input, url: str, like: str) -> dict:
+    """Plain Spark: the rows transform over the whole topic, written with Spark's own JDBC writer
+    (append: at-least-once) into a new table of the same definition as ``like`` (kafka-eos's:
+    columns, types, primary key), dead letters into a table of their own."""
+    from sqlalchemy import create_engine, text
+
+    from kafka_eos.pipeline import compute_plan
+
+    spec = bench_spec(work, settings, source, "baseline_jdbc", kind="sql_rows", url=url)
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(f'CREATE TABLE "{spec.sink.table}" (LIKE "{like}" INCLUDING ALL)'))
+    driver = sorted(jars_dir("jdbc").glob("*.jar"))
+    if not driver:
+        raise RuntimeError(f"no PostgreSQL JDBC driver in {jars_dir('jdbc')}: make bench resolves it")
+    plan, _drift = compute_plan(spec, settings, "bench")
+    app = PROJECT_ROOT / "spark_apps" / "bench_baseline.py"
+    m = run_measured(spark_submit(app, ["--spec", spec.path, "--plan", str(_plan_file(work, plan)),
+                                        "--table", spec.sink.table], jars=driver),
+                     spark_env(settings, work), work / f"{spec.name}.log")
+    if m.returncode != 0:
+        raise RuntimeError(f"JDBC baseline run failed (exit {m.returncode}): see {work / spec.name}.log")
+    with engine.connect() as conn:
+        out = conn.execute(text(f'SELECT count(*) FROM "{spec.sink.table}"')).scalar()
+        dead = conn.execute(text(f'SELECT count(*) FROM "{spec.sink.table}_dead"')).scalar()
+    engine.dispose()
+    row = _row("baseline_jdbc", "Spark's JDBC writer into PostgreSQL (append, at-least-once), a row per order",
+               source, m, out, dead)
+    if (out, dead) != (source.valid, source.malformed):
+        row["anomalies"] = [f"wrote {out} rows and {dead} dead letters for {source.valid} valid and "
+                            f"{source.malformed} malformed inputs"]
+    return row
+
+
+def sql_rows_written(url: str, table: str) -> int:
+    """The rows of ``table`` (a SQL-sink bench run's results)."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(text(f'SELECT count(*) FROM "{table}"')).scalar()
+    finally:
+        engine.dispose()
+
+
 def run_kafka_eos(work: Path, settings: KafkaSettings, source: Input, kind: str, commit: str = "atomic",
                   url: str | None = None, label: str | None = None, remote: str | None = None) -> dict:
     """kafka-eos on the whole topic: the plan stored (as the DAG's plan task does), then a
@@ -313,12 +370,18 @@ def run_kafka_eos(work: Path, settings: KafkaSettings, source: Input, kind: str,
     else:
         out, dead = summary["records_out"], summary["dead_letters"]
     what = (f"kafka-eos, Kafka sink ({commit})" if kind == "kafka"
+            else "kafka-eos, SQL sink into PostgreSQL, a row per order (x base: Spark's JDBC writer)"
+            if kind == "sql_rows"
             else "kafka-eos, SQL sink (revenue_per_minute: another transform; x base is indicative)")
     what += ", through the Spark Connect server" if remote else ""
     row = _row(label or commit, what, source, m, out, dead)
     row["summary_in"] = summary["records_in"]
     row["spec"] = spec.path
     row["anomalies"] = _anomalies(row, source, kind, summary)
+    if kind == "sql_rows":
+        row["table"] = spec.sink.table
+        if (written := sql_rows_written(url, spec.sink.table)) != source.valid:
+            row["anomalies"].append(f"{written} rows in the table for {source.valid} valid inputs")
     return row
 
 
@@ -327,7 +390,7 @@ def _anomalies(row: dict, source: Input, kind: str, summary: dict) -> list[str]:
     found = []
     if summary["records_in"] != source.records:
         found.append(f"read {summary['records_in']} committed input records, the topic has {source.records}")
-    if kind == "kafka" and row["records_out"] != source.valid:
+    if kind in ("kafka", "sql_rows") and row["records_out"] != source.valid:
         found.append(f"{row['records_out']} output records for {source.valid} valid inputs")
     if row["dead_letters"] != source.malformed:
         found.append(f"{row['dead_letters']} dead letters for {source.malformed} malformed inputs")
@@ -490,7 +553,8 @@ def _ratios(rows: list[dict]) -> None:
         if "size" not in r:
             continue
         # Through Spark Connect, against Spark's own sink through the same server (neither pays a JVM start).
-        base_name = "baseline_connect" if r["name"].endswith("_connect") else "baseline"
+        base_name = "baseline_connect" if r["name"].endswith("_connect") else \
+            "baseline_jdbc" if r["name"] == "sql_rows" else "baseline"
         base = next((b for b in rows if b["name"] == base_name and b.get("size") == r["size"]), None)
         r["x_baseline"] = round(r["records_per_s"] / base["records_per_s"], 2) if base else None
         r["x_ceiling"] = round(r["records_per_s"] / ceiling, 3) if ceiling else None
@@ -524,6 +588,17 @@ def verdicts(rows: list[dict]) -> list[str]:
             ok = r["x_baseline"] is not None and r["x_baseline"] >= TARGETS[scope]
             lines.append(f"{r['name']} at {r['size']}x: {r['x_baseline']}x the at-least-once baseline "
                          f"(target >= {TARGETS[scope]}x): {'met' if ok else 'NOT met'}")
+    for r in (r for r in rows if r["name"] == "sql_rows"):
+        ok = r["x_baseline"] is not None and r["x_baseline"] >= TARGETS["sql_rows"]
+        lines.append(f"SQL sink at {r['size']}x: {r['x_baseline']}x Spark's JDBC writer (target >= "
+                     f"{TARGETS['sql_rows']}x): {'met' if ok else 'NOT met'}")
+    sizes = sorted({r["size"] for r in rows if r["name"] == "sql_rows"})
+    if len(sizes) > 1:
+        small, large = (next(r for r in rows if r["name"] == "sql_rows" and r["size"] == z) for z in (sizes[0], sizes[-1]))
+        a, b = small["peak_mib"].get("driver_python"), large["peak_mib"].get("driver_python")
+        if a and b:
+            lines.append(f"SQL sink driver_python peak RSS {a} MiB at {sizes[0]}x, {b} MiB at {sizes[-1]}x "
+                         f"(target: flat): {'met' if b <= a * 1.25 else 'NOT met'}")
     sizes = sorted({r["size"] for r in rows if r["name"] == "atomic"})
     if len(sizes) > 1:
         small, large = find("atomic", sizes[0]), find("atomic", sizes[-1])
@@ -624,13 +699,37 @@ def _measure(args, skip: set, settings: KafkaSettings, work: Path, rows: list[di
 
     print(f"orders (~{len(NOTE) + 150}-byte JSON), {PARTITIONS} partitions, transactions of {PER_TRANSACTION} with every "
           f"{ABORT_EVERY}rd aborted, every {MALFORMED_EVERY}th record malformed; Spark {MASTER}; logs in {work}")
+    postgres = None
+    if "postgres" not in skip:
+        from kafka_eos.local.postgres import LocalPostgres
+
+        postgres = LocalPostgres()
+    try:
+        pg_url = postgres.start() if postgres else None
+        _sizes(args, skip, settings, work, rows, inputs, remote, pg_url, step, best_of)
+    finally:
+        if postgres:
+            postgres.stop()
+    _fixed(skip, settings, work, rows, inputs, remote, step)
+    if "planner" not in skip:
+        rows += step(f"planner, {PLANNER_PARTITIONS} partitions", run_planner, work, settings)
+    if "avro" not in skip:
+        rows += step(f"Avro and JSON, the same transform ({args.records} records each)", run_formats, work, settings,
+                     args.records, args.repeat)
+
+
+def _sizes(args, skip: set, settings: KafkaSettings, work: Path, rows: list[dict], inputs: dict, remote, pg_url,
+           step, best_of) -> None:
+    """The throughput rows of every input size."""
     for size in (int(s) for s in args.sizes.split(",")):
         source = inputs[size] = step(f"generating {size}x ({args.records * size} committed records)", generate,
                                      settings, f"bench.orders.{size}x.{uuid.uuid4().hex[:6]}", args.records * size)
         if not rows and "ceiling" not in skip:
             rows += step("ceiling (Kafka's perf tools)", run_ceiling, work, settings, source)
-        runs = [best_of(args.repeat, f"baseline {size}x", run_baseline, work, settings, source)]
-        for commit in ("atomic", "per_partition"):
+        runs = []
+        if "kafka" not in skip:
+            runs.append(best_of(args.repeat, f"baseline {size}x", run_baseline, work, settings, source))
+        for commit in ("atomic", "per_partition") if "kafka" not in skip else ():
             runs.append(best_of(args.repeat, f"kafka-eos {commit} {size}x", run_kafka_eos, work, settings, source,
                                 "kafka", commit))
         if remote:
@@ -639,21 +738,24 @@ def _measure(args, skip: set, settings: KafkaSettings, work: Path, rows: list[di
         for commit in ("atomic", "per_partition") if remote else ():
             runs.append(best_of(args.repeat, f"kafka-eos {commit} {size}x, Spark Connect", run_kafka_eos, work,
                                 settings, source, "kafka", commit, label=f"{commit}_connect", remote=remote))
+        if pg_url:
+            rows_run = best_of(args.repeat, f"kafka-eos SQL sink {size}x, a row per order, PostgreSQL", run_kafka_eos,
+                               work, settings, source, "sql_rows", url=pg_url, label="sql_rows")
+            runs += [best_of(args.repeat, f"Spark's JDBC writer {size}x, PostgreSQL", run_jdbc_baseline, work,
+                             settings, source, pg_url, rows_run["table"]), rows_run]
         if size == 1 and "sql" not in skip:
             runs.append(step("kafka-eos SQL sink, SQLite", run_kafka_eos, work, settings, source, "sql",
                              url=f"sqlite:///{work / 'bench.db'}", label="sql_sqlite"))
-            if "postgres" not in skip:
-                from kafka_eos.local.postgres import LocalPostgres
-
-                server = LocalPostgres()
-                try:
-                    runs.append(step("kafka-eos SQL sink, PostgreSQL", run_kafka_eos, work, settings, source, "sql",
-                                     url=server.start(), label="sql_postgres"))
-                finally:
-                    server.stop()
+            if pg_url:
+                runs.append(step("kafka-eos SQL sink, PostgreSQL", run_kafka_eos, work, settings, source, "sql",
+                                 url=pg_url, label="sql_postgres"))
         for r in runs:
             r["size"] = size
         rows += runs
+
+
+def _fixed(skip: set, settings: KafkaSettings, work: Path, rows: list[dict], inputs: dict, remote, step) -> None:
+    """The fixed costs: an empty run, a handful of records, Airflow DAG runs."""
     if "fixed" not in skip:
         from kafka_eos.spec import load_spec
 
@@ -687,11 +789,6 @@ def _measure(args, skip: set, settings: KafkaSettings, work: Path, rows: list[di
                 dag_rows[0]["what"] = "Airflow DAG run, 10 records, Spark connection of type spark_connect " \
                                       "(airflow dags test)"
                 rows += dag_rows
-    if "planner" not in skip:
-        rows += step(f"planner, {PLANNER_PARTITIONS} partitions", run_planner, work, settings)
-    if "avro" not in skip:
-        rows += step(f"Avro and JSON, the same transform ({args.records} records each)", run_formats, work, settings,
-                     args.records, args.repeat)
 
 
 def run_formats(work: Path, settings: KafkaSettings, records: int, repeat: int) -> list[dict]:
@@ -765,7 +862,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="runs of each Kafka-sink Spark job; the table shows the fastest (Spark on 2 shared cores "
                              "varies by several seconds from run to run)")
     parser.add_argument("--skip", default="",
-                        help="parts to leave out: ceiling, sql, postgres, fixed, airflow, planner, connect, avro")
+                        help="parts to leave out: ceiling, kafka (the Kafka-sink rows; not with fixed), sql (the "
+                             "revenue_per_minute rows), postgres (every PostgreSQL row), fixed, airflow, planner, "
+                             "connect, avro")
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or LocalBroker.default().start()

@@ -189,6 +189,22 @@ def computed(df: "DataFrame") -> Iterator["pa.RecordBatch"]:
         collected.close()  # closed with this generator: its job is cancelled now, not at a collection
 
 
+def unordered(df: "DataFrame") -> Iterator["pa.RecordBatch"]:
+    """The record batches of ``df`` as :func:`computed` moves them (one job, every task at once,
+    Arrow from the JVM), in whatever order its tasks end: for a sink to which order means nothing
+    (a SQL table). Lazy; closed early, the job is cancelled."""
+    from kafka_eos.spark_io import is_connect
+
+    if is_connect(df):
+        yield from _connect_batches(df)
+        return
+    collected = _collected(df)
+    try:
+        yield from collected
+    finally:
+        collected.close()
+
+
 def turns(df: "DataFrame") -> dict[int, object] | None:
     """Which Spark tasks of ``df`` must hand their rows over in turn: a map of every task to its
     group, in the order of their turns (the tasks of one group go in that order, groups

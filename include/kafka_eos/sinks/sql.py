@@ -7,23 +7,34 @@ checkpoint is mirrored to the Kafka group offsets; the planner repairs a mirror 
 Spark computes first, the database transaction comes after: the rows are spooled to a local
 temporary file, so the transaction never waits on Spark (PostgreSQL's idle-in-transaction
 timeout, SQLite's write lock) and lasts as long as the writes themselves.
+
+The results reach the driver as Arrow record batches (one Spark job, converted on the JVM: no
+``Row`` object per row) and are spooled as Arrow. PostgreSQL (psycopg2 or psycopg) takes them with
+``COPY`` (CSV written by Arrow), into a staging table that one ``INSERT … SELECT … ON CONFLICT``
+upserts from when the table has key columns; elsewhere, and whenever the database refuses the
+COPY's rows (a value too long, a constraint), multi-row ``INSERT``s a batch at a time find the
+refused rows. Timestamps are UTC (a ``timestamp`` column holds UTC wall-clock time).
 """
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import pickle
 import tempfile
+import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 from sqlalchemy import (BigInteger, Boolean, Column, Date, DateTime, Float, Integer, LargeBinary,
-                        MetaData, Numeric, String, Table, Text, create_engine, event, inspect, select,
-                        update)
+                        MetaData, Numeric, String, Table, Text, create_engine, event, func, inspect,
+                        select, update)
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DataError, IntegrityError
+from sqlalchemy.exc import DataError, IntegrityError, ProgrammingError
 
 from kafka_eos.errors import CheckpointConflict, RecordRefused, SpecError
 from kafka_eos.faults import fault_point
@@ -35,11 +46,21 @@ from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
 
 if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
     from pyspark.sql import DataFrame
+
+log = logging.getLogger(__name__)
 
 #: Rows per INSERT statement: large enough to amortise round trips, small enough for SQLite's
 #: limit on bound parameters (32766) with a dozen columns.
 BATCH_ROWS = 1000
+
+#: PostgreSQL drivers whose raw connection takes ``COPY … FROM STDIN`` (SQLAlchemy's driver names).
+COPY_DRIVERS = ("psycopg2", "psycopg")
+#: PostgreSQL's error code of an ``ON CONFLICT DO UPDATE`` meeting one key twice in one statement.
+CARDINALITY_VIOLATION = "21000"
+#: PostgreSQL's error code of a key that is there already.
+UNIQUE_VIOLATION = "23505"
 
 OFFSETS_TABLE = "kafka_eos_offsets"
 DEAD_LETTERS_TABLE = "kafka_eos_dead_letters"
@@ -183,18 +204,107 @@ class SqlSink:
         return insert
 
     def _upsert(self, conn, table: Table, rows: list[dict], merge: str) -> None:
-        stmt = self._insert(conn)(table)
+        conn.execute(self._on_conflict(self._insert(conn)(table), table, merge), rows)
+
+    def _on_conflict(self, stmt, table: Table, merge: str):
+        """``stmt`` (an INSERT into ``table``) merging into the rows of the same key: adding the
+        values (``merge: add``) or replacing them; as it is without key columns."""
         keys = list(self.spec.sink.key_columns)
-        values = [c.name for c in table.columns if c.name not in keys]
         if not keys:
-            conn.execute(stmt, rows)
-            return
+            return stmt
+        values = [c.name for c in table.columns if c.name not in keys]
         if merge == "add":
             sets = {c: table.c[c] + stmt.excluded[c] for c in values}
         else:
             sets = {c: stmt.excluded[c] for c in values}
-        conn.execute(stmt.on_conflict_do_update(index_elements=keys, set_=sets) if sets
-                     else stmt.on_conflict_do_nothing(index_elements=keys), rows)
+        return (stmt.on_conflict_do_update(index_elements=keys, set_=sets) if sets
+                else stmt.on_conflict_do_nothing(index_elements=keys))
+
+    def _copy(self, conn, table: Table, spool: "ArrowSpool") -> int:
+        """Write the spooled results with PostgreSQL's ``COPY`` (CSV, written by Arrow): straight
+        into ``table`` (new keys: a run of new source records); where a key is there already (an
+        aggregate's minute again, a replay), into a staging table (the target's columns and types,
+        dropped at commit) that one ``INSERT … SELECT … ON CONFLICT`` merges from. Returns the rows
+        written. Raises what the database refuses (the caller's savepoint undoes it)."""
+        quote = conn.dialect.identifier_preparer
+        target = quote.format_table(table)
+        if self.spec.sink.key_columns:
+            try:
+                with conn.begin_nested():
+                    return self._copy_into(conn, target, spool)
+            except (IntegrityError, conn.dialect.dbapi.IntegrityError) as exc:
+                if getattr(getattr(exc, "orig", exc), "pgcode", None) != UNIQUE_VIOLATION:
+                    raise
+            stage = f"kafka_eos_stage_{uuid.uuid4().hex[:12]}"
+            conn.exec_driver_sql(f"CREATE TEMPORARY TABLE {quote.quote(stage)} (LIKE {target} INCLUDING DEFAULTS) "
+                                 "ON COMMIT DROP")
+            written = self._copy_into(conn, quote.quote(stage), spool)
+            self._merge_staged(conn, table, Table(stage, MetaData(), *[Column(n) for n in spool.schema.names]))
+            return written
+        return self._copy_into(conn, target, spool)
+
+    @staticmethod
+    def _copy_into(conn, into: str, spool: "ArrowSpool") -> int:
+        """``COPY`` the spool's batches into the table ``into`` (quoted); the rows copied."""
+        import pyarrow.csv as pcsv
+
+        columns = ", ".join(conn.dialect.identifier_preparer.quote(n) for n in spool.schema.names)
+        copy = f"COPY {into} ({columns}) FROM STDIN WITH (FORMAT csv)"
+        options = pcsv.WriteOptions(include_header=False)
+        written = 0
+        with conn.connection.driver_connection.cursor() as cursor:
+            for batch in spool.batches():
+                data = io.BytesIO()
+                pcsv.write_csv(batch, data, options)
+                if conn.dialect.driver == "psycopg2":
+                    data.seek(0)
+                    cursor.copy_expert(copy, data)
+                else:  # psycopg 3
+                    with cursor.copy(copy) as feed:
+                        feed.write(data.getbuffer())
+                written += batch.num_rows
+        return written
+
+    def _merge_staged(self, conn, table: Table, staged: Table) -> None:
+        """One ``INSERT … SELECT … ON CONFLICT`` from the staging table. PostgreSQL merges a key
+        once per statement: where the run's rows hold a key more than once, ``merge: add`` sums
+        them first (what merging them one by one gives); ``replace`` has no last row to keep."""
+        names, keys, merge = [c.name for c in staged.columns], list(self.spec.sink.key_columns), self.spec.sink.merge
+        insert = self._insert(conn)
+        try:
+            with conn.begin_nested():
+                stmt = insert(table).from_select(names, select(*staged.c))
+                conn.execute(self._on_conflict(stmt, table, merge))
+                return
+        except ProgrammingError as exc:
+            if getattr(exc.orig, "pgcode", None) != CARDINALITY_VIOLATION:
+                raise
+            if merge != "add":
+                raise SpecError(f"{self.spec.path}: sink.key_columns: the run's rows for table {table.name} hold a "
+                                f"key ({', '.join(keys)}) more than once, and merge: {merge} keeps one row per key: "
+                                "the transform must give one row per key (or merge: add)") from None
+        summed = select(*[staged.c[n] if n in keys else func.sum(staged.c[n]).label(n) for n in names]) \
+            .group_by(*[staged.c[k] for k in keys])
+        conn.execute(self._on_conflict(insert(table).from_select(names, summed), table, merge))
+
+    def _write_results(self, conn, table: Table, spool: "ArrowSpool") -> tuple[int, list[tuple[dict, Exception]]]:
+        """The spooled results into ``table``: by ``COPY`` where the database and the columns allow
+        it; else, or when the database refuses a row of the COPY, a batch of rows at a time, each
+        refused row found (:meth:`_upsert_refusing`). Returns (rows written, refused rows)."""
+        if conn.dialect.name == "postgresql" and conn.dialect.driver in COPY_DRIVERS and spool.copyable:
+            dbapi = conn.dialect.dbapi
+            try:
+                with conn.begin_nested():
+                    return self._copy(conn, table, spool), []
+            except (DataError, IntegrityError, dbapi.DataError, dbapi.IntegrityError) as exc:
+                log.info("%s: the database refused a row of the COPY (%s): finding it, a batch at a time",
+                         table.name, _first_line(exc))
+        written, refused = 0, []
+        for batch in _batches(spool.rows()):
+            these = self._upsert_refusing(conn, table, batch)
+            written += len(batch) - len(these)
+            refused += these
+        return written, refused
 
     def _move_checkpoints(self, conn, plan: Plan) -> bool:
         """Compare-and-set every active range's offsets row from expected to until.
@@ -250,7 +360,7 @@ class SqlSink:
         have = {(t, p): n for t, p, n in rows}
         return {tp: have.get(tp) for tp in tps}
 
-    def commit(self, plan: Plan, results: Iterator[dict] | None, table: Table | None,
+    def commit(self, plan: Plan, results: "ArrowSpool | None", table: Table | None,
                dead_letters: Iterator[dict]) -> tuple[str, int, int]:
         """The database transaction: offsets CAS, dead letters, results. Returns (status, out, dead)."""
         out = dead = 0
@@ -262,13 +372,12 @@ class SqlSink:
                 dead += len(batch)
                 conn.execute(insert(self.dead_letters).on_conflict_do_nothing(), batch)
             if results is not None:
-                for batch in _batches(results):
-                    refused = self._upsert_refusing(conn, table, batch)
-                    out += len(batch) - len(refused)
-                    if refused:  # rows the database refused for their own sake: dead letters, in this transaction
-                        dead += len(refused)
-                        conn.execute(insert(self.dead_letters).on_conflict_do_nothing(),
-                                     [self._refused_row(table, row, exc, plan) for row, exc in refused])
+                out, refused = self._write_results(conn, table, results)
+                # Rows the database refused for their own sake: dead letters, in this transaction.
+                for batch in _batches(iter(refused)):
+                    dead += len(batch)
+                    conn.execute(insert(self.dead_letters).on_conflict_do_nothing(),
+                                 [self._refused_row(table, row, exc, plan) for row, exc in batch])
             fault_point("before_sql_commit")
         return COMMITTED, out, dead
 
@@ -347,6 +456,70 @@ class Spool:
         self._file.close()
 
 
+class ArrowSpool:
+    """Record batches written to a local temporary file (an Arrow IPC stream), read back as often
+    as needed, as batches or as rows. Memory holds one batch at a time, however large the run.
+    Timestamps stay as Spark sends them, in UTC with their zone: COPY's text carries the zone (a
+    ``timestamptz`` column takes the instant, a ``timestamp`` column its UTC wall-clock time); as
+    rows they are UTC without a zone (a driver would turn an aware one into the session's zone)."""
+
+    def __init__(self, batches: Iterable["pa.RecordBatch"]) -> None:
+        import pyarrow as pa
+
+        self._file = tempfile.TemporaryFile(prefix="kafka-eos-sql-")
+        self.schema: "pa.Schema | None" = None
+        writer = None
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            if writer is None:
+                self.schema = batch.schema
+                writer = pa.ipc.new_stream(self._file, batch.schema)
+            writer.write_batch(batch)
+        if writer is not None:
+            writer.close()
+
+    @property
+    def copyable(self) -> bool:
+        """Whether Arrow's CSV writer writes every column as PostgreSQL's COPY reads it back (not
+        binary, nested or other types: those go as rows)."""
+        import pyarrow.types as t
+
+        return self.schema is not None and all(
+            t.is_string(f.type) or t.is_large_string(f.type) or t.is_integer(f.type) or t.is_floating(f.type)
+            or t.is_decimal(f.type) or t.is_boolean(f.type) or t.is_timestamp(f.type) or t.is_date(f.type)
+            for f in self.schema)
+
+    def batches(self) -> Iterator["pa.RecordBatch"]:
+        import pyarrow as pa
+
+        if self.schema is None:
+            return
+        self._file.seek(0)
+        yield from pa.ipc.open_stream(self._file)
+
+    def rows(self) -> Iterator[dict]:
+        for batch in self.batches():
+            yield from _utc_naive(batch).to_pylist()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _utc_naive(batch: "pa.RecordBatch") -> "pa.RecordBatch":
+    """``batch`` with its zoned timestamps as UTC without a zone (what Spark sends is zoned)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    zoned = [i for i, f in enumerate(batch.schema) if pa.types.is_timestamp(f.type) and f.type.tz]
+    if not zoned:
+        return batch
+    columns = list(batch.columns)
+    for i in zoned:
+        columns[i] = pc.cast(columns[i], pa.timestamp(batch.schema[i].type.unit))
+    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
+
+
 def _bytes(v):
     if v is None or isinstance(v, bytes):
         return v
@@ -367,6 +540,7 @@ def write(results: "DataFrame | None", dead_letters: "DataFrame | None", spec: P
     """
     from pyspark.sql import functions as F
 
+    from kafka_eos.sinks.batches import unordered
     from kafka_eos.transforms import DLQ_REASON
 
     if sink is None:
@@ -379,10 +553,6 @@ def write(results: "DataFrame | None", dead_letters: "DataFrame | None", spec: P
         for name, value in spec.sink.columns:  # a side run's range and generation
             results = results.withColumn(name, F.lit(value))
     table = sink.results_table(results) if results is not None else None
-
-    def result_rows():
-        for row in results.toLocalIterator(prefetchPartitions=True):
-            yield row.asDict()
 
     def dead_rows():
         for frame in (dead_letters, undecodable):
@@ -403,11 +573,15 @@ def write(results: "DataFrame | None", dead_letters: "DataFrame | None", spec: P
 
     # Spark's work first (each DataFrame is computed once, into a local file), then one short
     # database transaction.
+    began = time.monotonic()
     dead_spool = Spool(dead_rows())
-    result_spool = Spool(result_rows()) if results is not None else None
+    spooled = time.monotonic()
+    result_spool = ArrowSpool(unordered(results)) if results is not None else None
+    computed = time.monotonic()
     try:
-        status, out, dead = sink.commit(plan, result_spool.rows() if result_spool else None, table,
-                                        dead_spool.rows())
+        status, out, dead = sink.commit(plan, result_spool, table, dead_spool.rows())
+        log.info("SQL sink %s: dead letters computed in %.2f s, results in %.2f s; database transaction %.2f s",
+                 spec.sink.table, spooled - began, computed - spooled, time.monotonic() - computed)
     finally:
         dead_spool.close()
         if result_spool is not None:

@@ -102,6 +102,27 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("runs_first") is None)
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """In a worker, after its last test's teardown: kill what a test's code forked and left behind
+    in the worker's own session (services started in sessions of their own are their owners' to
+    stop). Such a process holds the worker's stdout, so ``make test | tee`` (CI) never ends: seen
+    with OpenLineage's DAG-event process pool, which ``dag.test()`` forks in the test's process
+    and whose child spun on the inherited SQLite connection after the test had passed."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    import psutil
+
+    sid = os.getsid(0)
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if os.getsid(child.pid) == sid:
+                logging.getLogger(__name__).warning("killing %s, left behind by a test: %s", child.pid,
+                                                    " ".join(child.cmdline())[:200])
+                child.kill()
+        except (psutil.Error, ProcessLookupError):
+            pass
+
+
 def pytest_unconfigure(config):
     broker, started_here = getattr(config, "kafka_eos_broker", (None, False))
     if broker is not None and started_here and os.environ.get("KAFKA_EOS_KEEP_BROKER") != "1":

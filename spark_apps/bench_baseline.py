@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", required=True)
     parser.add_argument("--plan", required=True)
     parser.add_argument("--spark-remote", help="run on this Spark Connect server (a plain Python process)")
-    parser.add_argument("--table", help="a SQL sink's spec: the table the results are appended to")
+    parser.add_argument("--table", help="a SQL sink's spec: the table the results are appended to (default: "
+                                        "the spec's sink.table)")
     args = parser.parse_args(argv)
     started = time.monotonic()
     spec = load_spec(args.spec)
@@ -47,8 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     if spec.sink.kind == "sql":
         out = transformed(spark, spec, plan, settings)
         url, props = jdbc_of(spec.sink.url)
-        out.results.write.jdbc(url, args.table, mode="append", properties=props)
-        out.dead_letters.write.jdbc(url, f"{args.table}_dead", mode="append", properties=props)
+        table = args.table or spec.sink.table
+        out.results.write.jdbc(url, table, mode="append", properties=props)
+        out.dead_letters.write.jdbc(url, f"{table}_dead", mode="append", properties=props)
         print("BASELINE_SUMMARY " + json.dumps({"seconds_in_app": round(time.monotonic() - started, 3)}))
         return 0
     results = transformed(spark, spec, plan, settings).results

@@ -199,9 +199,12 @@ def test_rows_reach_postgresql_by_copy_value_for_value(spark, kafka_settings, ma
                 date(1970, 1, 1) + timedelta(days=offset), offset % 2 == 0, offset / 3,
                 None if offset % 7 == 0 else offset * 1000)
 
-    with create_engine(postgres_url).connect() as conn:
-        rows = conn.execute(text(f'select partition, "offset", text, amount, at, day, even, ratio, big from {table}'
-                                 ' order by partition, "offset"')).all()
+    def stored() -> list:
+        with create_engine(postgres_url).connect() as conn:
+            return conn.execute(text(f'select partition, "offset", text, amount, at, day, even, ratio, big from {table}'
+                                     ' order by partition, "offset"')).all()
+
+    rows = stored()
     assert len(rows) == 3000
     assert [tuple(r[2:]) for r in rows] == [expected(r.partition, r.offset) for r in rows]
 
@@ -218,9 +221,7 @@ def test_rows_reach_postgresql_by_copy_value_for_value(spark, kafka_settings, ma
     plan = prepare_plan(again, kafka_settings, "run-2")
     assert run_batch(spark, again, plan, kafka_settings).records_out == 3001
     assert row_by_row == []
-    with create_engine(postgres_url).connect() as conn:
-        rows = conn.execute(text(f'select partition, "offset", text, amount, at, day, even, ratio, big from {table}'
-                                 ' order by partition, "offset"')).all()
+    rows = stored()
     assert len(rows) == 3001
     assert [tuple(r[2:]) for r in rows] == [expected(r.partition, r.offset) for r in rows]
 

@@ -308,6 +308,7 @@ def run_jdbc_baseline(work: Path, settings: KafkaSettings, source: Input, url: s
     engine = create_engine(url)
     with engine.begin() as conn:
         conn.execute(text(f'CREATE TABLE "{spec.sink.table}" (LIKE "{like}" INCLUDING ALL)'))
+    engine.dispose()
     driver = sorted(jars_dir("jdbc").glob("*.jar"))
     if not driver:
         raise RuntimeError(f"no PostgreSQL JDBC driver in {jars_dir('jdbc')}: make bench resolves it")
@@ -318,10 +319,7 @@ def run_jdbc_baseline(work: Path, settings: KafkaSettings, source: Input, url: s
                      spark_env(settings, work), work / f"{spec.name}.log")
     if m.returncode != 0:
         raise RuntimeError(f"JDBC baseline run failed (exit {m.returncode}): see {work / spec.name}.log")
-    with engine.connect() as conn:
-        out = conn.execute(text(f'SELECT count(*) FROM "{spec.sink.table}"')).scalar()
-        dead = conn.execute(text(f'SELECT count(*) FROM "{spec.sink.table}_dead"')).scalar()
-    engine.dispose()
+    out, dead = table_rows(url, spec.sink.table, f"{spec.sink.table}_dead")
     row = _row("baseline_jdbc", "Spark's JDBC writer into PostgreSQL (append, at-least-once), a row per order",
                source, m, out, dead)
     if (out, dead) != (source.valid, source.malformed):
@@ -330,14 +328,14 @@ def run_jdbc_baseline(work: Path, settings: KafkaSettings, source: Input, url: s
     return row
 
 
-def sql_rows_written(url: str, table: str) -> int:
-    """The rows of ``table`` (a SQL-sink bench run's results)."""
+def table_rows(url: str, *tables: str) -> list[int]:
+    """How many rows each of ``tables`` holds (a SQL bench run's results and dead letters)."""
     from sqlalchemy import create_engine, text
 
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
-            return conn.execute(text(f'SELECT count(*) FROM "{table}"')).scalar()
+            return [conn.execute(text(f'SELECT count(*) FROM "{t}"')).scalar() for t in tables]
     finally:
         engine.dispose()
 
@@ -380,7 +378,7 @@ def run_kafka_eos(work: Path, settings: KafkaSettings, source: Input, kind: str,
     row["anomalies"] = _anomalies(row, source, kind, summary)
     if kind == "sql_rows":
         row["table"] = spec.sink.table
-        if (written := sql_rows_written(url, spec.sink.table)) != source.valid:
+        if (written := table_rows(url, spec.sink.table)[0]) != source.valid:
             row["anomalies"].append(f"{written} rows in the table for {source.valid} valid inputs")
     return row
 

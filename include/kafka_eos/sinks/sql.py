@@ -233,7 +233,7 @@ class SqlSink:
                 with conn.begin_nested():
                     return self._copy_into(conn, target, spool)
             except (IntegrityError, conn.dialect.dbapi.IntegrityError) as exc:
-                if getattr(getattr(exc, "orig", exc), "pgcode", None) != UNIQUE_VIOLATION:
+                if _sqlstate(exc) != UNIQUE_VIOLATION:
                     raise
             stage = f"kafka_eos_stage_{uuid.uuid4().hex[:12]}"
             conn.exec_driver_sql(f"CREATE TEMPORARY TABLE {quote.quote(stage)} (LIKE {target} INCLUDING DEFAULTS) "
@@ -277,7 +277,7 @@ class SqlSink:
                 conn.execute(self._on_conflict(stmt, table, merge))
                 return
         except ProgrammingError as exc:
-            if getattr(exc.orig, "pgcode", None) != CARDINALITY_VIOLATION:
+            if _sqlstate(exc) != CARDINALITY_VIOLATION:
                 raise
             if merge != "add":
                 raise SpecError(f"{self.spec.path}: sink.key_columns: the run's rows for table {table.name} hold a "
@@ -416,6 +416,13 @@ class SqlSink:
                 "key": json.dumps({k: row.get(k) for k in self.spec.sink.key_columns}, default=str).encode(),
                 "value": json.dumps(row, default=str).encode(), "reason": f"refused by the sink: {why}",
                 "run_id": plan.run_id}
+
+
+def _sqlstate(exc: Exception) -> str | None:
+    """PostgreSQL's error code of ``exc`` (SQLAlchemy's or the driver's own error): psycopg2 calls
+    it ``pgcode``, psycopg 3 ``sqlstate``."""
+    orig = getattr(exc, "orig", None) or exc
+    return getattr(orig, "pgcode", None) or getattr(orig, "sqlstate", None)
 
 
 def _first_line(exc: Exception) -> str:

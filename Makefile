@@ -99,7 +99,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	$(PY) -m pip install -q -c requirements.txt -r requirements-dev.txt -e ".[postgres,celery]"
 	touch $@
 
-jars: $(JARS)/kafka/.resolved $(JARS)/spark/.resolved $(JARS)/registry/.resolved
+jars: $(JARS)/kafka/.resolved $(JARS)/spark/.resolved $(JARS)/registry/.resolved $(JARS)/connect/.built
 
 $(JARS)/kafka/.resolved: jvm/pom.xml
 	rm -rf $(JARS)/kafka
@@ -109,6 +109,16 @@ $(JARS)/kafka/.resolved: jvm/pom.xml
 $(JARS)/spark/.resolved: jvm/pom.xml
 	rm -rf $(JARS)/spark
 	$(MVN) -P spark dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=../$(JARS)/spark
+	touch $@
+
+# kafka-eos's Spark Connect server plugin (jvm/connect, Java against Spark's own jars): the Connect
+# servers kafka-eos starts load it, and per_partition scope commits through them in one pass.
+$(JARS)/connect/.built: jvm/connect/pom.xml $(wildcard jvm/connect/src/main/java/io/kafkaeos/connect/*.java)
+	rm -rf $(JARS)/connect jvm/connect/target
+	mvn -q -B -s jvm/settings.xml -f jvm/connect/pom.xml package
+	mkdir -p $(JARS)/connect
+	cp jvm/connect/target/kafka-eos-connect.jar $(JARS)/connect/
+	rm -rf jvm/connect/target
 	touch $@
 
 # PostgreSQL's JDBC driver: the bench's baseline for the SQL sink (Spark's own JDBC writer).

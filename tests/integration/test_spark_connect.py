@@ -38,8 +38,10 @@ def test_a_run_through_the_connect_server_is_exactly_once_and_starts_no_jvm(conn
     # No Java for the run's own process: a run that started a JVM of its own would fail here.
     no_java = {"JAVA_HOME": str(tmp_path / "no-java"), "SPARK_HOME": str(tmp_path / "no-spark")}
 
-    run = kafka_eos_run(spec_file, kafka_settings, connect_server.url, "--json", env=no_java)
+    run = kafka_eos_run(spec_file, kafka_settings, connect_server.url, "--json", "-v", env=no_java)
     assert run.returncode == 0, run.stderr[-3000:]
+    if commit == "per_partition":  # the server's plugin (jvm/connect) proved each task's source partition
+        assert f"{spec.name}: per_partition in one pass" in run.stderr, run.stderr[-3000:]
     summary = json.loads(run.stdout)
     assert (summary["status"], summary["records_in"]) == ("committed", len(truth.committed))
     out = [json.loads(m.value)["order_id"] for m in read_committed(kafka_settings, spec.sink.topic)]

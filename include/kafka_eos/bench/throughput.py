@@ -351,8 +351,9 @@ def run_kafka_eos(work: Path, settings: KafkaSettings, source: Input, kind: str,
     spec = bench_spec(work, settings, source, label or commit, kind=kind, commit=commit, url=url)
     plan = prepare_plan(spec, settings, "bench")
     if remote:
+        # -v: the run's log on stderr (the bench's log file), where per_partition says its passes
         m = run_measured(_kafka_eos("run", spec.path, "--run-id", "bench", "--bootstrap", settings.bootstrap_servers,
-                                    "--spark-remote", remote, "--json"),
+                                    "--spark-remote", remote, "--json", "-v"),
                          {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}, work / f"{spec.name}.log")
         summary = json.loads(m.stdout) if m.returncode == 0 else None
     else:
@@ -372,6 +373,9 @@ def run_kafka_eos(work: Path, settings: KafkaSettings, source: Input, kind: str,
             if kind == "sql_rows"
             else "kafka-eos, SQL sink (revenue_per_minute: another transform; x base is indicative)")
     what += ", through the Spark Connect server" if remote else ""
+    if remote and commit == "per_partition":  # one pass where the server's plugin proved the layout
+        log_text = (work / f"{spec.name}.log").read_text(errors="replace")
+        what += ", one pass" if "per_partition in one pass" in log_text else ", two passes"
     row = _row(label or commit, what, source, m, out, dead)
     row["summary_in"] = summary["records_in"]
     row["spec"] = spec.path

@@ -73,10 +73,11 @@ class LocalSparkConnect:
         return self.home / "server.pid"
 
     def command(self) -> list[str]:
-        from kafka_eos.spark_io import local_master_conf, session_conf
+        from kafka_eos.spark_io import connect_plugin_conf, local_master_conf, merged_conf, session_conf
 
         log4j = self.home / "log4j2.properties"
-        conf = {**session_conf(), **local_master_conf(self.master),
+        # kafka-eos's plugin: per_partition scope's proof of one pass, from the server.
+        conf = {**merged_conf(session_conf(), connect_plugin_conf()), **local_master_conf(self.master),
                 # Warnings and errors to the server's log (at INFO it logs every request).
                 "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j}",
                 # Loopback only: the server's default is every interface.

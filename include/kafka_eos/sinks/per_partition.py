@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -52,6 +53,8 @@ from kafka_eos.spark_io import is_connect, read_layout
 from kafka_eos.spec import PipelineSpec
 from kafka_eos.transforms import DLQ_REASON
 from kafka_eos.txn import CommitResult, TransactionalCommit
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -313,6 +316,8 @@ def write(df: "DataFrame | None", spec: PipelineSpec, plan: Plan,
         check_no_shuffle(df, spec)  # 1. no shuffle,
         owner = lineage_owner(df, plan)  # 1. and one source partition per task, proven: one pass
         one_pass = owner is not None
+        log.info("%s: per_partition in %s", spec.name, "one pass (the lineage proves each task's source "
+                 "partition)" if one_pass else "two passes (the lineage does not prove each task's source partition)")
         if not one_pass:
             df = df.persist(StorageLevel.MEMORY_AND_DISK)
         try:

@@ -573,10 +573,12 @@ def write(results: "DataFrame | None", dead_letters: "DataFrame | None", spec: P
         frame = frame.select(*(dead_letter_bytes(c, frame.schema[c].dataType).alias(c) if c in frame.columns
                                else F.lit(None).cast("binary").alias(c) for c in ("key", "value")),
                              "topic", "partition", "offset", DLQ_REASON)
-        for row in frame.toLocalIterator(prefetchPartitions=True):
-            yield {"pipeline": spec.name, "topic": row["topic"], "partition": row["partition"],
-                   "offset": row["offset"], "key": _bytes(row["key"]), "value": _bytes(row["value"]),
-                   "reason": row[DLQ_REASON], "run_id": plan.run_id}
+        # One job, every task at once, as Arrow (the results' way): not a job per task.
+        for batch in unordered(frame):
+            for row in batch.to_pylist():
+                yield {"pipeline": spec.name, "topic": row["topic"], "partition": row["partition"],
+                       "offset": row["offset"], "key": _bytes(row["key"]), "value": _bytes(row["value"]),
+                       "reason": row[DLQ_REASON], "run_id": plan.run_id}
 
     # Spark's work first (each DataFrame is computed once, into a local file), then one short
     # database transaction.

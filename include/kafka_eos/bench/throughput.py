@@ -173,15 +173,15 @@ class Measured:
 
 
 def _role(proc) -> str | None:
-    try:
-        cmd = " ".join(proc.cmdline())
-    except Exception:
+    try:  # a process of the tree may end while it is looked at
+        cmd, name = " ".join(proc.cmdline()), proc.name()
+    except Exception:  # noqa: BLE001 - psutil.NoSuchProcess, AccessDenied, ZombieProcess
         return None
     if "pyspark.daemon" in cmd or "pyspark.worker" in cmd or "pyspark/daemon" in cmd:
         return "python_workers"
-    if proc.name().startswith("java") or cmd.startswith("java") or "/java " in cmd:
+    if name.startswith("java") or cmd.startswith("java") or "/java " in cmd:
         return "driver_jvm"
-    if "python" in proc.name() or "python" in cmd.split(" ")[0]:
+    if "python" in name or "python" in cmd.split(" ")[0]:
         return "driver_python"
     return None
 

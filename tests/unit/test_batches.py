@@ -80,6 +80,16 @@ def test_pack_and_unpack_round_trip_and_source_partitions():
     assert batches.source_partitions(b) == {("in", 4), ("in", 5)}
 
 
+def test_source_partitions_of_one_partition_and_of_rows_that_differ_late_or_in_topic():
+    assert batches.source_partitions(batch([b"a"] * 3, [b"1"] * 3, [None] * 3, partitions=[2, 2, 2])) == {("in", 2)}
+    assert batches.source_partitions(batch([b"a"] * 3, [b"1"] * 3, [None] * 3, partitions=[2, 2, 3])) == {
+        ("in", 2), ("in", 3)}
+    relabelled = batch([b"a"] * 2, [b"1"] * 2, [None] * 2, partitions=[2, 2])
+    relabelled = relabelled.set_column(relabelled.schema.get_field_index("topic"), "topic", pa.array(["in", "other"]))
+    assert batches.source_partitions(relabelled) == {("in", 2), ("other", 2)}
+    assert batches.source_partitions(relabelled.slice(0, 0)) == set()
+
+
 
 def arrivals(order, sizes):
     """Record batches as Spark's Arrow collect hands them over: each partition's batches together,

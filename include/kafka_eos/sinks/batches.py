@@ -69,7 +69,17 @@ def first_dead_letter(batch: "pa.RecordBatch") -> dict | None:
 def source_partitions(batch: "pa.RecordBatch") -> set[tuple[str, int]]:
     """The source (topic, partition) pairs whose rows ``batch`` holds."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
+    if not len(batch):
+        return set()
+    topics, partitions = batch.column("topic"), batch.column("partition")
+    topic, partition = topics[0].as_py(), partitions[0].as_py()
+    if (topics.null_count == partitions.null_count == 0 and pc.all(pc.equal(topics, topic)).as_py()
+            and pc.all(pc.equal(partitions, partition)).as_py()):
+        # The usual batch (a per_partition task checks every one): one source partition's rows,
+        # found without a group-by (and without importing Arrow's query engine into each worker).
+        return {(topic, partition)}
     pairs = pa.Table.from_batches([batch]).group_by(["topic", "partition"]).aggregate([])
     return set(zip(pairs.column("topic").to_pylist(), pairs.column("partition").to_pylist()))
 

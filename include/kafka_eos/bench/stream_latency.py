@@ -40,8 +40,8 @@ from kafka_eos.paths import local_dir
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import parse_spec, spec_document
 
-#: Source partitions: a few per core, like a small production topic.
-PARTITIONS = 6
+#: Source partitions (``--partitions``): a few per core, like a small production topic.
+PARTITIONS = 3
 #: One producer transaction this often: input arrives in small committed steps.
 TXN_EVERY_S = 0.1
 #: Every this-many-th producer transaction is aborted (its records must never show).
@@ -259,6 +259,7 @@ def _verdict(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global PARTITIONS  # noqa: PLW0603 - the topics' partitions for this invocation (--partitions)
     parser = argparse.ArgumentParser(prog="stream_latency", description=__doc__.split("\n\n")[0])
     parser.add_argument("--forms", default="continuous,event", help="continuous, event (comma-separated)")
     parser.add_argument("--rates", default="1000,10000", help="continuous mode: records/s, comma-separated")
@@ -269,7 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--event-seconds", type=float, default=240.0, help="event-driven runs: how long")
     parser.add_argument("--commit", default="atomic", choices=["atomic", "per_partition"])
     parser.add_argument("--interval", type=float, default=0.5, help="the stream's --interval")
+    parser.add_argument("--partitions", type=int, default=PARTITIONS, help="partitions of the source and sink topics")
     args = parser.parse_args(argv)
+    PARTITIONS = args.partitions
     forms = args.forms.split(",")
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or LocalBroker.default().start()
     settings = KafkaSettings(bootstrap)

@@ -66,6 +66,60 @@ def test_the_server_listens_on_loopback_with_the_connector_and_this_interpreter(
     assert server.url == "sc://127.0.0.1:15999"
 
 
+def test_the_server_loads_kafka_eos_plugin_beside_the_connector_where_it_is_built(tmp_path, monkeypatch):
+    from kafka_eos import spark_io
+
+    jars = tmp_path / "jars"
+    monkeypatch.setattr(spark_io, "jars_dir", lambda kind: jars / kind)
+    (jars / "spark").mkdir(parents=True)
+    (jars / "spark" / "spark-sql-kafka-0-10_2.13-4.2.0.jar").touch()
+
+    def conf():
+        command = LocalSparkConnect(tmp_path, port=15999).command()
+        return dict(command[i + 1].split("=", 1) for i, arg in enumerate(command) if arg == "--conf")
+
+    assert "spark.connect.extensions.relation.classes" not in conf()  # not built: a server without it
+    (jars / "connect").mkdir()
+    (jars / "connect" / "kafka-eos-connect.jar").touch()
+    loaded = conf()
+    assert loaded["spark.connect.extensions.relation.classes"] == spark_io.CONNECT_PLUGIN_CLASS
+    assert loaded["spark.jars"].split(",") == [str(jars / "spark" / "spark-sql-kafka-0-10_2.13-4.2.0.jar"),
+                                               str(jars / "connect" / "kafka-eos-connect.jar")]
+
+
+def test_a_server_without_the_plugin_is_asked_for_the_layout_once_a_session(monkeypatch, caplog):
+    """Its refusal (a server that does not know the relation): no layout, two passes; the
+    session's later batches do not ask again. Any other failure is not remembered."""
+    import pyspark.sql.connect.dataframe as connect_dataframe
+    from pyspark.sql.connect.proto import Relation
+
+    from kafka_eos import spark_io
+
+    asked = []
+
+    class Refusing:
+        def __init__(self, plan, session):
+            asked.append(plan.plan(None).extension.type_url)
+
+        def collect(self):
+            raise RuntimeError("[CONNECT_INVALID_PLAN.NO_HANDLER_FOR_EXTENSION] The Spark Connect plan is "
+                               "invalid. No handler found for extension type: " + spark_io.READ_LAYOUT_TYPE)
+
+    class Plan:
+        def plan(self, client):
+            return Relation()
+
+    df = type("DataFrame", (), {"sparkSession": type("Session", (), {"session_id": "s-1", "client": None})(),
+                                "_plan": Plan()})()
+    monkeypatch.setattr(connect_dataframe, "DataFrame", Refusing)
+    monkeypatch.setattr(spark_io, "_no_layout_plugin", set())
+    with caplog.at_level("INFO", logger="kafka_eos.spark_io"):
+        assert spark_io._connect_read_layout(df) is None
+        assert spark_io._connect_read_layout(df) is None
+    assert asked == [spark_io.READ_LAYOUT_TYPE]
+    assert sum("does not answer kafka-eos's read layout" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_fail_points_carried_to_another_process_apply_inside_the_block_only(monkeypatch, tmp_path):
     for name in faults.SETTINGS:
         monkeypatch.delenv(name, raising=False)

@@ -113,11 +113,13 @@ $(JARS)/spark/.resolved: jvm/pom.xml
 
 # kafka-eos's Spark Connect server plugin (jvm/connect, Java against Spark's own jars): the Connect
 # servers kafka-eos starts load it, and per_partition scope commits through them in one pass.
+# A copy goes into the package (include/kafka_eos/jars/, not in git): the wheel carries it.
 $(JARS)/connect/.built: jvm/connect/pom.xml $(wildcard jvm/connect/src/main/java/io/kafkaeos/connect/*.java)
-	rm -rf $(JARS)/connect jvm/connect/target
+	rm -rf $(JARS)/connect jvm/connect/target include/kafka_eos/jars
 	mvn -q -B -s jvm/settings.xml -f jvm/connect/pom.xml package
-	mkdir -p $(JARS)/connect
+	mkdir -p $(JARS)/connect include/kafka_eos/jars
 	cp jvm/connect/target/kafka-eos-connect.jar $(JARS)/connect/
+	cp jvm/connect/target/kafka-eos-connect.jar include/kafka_eos/jars/
 	rm -rf jvm/connect/target
 	touch $@
 

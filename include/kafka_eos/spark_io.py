@@ -307,13 +307,26 @@ READ_LAYOUT_TYPE = "type.googleapis.com/kafka_eos.ReadLayout"
 _no_layout_plugin: set[str] = set()
 
 
+#: The package's copy of the plugin (the wheel carries it).
+PACKAGED_JARS = Path(__file__).parent / "jars"
+
+
+def connect_plugin_jar() -> Path | None:
+    """The plugin's jar: ``make jars`` builds it into .local/jars/connect and into the package
+    (:data:`PACKAGED_JARS`); None where it is not built."""
+    for folder in (jars_dir("connect"), PACKAGED_JARS):
+        if (folder / "kafka-eos-connect.jar").is_file():
+            return folder / "kafka-eos-connect.jar"
+    return None
+
+
 def connect_plugin_conf() -> dict[str, str]:
-    """The settings that load the plugin into a Spark Connect server kafka-eos starts (``make jars``
-    builds its jar into .local/jars/connect); none where it is not built."""
-    jars = sorted(str(p) for p in jars_dir("connect").glob("*.jar"))
-    if not jars:
+    """The settings that load the plugin into a Spark Connect server kafka-eos starts; none where
+    it is not built (the server then answers no layout: two passes)."""
+    jar = connect_plugin_jar()
+    if jar is None:
         return {}
-    return {"spark.jars": ",".join(jars), "spark.connect.extensions.relation.classes": CONNECT_PLUGIN_CLASS}
+    return {"spark.jars": str(jar), "spark.connect.extensions.relation.classes": CONNECT_PLUGIN_CLASS}
 
 
 def _connect_read_layout(df: "DataFrame") -> dict[int, tuple[tuple[str, int], int, int]] | None:

@@ -69,8 +69,9 @@ def test_the_server_listens_on_loopback_with_the_connector_and_this_interpreter(
 def test_the_server_loads_kafka_eos_plugin_beside_the_connector_where_it_is_built(tmp_path, monkeypatch):
     from kafka_eos import spark_io
 
-    jars = tmp_path / "jars"
+    jars, packaged = tmp_path / "jars", tmp_path / "package-jars"
     monkeypatch.setattr(spark_io, "jars_dir", lambda kind: jars / kind)
+    monkeypatch.setattr(spark_io, "PACKAGED_JARS", packaged)
     (jars / "spark").mkdir(parents=True)
     (jars / "spark" / "spark-sql-kafka-0-10_2.13-4.2.0.jar").touch()
 
@@ -79,8 +80,11 @@ def test_the_server_loads_kafka_eos_plugin_beside_the_connector_where_it_is_buil
         return dict(command[i + 1].split("=", 1) for i, arg in enumerate(command) if arg == "--conf")
 
     assert "spark.connect.extensions.relation.classes" not in conf()  # not built: a server without it
+    packaged.mkdir()
+    (packaged / "kafka-eos-connect.jar").touch()  # an installed wheel's copy
+    assert conf()["spark.jars"].split(",")[-1] == str(packaged / "kafka-eos-connect.jar")
     (jars / "connect").mkdir()
-    (jars / "connect" / "kafka-eos-connect.jar").touch()
+    (jars / "connect" / "kafka-eos-connect.jar").touch()  # a checkout's build goes first
     loaded = conf()
     assert loaded["spark.connect.extensions.relation.classes"] == spark_io.CONNECT_PLUGIN_CLASS
     assert loaded["spark.jars"].split(",") == [str(jars / "spark" / "spark-sql-kafka-0-10_2.13-4.2.0.jar"),

@@ -104,6 +104,46 @@ def test_per_partition_in_one_pass_a_task_whose_rows_claim_another_partition_com
     assert sorted(m.value for m in read_committed(kafka_settings, spec.sink.topic)) == sorted(source_0)
 
 
+def test_a_small_stream_batch_commits_its_partitions_from_the_driver_and_refuses_a_relabelling_before_any(
+        spark, kafka_settings, make_spec, transforms_module):
+    """A stream's batch of few records (per_partition.DRIVER_BATCH_OFFSETS) is collected and each
+    partition's transaction runs from the driver, its producer kept there for the next batch; its
+    rows are checked as a task checks them, and before anything commits: a transform that relabels
+    partitions commits nothing."""
+    from kafka_eos import kafka_admin
+    from kafka_eos.batch import BatchClients
+    from kafka_eos.readers import read_committed
+    from kafka_eos.sinks import per_partition
+
+    clients = BatchClients(keep_partition_commits=True)
+    spec = make_spec("identity", "kafka", "per_partition")
+    src = spec.source.topics[0]
+    committed = []
+    for first, run_id, producers in ((0, "s1", {"built": 3}), (1000, "s2", {"kept": 3})):  # producers kept
+        truth = produce_orders(kafka_settings, src, 90, first_seq=first, abort_every=4,
+                               malformed_every=0, transactional_id=f"{run_id}-{spec.name}")
+        plan = prepare_plan(spec, kafka_settings, run_id)
+        assert sum(r.until - r.from_offset for r in plan.active) <= per_partition.DRIVER_BATCH_OFFSETS
+        summary = run_batch(spark, spec, plan, kafka_settings, clients)
+        assert (summary.status, summary.records_out, summary.producers) == ("committed", len(truth.committed),
+                                                                           producers)
+        committed += [o["order_id"] for o in truth.committed]
+    out = [json.loads(m.value)["order_id"] for m in read_committed(kafka_settings, spec.sink.topic)]
+    assert sorted(out) == sorted(committed)  # every committed order once, none of an aborted transaction
+    ends = {r.tp: r.until for r in plan.ranges}
+    assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, list(ends)) == ends
+
+    # The same pipeline with a transform that relabels partitions, over the next records.
+    relabel = make_spec(f"{transforms_module}:relabelled", "kafka", "per_partition")
+    produce_orders(kafka_settings, src, 60, first_seq=2000, abort_every=0, malformed_every=0, transactional_id="r")
+    plan = prepare_plan(relabel, kafka_settings, "s3")
+    assert plan.active and all(r.from_offset == ends[r.tp] for r in plan.active)
+    with pytest.raises(SpecError, match=r"keeps topic and partition.*; no partition of this run was committed$"):
+        run_batch(spark, relabel, plan, kafka_settings, clients)
+    assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, list(ends)) == ends
+    assert len(read_committed(kafka_settings, spec.sink.topic)) == len(committed)
+
+
 def test_per_partition_in_two_passes_decides_which_task_holds_which_partition_before_any_commit(
         spark, kafka_settings, make_spec, transforms_module, two_passes):
     """Where the lineage proves nothing, the cached output is scanned first. Before the scan: the

@@ -22,6 +22,11 @@ executors, under that partition's own transactional.id (docs/architecture.md, "C
 4. Offsets-only transactions, from the driver, for planned partitions no task held (empty ranges;
    in two passes also a task whose rows were all filtered out).
 
+A stream's small batch (``keep=True``, at most :data:`DRIVER_BATCH_OFFSETS` planned offsets, the
+tasks proven in step 1) takes step 2 on the driver instead (:func:`driver_commits`): its rows are
+collected (one Spark job), checked as a task checks them before anything commits, and each
+partition's transaction runs from the driver under its own id.
+
 A stream (``keep=True``) keeps each partition's commit in the Python process that used it (a
 reused Spark worker, or the driver) for its next batch (:func:`kept_commit`): its producer, its
 epoch, its checkpoint reader and group metadata. Spark does not send a partition's task to the
@@ -68,6 +73,10 @@ COMMIT_JOB = "kafka-eos: one transaction per source partition"
 REFUSED = "refused"
 #: Offsets-only transactions committed at once from the driver (each waits on the broker).
 ROWLESS_COMMITS_AT_ONCE = 8
+#: A stream batch of at most this many planned offsets commits its partitions from the driver
+#: (:func:`driver_commits`): its rows are few, and one process keeps every partition's producer
+#: (no twin in another Spark worker fencing it); above, each task commits its own.
+DRIVER_BATCH_OFFSETS = 20_000
 
 #: A kept commit unused this long is closed at the next look into the cache (a stream that ended
 #: while its Python workers live on, e.g. in a Spark Connect server).
@@ -272,11 +281,9 @@ def _commit_task(spec: PipelineSpec, plan: Plan, settings: KafkaSettings, owner:
             # task before it commits.
             for batch in arrow_batches:
                 for t, p in sorted(batches.source_partitions(batch) - {r.tp}):
-                    raise _Refused(
-                        f"{spec.path}: transform: {spec.transform} puts rows of {t}-{p} in the Spark task of "
-                        f"{r.topic}-{r.partition}; per_partition scope needs a row-wise transform that keeps "
-                        f"topic and partition: use commit: atomic" if one_pass else
-                        f"rows of {t}-{p} in the task of {r.topic}-{r.partition}: the transform is not deterministic")
+                    raise _Refused(_relabelled(spec, (t, p), r.tp) if one_pass else
+                                   f"rows of {t}-{p} in the task of {r.topic}-{r.partition}: the transform is not "
+                                   "deterministic")
                 yield batch
 
         refusal = reason = None
@@ -297,6 +304,43 @@ def _commit_task(spec: PipelineSpec, plan: Plan, settings: KafkaSettings, owner:
     return run
 
 
+def _relabelled(spec: PipelineSpec, found: TP, task: TP) -> str:
+    return (f"{spec.path}: transform: {spec.transform} puts rows of {found[0]}-{found[1]} in the Spark task of "
+            f"{task[0]}-{task[1]}; per_partition scope needs a row-wise transform that keeps topic and partition: "
+            "use commit: atomic")
+
+
+def driver_commits(df: "DataFrame", spec: PipelineSpec, plan: Plan, settings: KafkaSettings, owner: dict[int, TP],
+                   dead: dict) -> dict[TP, CommitResult]:
+    """Step 2 for a small stream batch whose tasks the lineage proved: its rows collected to the
+    driver (one Spark job, Arrow, every task at once, each row marked with its task), checked as a
+    task checks them (each row is its task's source partition; a dead letter needs a topic), and
+    only then each partition's transaction from this process, under the partition's own id, through
+    the commit this process keeps for it (:func:`kept_commit`).
+
+    :raises SpecError: a row of another partition in a task (nothing committed).
+    :raises DeadLetterWithoutTopic: a dead letter and no ``sink.dlq_topic`` (nothing committed).
+    """
+    import pyarrow.compute as pc
+    from pyspark.sql import functions as F
+
+    rows: dict[TP, list] = {}
+    for batch in batches.unordered(df.withColumn(batches.PART, F.spark_partition_id())):
+        for task in pc.unique(batch.column(batches.PART)).to_pylist():
+            part = batch.filter(pc.equal(batch.column(batches.PART), task)).drop_columns([batches.PART])
+            tp = owner[task]
+            for other in sorted(batches.source_partitions(part) - {tp}):
+                raise SpecError(f"{_relabelled(spec, other, tp)}; no partition of this run was committed")
+            rows.setdefault(tp, []).append(part)
+    if spec.sink.dlq_topic is None:  # a dead letter needs a topic: found before anything commits
+        for part in itertools.chain(*rows.values(), *dead.values()):
+            if (first := batches.first_dead_letter(part)) is not None:
+                raise batches.no_dead_letter_topic(spec, first["topic"], first["partition"], first["offset"],
+                                                   first[DLQ_REASON], "no partition of this run was committed")
+    return commit_rowless(spec, plan, settings, [r for r in plan.active if r.tp in rows], keep=True,
+                          dead={tp: [*found, *dead.get(tp, ())] for tp, found in rows.items()})
+
+
 def write(df: "DataFrame | None", spec: PipelineSpec, plan: Plan,
           settings: KafkaSettings, keep: bool = False, dead: dict | None = None) -> dict[TP, CommitResult]:
     """Commit ``plan`` in per_partition scope (the module's steps).
@@ -308,8 +352,6 @@ def write(df: "DataFrame | None", spec: PipelineSpec, plan: Plan,
     :raises SpecError: the transform shuffles or does not keep one source partition per task.
     :raises DeadLetterWithoutTopic: a dead letter and no ``sink.dlq_topic``.
     """
-    from pyspark import StorageLevel
-
     results: dict[TP, CommitResult] = {}
     if df is not None:
         df = batches.prepared(df)
@@ -318,28 +360,41 @@ def write(df: "DataFrame | None", spec: PipelineSpec, plan: Plan,
         one_pass = owner is not None
         log.info("%s: per_partition in %s", spec.name, "one pass (the lineage proves each task's source "
                  "partition)" if one_pass else "two passes (the lineage does not prove each task's source partition)")
-        if not one_pass:
-            df = df.persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            if not one_pass:  # 1. or found by a scan of the cached output: two passes
-                owner, dead = task_sources(df, spec, plan)
-                if dead is not None:
-                    raise batches.no_dead_letter_topic(spec, dead["topic"], dead["partition"], dead["offset"],
-                                                       dead[DLQ_REASON], "no partition of this run was committed")
-            with _job_description(df, COMMIT_JOB):  # 2. a transaction per task
-                committed = df.mapInArrow(_commit_task(spec, plan, settings, owner, one_pass, keep, dead or {}),
-                                          _COMMIT_SCHEMA).collect()
-        finally:
-            if not one_pass:
-                df.unpersist()
-        _raise_refusal(committed)  # 3. a task refused: the run fails
-        for row in committed:
-            results[(row["topic"], row["partition"])] = CommitResult(row["status"], row["records_out"],
-                                                                     row["dead_letters"], row["producer"])
+        planned = sum(r.until - r.from_offset for r in plan.active if not r.empty)
+        if one_pass and keep and planned <= DRIVER_BATCH_OFFSETS:  # 2. a small stream batch: from the driver
+            results = driver_commits(df, spec, plan, settings, owner, dead or {})
+        else:
+            results = _task_commits(df, spec, plan, settings, owner, keep, dead)
     # 4. offsets-only transactions for the partitions no task held
     results.update(commit_rowless(spec, plan, settings, [r for r in plan.active if r.tp not in results], keep,
                                   dead or {}))
     return results
+
+
+def _task_commits(df: "DataFrame", spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
+                  owner: dict[int, TP] | None, keep: bool, dead: dict | None) -> dict[TP, CommitResult]:
+    """Steps 1–3 on the executors: a transaction per Spark task, in one pass where ``owner`` was
+    proven, else after a scan of the cached output."""
+    from pyspark import StorageLevel
+
+    one_pass = owner is not None
+    if not one_pass:
+        df = df.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        if not one_pass:  # 1. or found by a scan of the cached output: two passes
+            owner, dead = task_sources(df, spec, plan)
+            if dead is not None:
+                raise batches.no_dead_letter_topic(spec, dead["topic"], dead["partition"], dead["offset"],
+                                                   dead[DLQ_REASON], "no partition of this run was committed")
+        with _job_description(df, COMMIT_JOB):  # 2. a transaction per task
+            committed = df.mapInArrow(_commit_task(spec, plan, settings, owner, one_pass, keep, dead or {}),
+                                      _COMMIT_SCHEMA).collect()
+    finally:
+        if not one_pass:
+            df.unpersist()
+    _raise_refusal(committed)  # 3. a task refused: the run fails
+    return {(row["topic"], row["partition"]): CommitResult(row["status"], row["records_out"], row["dead_letters"],
+                                                           row["producer"]) for row in committed}
 
 
 def _raise_refusal(rows: list) -> None:
@@ -358,9 +413,10 @@ def _raise_refusal(rows: list) -> None:
 def commit_rowless(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
                    ranges: Sequence[PartitionRange], keep: bool = False,
                    dead: dict | None = None) -> dict[TP, CommitResult]:
-    """The transactions of ``ranges`` no Spark task held (empty ranges, idle checkpoints committed
+    """The transactions of ``ranges`` from this process (the driver), each under its partition's
+    own id, several at a time: ranges no Spark task held (empty ranges, idle checkpoints committed
     again, partitions whose every record did not decode: then with those dead letters in ``dead``),
-    each under its partition's own id, several at a time."""
+    and a small stream batch's partitions with their rows in ``dead`` (:func:`driver_commits`)."""
     dead = dead or {}
     if len(ranges) <= 1:
         return {r.tp: commit_partition(spec, plan, settings, r, dead.get(r.tp, ()), keep) for r in ranges}

@@ -120,9 +120,13 @@ def test_stream_many_batches_exactly_once_over_aborted_input(spark, kafka_settin
     assert stream_owner(spec, kafka_settings) is None  # the lease was given back
 
 
-def test_stream_per_partition_keeps_its_producers_between_batches(spark, kafka_settings, make_spec):
-    """A per_partition stream builds a partition's producer once per Spark worker, not once per
-    batch: each batch's line says where its producers came from."""
+def test_stream_per_partition_keeps_its_producers_between_batches(spark, kafka_settings, make_spec, monkeypatch):
+    """A per_partition stream whose batches commit in the executors (batches above
+    DRIVER_BATCH_OFFSETS; set to none here) builds a partition's producer once per Spark worker, not
+    once per batch: each batch's line says where its producers came from."""
+    from kafka_eos.sinks import per_partition
+
+    monkeypatch.setattr(per_partition, "DRIVER_BATCH_OFFSETS", 0)
     spec = make_spec("identity", "kafka", "per_partition", partitions=1)
     topic = spec.source.topics[0]
     lines: list[str] = []
@@ -232,12 +236,16 @@ def test_sigterm_mid_stream_exits_clean_and_a_restart_is_exactly_once(kafka_sett
     assert caught_up(spec, kafka_settings)
 
 
-def test_sigkill_mid_transaction_then_restart_is_exactly_once(kafka_settings, make_spec, tmp_path):
-    spec = make_spec("identity", "kafka", "atomic")
+@pytest.mark.parametrize("commit", ["atomic", "per_partition"])
+def test_sigkill_mid_transaction_then_restart_is_exactly_once(kafka_settings, make_spec, tmp_path, commit):
+    spec = make_spec("identity", "kafka", commit)
     spec_file = _spec_file(spec, tmp_path)
     truth = produce_orders(kafka_settings, spec.source.topics[0], 2000, abort_every=5, malformed_every=0)
-    # The 3rd transaction of the stream is SIGKILLed after 100 of its records reached the broker.
-    killed = _start_stream(spec_file, kafka_settings, "--max-records", "150", crash_at="after_produce:3")
+    # The 3rd batch's (first) transaction is SIGKILLed after 100 of its records reached the broker:
+    # atomic, a transaction a batch; per_partition, a transaction per partition (3), each batch's
+    # committed from the stream's own process (a small batch: per_partition.driver_commits).
+    killed = _start_stream(spec_file, kafka_settings, "--max-records", "150" if commit == "atomic" else "300",
+                           crash_at="after_produce:3" if commit == "atomic" else "after_produce:7")
     out, err = killed.communicate(timeout=300)
     assert killed.returncode == -signal.SIGKILL, (out, err)
     assert out.count(" committed: in ") == 2, out

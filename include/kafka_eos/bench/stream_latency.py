@@ -46,8 +46,9 @@ PARTITIONS = 3
 TXN_EVERY_S = 0.1
 #: Every this-many-th producer transaction is aborted (its records must never show).
 ABORT_EVERY = 4
-#: Target on this machine (2 cores): p95 end-to-end latency at 1,000 records/s.
-TARGET_P95_S = 5.0
+#: Targets (p95 end-to-end latency at 1,000 records/s) by commit scope: Kafka Streams under
+#: exactly_once_v2 commits every 100 ms by default.
+TARGET_P95_S = {"atomic": 0.5, "per_partition": 1.0}
 #: Target for event-driven runs (a DAG run per event: scheduling, three tasks, a spark-submit).
 TARGET_EVENT_P95_S = 60.0
 #: Kept up: the backlog is gone this soon after the producer stops (about two batches).
@@ -248,7 +249,7 @@ def _print_row(r: dict) -> None:
 
 
 def _verdict(r: dict) -> str:
-    target = TARGET_P95_S if r["form"] == "continuous" else TARGET_EVENT_P95_S
+    target = TARGET_P95_S[r["commit"]] if r["form"] == "continuous" else TARGET_EVENT_P95_S
     met = r["p95_s"] is not None and r["p95_s"] <= target
     kept_up = r["records_out"] == r["records_committed_in"] and r["aborted_visible"] == 0 and (
         r["catch_up_s"] <= CAUGHT_UP_S or r["form"] != "continuous")

@@ -358,8 +358,10 @@ def write(df: "DataFrame | None", spec: PipelineSpec, plan: Plan,
         check_no_shuffle(df, spec)  # 1. no shuffle,
         owner = lineage_owner(df, plan)  # 1. and one source partition per task, proven: one pass
         one_pass = owner is not None
-        log.info("%s: per_partition in %s", spec.name, "one pass (the lineage proves each task's source "
-                 "partition)" if one_pass else "two passes (the lineage does not prove each task's source partition)")
+        # At DEBUG in a stream (a line per batch, many a second); a run's log says it at INFO.
+        log.log(logging.DEBUG if keep else logging.INFO, "%s: per_partition in %s", spec.name,
+                "one pass (the lineage proves each task's source partition)" if one_pass
+                else "two passes (the lineage does not prove each task's source partition)")
         planned = sum(r.until - r.from_offset for r in plan.active if not r.empty)
         if one_pass and keep and planned <= DRIVER_BATCH_OFFSETS:  # 2. a small stream batch: from the driver
             results = driver_commits(df, spec, plan, settings, owner, dead or {})

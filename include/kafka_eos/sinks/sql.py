@@ -10,8 +10,8 @@ timeout, SQLite's write lock) and lasts as long as the writes themselves.
 
 The results reach the driver as Arrow record batches (one Spark job, converted on the JVM: no
 ``Row`` object per row) and are spooled as Arrow. PostgreSQL (psycopg2 or psycopg) takes them with
-``COPY`` (CSV written by Arrow), into a staging table that one ``INSERT … SELECT … ON CONFLICT``
-upserts from when the table has key columns; elsewhere, and whenever the database refuses the
+``COPY`` (CSV written by Arrow), straight into the table, or, where a key is there already, into a
+staging table that one ``INSERT … SELECT … ON CONFLICT`` merges from; elsewhere, and whenever the database refuses the
 COPY's rows (a value too long, a constraint), multi-row ``INSERT``s a batch at a time find the
 refused rows. Timestamps are UTC (a ``timestamp`` column holds UTC wall-clock time).
 """

@@ -24,6 +24,7 @@ from kafka_eos.errors import KafkaEosError
 from kafka_eos.local.kafka import SUPER_USER, LocalBroker, LocalCluster
 from kafka_eos.settings import BOOTSTRAP_ENV, CONNECT_TIMEOUT_ENV, KafkaSettings
 from kafka_eos.spec import PipelineSpec, load_spec, spec_paths
+from kafka_eos.stream import DEFAULT_INTERVAL_S
 
 log = logging.getLogger("kafka_eos.cli")
 
@@ -724,8 +725,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "instead of in this process (see kafka-eos spark start --connect)")
     st = command("stream", cmd_stream, "run a pipeline continuously: one batch after another in one Spark "
                                        "application, each exactly once, until SIGTERM/Ctrl-C", pipeline=True)
-    st.add_argument("--interval", type=positive_float, default=1.0, metavar="SECONDS",
-                    help="least time between the starts of two batches (default 1)")
+    st.add_argument("--interval", type=positive_float, default=DEFAULT_INTERVAL_S, metavar="SECONDS",
+                    help=f"least time between the starts of two batches (default {DEFAULT_INTERVAL_S:g}, "
+                         "Kafka Streams' exactly-once commit interval)")
     st.add_argument("--max-records", type=positive_int, help="cap per partition (offset span) of each batch")
     st.add_argument("--max-batches", type=positive_int, help="stop after this many batches that committed")
     st.add_argument("--until-caught-up", action="store_true",

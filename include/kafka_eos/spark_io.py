@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import os
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from kafka_eos.errors import KafkaEosError
+from kafka_eos.kafka_admin import READER_GROUP_PREFIX
 from kafka_eos.paths import jars_dir
 from kafka_eos.plan import PartitionRange
 from kafka_eos.settings import KafkaSettings
@@ -185,6 +187,7 @@ def get_session(app_name: str = "kafka-eos", master: str | None = None,
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     bound_result_size(session)
+    quiet_group_id_warning(session)
     return session
 
 
@@ -230,6 +233,54 @@ def size_bytes(text: str, bare: str) -> int:
     return int(float(text.rstrip("bkmgt") or 0) * units[unit])
 
 
+#: ``fetch.max.wait.ms`` of Spark's consumers in kafka-eos's reads (Kafka's default: 500 ms). A range
+#: of transactional input ends in a commit marker, past which the broker has nothing to send until a
+#: new record comes: a task reading its range's end waited for that fetch (up to the default's half
+#: second, or until the producers' next record), in every read. Planned ranges end at offsets the
+#: broker already has, so a short wait loses nothing; a long range's fetches return as soon as they
+#: have a byte, as before.
+FETCH_MAX_WAIT_MS = 10
+#: A key of this process's own for :func:`spark_reader_group` (never written anywhere).
+_GROUP_KEY = os.urandom(16)
+
+
+def spark_reader_group(options: Mapping[str, str]) -> str:
+    """The group id of Spark's Kafka consumers in the reads of this process with ``options``.
+
+    Spark gives each read a new group id unless one is set, and keys its executors' pool of
+    consumers by group id and partition: a new group id is a new ``KafkaConsumer`` per task per
+    read (connect, metadata, first fetch), most of a small stream batch's job. One id per option
+    set keeps them pooled from one batch to the next. Spark requires the same Kafka parameters
+    under one pool key, so the id is a keyed digest of the options (other credentials: another id;
+    the key is this process's: no digest of a secret can be tried offline, and another process's
+    reads never share its consumers). The consumers are assigned their partitions and never join
+    the group or commit to it, so no read interferes with another (Spark's warning about a set
+    group id is about subscribing queries; :func:`quiet_group_id_warning`).
+    """
+    text = json.dumps(sorted(options.items()))
+    return f"{READER_GROUP_PREFIX}spark.{hmac.new(_GROUP_KEY, text.encode(), 'sha256').hexdigest()[:16]}"
+
+
+#: Spark's logger that warns, at each read, that ``kafka.group.id`` is set.
+_GROUP_ID_WARNER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+
+
+def quiet_loggers() -> dict[str, str]:
+    """Log4j levels of a Spark JVM's configuration that quiet :func:`spark_reader_group`'s warning."""
+    return {_GROUP_ID_WARNER: "ERROR"}
+
+
+def quiet_group_id_warning(session: "SparkSession") -> None:
+    """Raise the level of the Spark logger that warns of :func:`spark_reader_group`'s id at each read
+    (a line per stream batch) to ERROR, in this driver's JVM."""
+    try:
+        jvm = session.sparkContext._jvm
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+            _GROUP_ID_WARNER, jvm.org.apache.logging.log4j.Level.ERROR)
+    except Exception as exc:  # noqa: BLE001 - another logging backend: the warning stays
+        log.debug("could not quiet %s: %s", _GROUP_ID_WARNER, exc)
+
+
 def read_ranges(spark: "SparkSession", settings: KafkaSettings,
                 ranges: Sequence[PartitionRange], max_records_per_task: int | None = None) -> "DataFrame":
     """Read exactly ``[from, until)`` of each non-empty range, committed records only.
@@ -251,11 +302,11 @@ def read_ranges(spark: "SparkSession", settings: KafkaSettings,
         assign.setdefault(r.topic, []).append(r.partition)
         starting.setdefault(r.topic, {})[str(r.partition)] = r.from_offset
         ending.setdefault(r.topic, {})[str(r.partition)] = r.until
-    reader = spark.read.format("kafka")
-    for key, value in settings.spark_options().items():
-        reader = reader.option(key, value)
-    return (reader
-            .option("kafka.isolation.level", "read_committed")
+    kafka = {**settings.spark_options(), "kafka.isolation.level": "read_committed",
+             "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS)}
+    kafka["kafka.group.id"] = spark_reader_group(kafka)
+    return (spark.read.format("kafka")
+            .options(**kafka)
             .option("assign", json.dumps(assign))
             .option("startingOffsets", json.dumps(starting))
             .option("endingOffsets", json.dumps(ending))

@@ -38,6 +38,7 @@ from airflow.sdk import DAG, CronDataIntervalTimetable, CronTriggerTimetable, Pa
 
 from kafka_eos.errors import SpecError
 from kafka_eos.spec import STREAM_SCHEDULE, YAML_LOADER, PipelineSpec, check_owners, parse_spec, spec_paths
+from kafka_eos.stream import DEFAULT_INTERVAL_S
 from kafka_eos_airflow import config
 from kafka_eos_airflow.assets import sink_alias, source_asset
 from kafka_eos_airflow.checks import CheckpointRefreshOperator, FreshnessCheckOperator
@@ -256,7 +257,7 @@ def build_stream_dag(spec: PipelineSpec, options: DagOptions | None = None, **kw
         # A stream that died restarts from its checkpoint after 30 s, three times, then alerts.
         default_args=options.args(retries=3),
         params={
-            "interval_s": Param(1.0, type="number", minimum=0, title="Interval (seconds)",
+            "interval_s": Param(DEFAULT_INTERVAL_S, type="number", minimum=0, title="Interval (seconds)",
                                 description="Least time between the starts of two batches."),
             "until_caught_up": Param(False, type="boolean", title="Stop when caught up",
                                      description="Drain the backlog, then stop (instead of running until "

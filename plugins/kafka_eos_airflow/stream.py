@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseHook, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowNotFoundException
 
-from kafka_eos.stream import PARENT_PID_ENV
+from kafka_eos.stream import DEFAULT_INTERVAL_S, PARENT_PID_ENV
 from kafka_eos.stream.figures import parse_figures_line
 
 from kafka_eos_airflow import config
@@ -120,7 +120,7 @@ class KafkaEosStreamOperator(BaseOperator):
     template_fields: Sequence[str] = ("pipeline", "kafka_conn_id", "interval_s")
 
     def __init__(self, *, pipeline: str, kafka_conn_id: str | None = None,
-                 interval_s: float | str = 1.0, until_caught_up: bool = False,
+                 interval_s: float | str = DEFAULT_INTERVAL_S, until_caught_up: bool = False,
                  spark_conn_id: str | None = None, lineage_period_s: float = LINEAGE_PERIOD_S,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)

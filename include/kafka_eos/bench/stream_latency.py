@@ -39,6 +39,7 @@ from kafka_eos.local.kafka import LocalBroker
 from kafka_eos.paths import local_dir
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import parse_spec, spec_document
+from kafka_eos.stream import DEFAULT_INTERVAL_S
 
 #: Source partitions (``--partitions``): a few per core, like a small production topic.
 PARTITIONS = 3
@@ -270,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--event-rate", type=int, default=20, help="event-driven runs: records/s")
     parser.add_argument("--event-seconds", type=float, default=240.0, help="event-driven runs: how long")
     parser.add_argument("--commit", default="atomic", choices=["atomic", "per_partition"])
-    parser.add_argument("--interval", type=float, default=0.5, help="the stream's --interval")
+    parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S,
+                        help="the stream's --interval (default: the stream's own)")
     parser.add_argument("--partitions", type=int, default=PARTITIONS, help="partitions of the source and sink topics")
     args = parser.parse_args(argv)
     PARTITIONS = args.partitions

@@ -38,6 +38,7 @@ from kafka_eos.pipeline import fresh_plan
 from kafka_eos.plan import Plan, plan_ranges
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
+from kafka_eos.stream import DEFAULT_INTERVAL_S
 from kafka_eos.stream.lease import StreamLease, batch_in_flight
 from kafka_eos.stream.figures import batch_figures, failed_figures
 
@@ -109,7 +110,7 @@ class StreamRunner:
     """
 
     def __init__(self, spark: "SparkSession", spec: PipelineSpec, settings: KafkaSettings,
-                 interval_s: float = 1.0, report: Callable[[str], None] | None = None,
+                 interval_s: float = DEFAULT_INTERVAL_S, report: Callable[[str], None] | None = None,
                  max_batches: int | None = None, stop_when_caught_up: bool = False, force: bool = False,
                  observe: Callable[[dict], None] | None = None) -> None:
         self.spark = spark

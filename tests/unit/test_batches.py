@@ -149,3 +149,45 @@ def test_a_group_goes_in_the_order_it_is_given_not_by_index():
     groups = {2: "a", 0: "a", 1: "a"}  # e.g. task 2 reads the lowest offsets
     out = values(batches.in_order(arrivals([0, 1, 2], {0: 1, 1: 1, 2: 1}), groups))
     assert out == ["2.0", "0.0", "1.0"]
+
+
+_NO_PANDAS = r'''
+import dataclasses, json, sys
+import pyarrow as pa
+from kafka_eos.sinks import batches
+from kafka_eos.sinks.limits import refusing
+from kafka_eos.spec import parse_spec
+
+ipc = sys.stdin.buffer.read()
+spec = parse_spec({"name": "p", "source": {"topics": ["in"]}, "transform": "identity",
+                   "sink": {"kind": "kafka", "topic": "out", "commit": "per_partition", "dlq_topic": "out.dlq"}})
+spec = dataclasses.replace(spec, sink=dataclasses.replace(spec.sink, record_limits=(("out", 10_000, 0), ("out.dlq", 10_000, 0))))
+assert "pandas" not in sys.modules
+for batch in pa.ipc.open_stream(ipc):
+    assert batches.source_partitions(batch) == {("in", 3)}
+    assert batches.first_dead_letter(batch)["offset"] == 11
+    assert refusing(batch, spec) is batch  # no record near a limit: the bound, computed on Arrow's columns
+    out = list(batches.records([batch], spec))
+    packed = list(batches.pack([batch]))
+    row = batches.one_binary_row("result", json.dumps({"n": len(out)}).encode())
+print(json.dumps({"pandas": "pandas" in sys.modules, "records": len(out), "result": row.column(0)[0].as_py().decode(),
+                  "packed": [b.num_rows for b in batches.unpack([(p.column(0)[0].as_py(),) for p in packed])]}))
+'''
+
+
+def test_a_workers_batch_work_converts_no_python_value_so_never_imports_pandas():
+    """pyarrow imports pandas at its first conversion of a Python value (≈ 0.2–0.5 s of every
+    Spark Python worker): the per-batch checks, the records, the bound of a batch's records, the
+    packed batches and a task's result row convert none."""
+    import json
+    import subprocess
+    import sys
+
+    rows = batch([b"k1", b"k2", b"k3"], [b"v1", b"x" * 2000, b"v3"], [None, "bad json", None], partitions=[3, 3, 3],
+                 headers=[[{"key": "h", "value": b"1"}], None, []])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, rows.schema) as writer:
+        writer.write_batch(rows)
+    done = subprocess.run([sys.executable, "-c", _NO_PANDAS], input=sink.getvalue().to_pybytes(), capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    assert json.loads(done.stdout) == {"pandas": False, "records": 3, "result": '{"n": 3}', "packed": [3]}

@@ -105,3 +105,19 @@ def test_headers_count_toward_a_records_size():
     assert out[0][DLQ_REASON] is None and out[0]["headers"] == [{"key": "h", "value": b"v"}]
     assert out[1][DLQ_REASON].startswith("refused by the sink: in-0 offset 1: its record for topic out is ")
     assert out[1]["headers"] is None
+
+
+def test_the_bound_of_a_batch_with_headers_covers_its_largest_record():
+    """The bound (computed on Arrow's buffers: offsets summed per row, no group-by) is at least the
+    record_size of every row, sliced or not, with null and empty header lists and null values."""
+    from kafka_eos.sinks.limits import _bound
+
+    headers_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    headers = [[{"key": "trace", "value": b"t" * 30}], None, [], [{"key": "a" * 40, "value": None},
+                                                               {"key": "b", "value": b"v" * 90}]]
+    b = _batch([b"x", b"y" * 50, b"z", b"w"]).append_column("headers", pa.array(headers, headers_type))
+    for sliced in (b, b.slice(1), b.slice(2, 1), b.slice(3)):
+        rows = sliced.to_pylist()
+        largest = max(record_size(r["key"], r["value"], [(h["key"], h["value"]) for h in r["headers"] or ()])
+                      for r in rows)
+        assert largest <= _bound(sliced, SPEC) <= largest + 200

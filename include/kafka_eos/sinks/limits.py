@@ -29,6 +29,7 @@ from kafka_eos.transforms import DLQ_REASON
 from kafka_eos.txn import dead_letter_headers
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
     import pyarrow as pa
 
 log = logging.getLogger(__name__)
@@ -136,27 +137,46 @@ def refusing(batch: "pa.RecordBatch", spec: PipelineSpec) -> "pa.RecordBatch":
     return pa.RecordBatch.from_pylist(rows, schema=batch.schema)
 
 
+def _offsets(array: "pa.Array") -> "np.ndarray":
+    """The offsets of a list, string or binary ``array`` as numpy reads them from its buffer (an
+    Array's ``to_numpy`` goes through pandas). A null's slot counts its bytes, if it has any: a bound."""
+    import numpy as np
+    import pyarrow as pa
+
+    large = pa.types.is_large_list(array.type) or pa.types.is_large_binary(array.type) or \
+        pa.types.is_large_string(array.type)
+    return np.frombuffer(array.buffers()[1], dtype=np.int64 if large else np.int32)[
+        array.offset:array.offset + len(array) + 1]
+
+
 def _bound(batch: "pa.RecordBatch", spec: PipelineSpec) -> int:
     """At least the largest record ``batch``'s rows make (Arrow's columns, no row in Python): the
-    largest key and value, plus the most header bytes of a row."""
+    largest key, the largest value and the largest dead-letter reason (each of any row), plus the
+    most header bytes of a row. Only Arrow arrays go into Arrow's functions, no Python value
+    (see :func:`kafka_eos.sinks.batches.one_binary_row`)."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    def lengths(array) -> "pa.Array":
-        return pc.fill_null(pc.binary_length(array), 0).cast(pa.int64())
+    def longest(array) -> int:
+        return pc.max(pc.binary_length(array)).as_py() or 0  # nulls left out
 
-    total = pc.add(lengths(batch.column("key")), lengths(batch.column("value")))
+    bound = longest(batch.column("key")) + longest(batch.column("value"))
     reasons = batch.column(DLQ_REASON)
     if reasons.null_count < len(batch):
-        total = pc.add(total, pc.add(lengths(reasons), DEAD_LETTER_ROOM))
+        bound += longest(reasons) + DEAD_LETTER_ROOM
     headers = 0  # the most header bytes a row carries (with the largest key and value: a bound)
     if "headers" in batch.schema.names:
         carried = batch.column("headers")
-        flat = pc.list_flatten(carried)
-        if len(flat):
-            per_header = pc.add(pc.add(lengths(pc.struct_field(flat, "key")), lengths(pc.struct_field(flat, "value"))),
-                                20)
-            rows = pa.table({"row": pc.list_parent_indices(carried), "bytes": per_header})
-            headers = pc.max(rows.group_by("row").aggregate([("bytes", "sum")]).column("bytes_sum")).as_py() or 0
+        if isinstance(carried, pa.ChunkedArray):
+            carried = carried.combine_chunks()
+        if len(carried.values):
+            # Each header's bytes (and 20 of its own), summed per row from the list's offsets (a
+            # group-by would import Arrow's query engine, and pandas with it, into the worker).
+            flat = carried.values
+            per_header = 20 + sum(np.diff(_offsets(flat.field(name))) for name in ("key", "value"))
+            ends = np.concatenate([[0], np.cumsum(per_header)])
+            offsets = _offsets(carried)
+            headers = int((ends[offsets[1:]] - ends[offsets[:-1]]).max(initial=0))
     added = sum(len(name) + len(data) + 20 for name, data in spec.sink.headers)
-    return (pc.max(total).as_py() or 0) + headers + RECORD_OVERHEAD + added
+    return bound + headers + RECORD_OVERHEAD + added

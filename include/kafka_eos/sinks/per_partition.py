@@ -82,11 +82,11 @@ DRIVER_BATCH_OFFSETS = 20_000
 #: while its Python workers live on, e.g. in a Spark Connect server).
 KEPT_IDLE_S = 300.0
 
-#: What the scan of each Spark task returns (:func:`task_sources`).
-_SCAN_SCHEMA = "task int, topics array<string>, partitions array<int>, dead string"
-#: What each commit task returns: its partition, how its transaction ended, and for a refusal why.
-_COMMIT_SCHEMA = ("topic string, partition int, status string, records_out long, dead_letters long, "
-                  "producer string, refusal string, reason string")
+#: What each task of the scan (:func:`task_sources`) and of the commit job returns: one row, a JSON
+#: object (the scan: ``task``, ``topics``, ``partitions``, ``dead``; a commit: its partition, how its
+#: transaction ended, and for a refusal why), built without converting Python values into Arrow
+#: (:func:`kafka_eos.sinks.batches.one_binary_row`).
+_RESULT_SCHEMA = "result binary"
 
 
 class _Refused(Exception):
@@ -206,7 +206,6 @@ def task_sources(df: "DataFrame", spec: PipelineSpec, plan: Plan) -> tuple[dict[
     need_dead_letter = spec.sink.dlq_topic is None
 
     def scan(arrow_batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
-        import pyarrow as pa
         from pyspark import TaskContext
 
         tps, dead = set(), None
@@ -215,20 +214,18 @@ def task_sources(df: "DataFrame", spec: PipelineSpec, plan: Plan) -> tuple[dict[
             if need_dead_letter and dead is None:
                 dead = batches.first_dead_letter(batch)
         ordered = sorted(tps)
-        yield pa.RecordBatch.from_pydict({
-            "task": [TaskContext.get().partitionId()], "topics": [[t for t, _ in ordered]],
-            "partitions": [[p for _, p in ordered]], "dead": [json.dumps(dead) if dead else None]},
-            schema=pa.schema([("task", pa.int32()), ("topics", pa.list_(pa.string())),
-                              ("partitions", pa.list_(pa.int32())), ("dead", pa.string())]))
+        yield batches.one_binary_row("result", json.dumps({
+            "task": TaskContext.get().partitionId(), "topics": [t for t, _ in ordered],
+            "partitions": [p for _, p in ordered], "dead": dead}).encode())
 
     owner: dict[int, TP] = {}
     first_dead = None
     with _job_description(df, SCAN_JOB):
-        scanned = df.mapInArrow(scan, _SCAN_SCHEMA).collect()  # one row per task
+        scanned = [json.loads(row["result"]) for row in df.mapInArrow(scan, _RESULT_SCHEMA).collect()]  # one per task
     _one_task_per_partition(len(scanned), spec, plan)
     for row in scanned:
         tps = list(zip(row["topics"], row["partitions"]))
-        first_dead = first_dead or (json.loads(row["dead"]) if row["dead"] else None)
+        first_dead = first_dead or row["dead"]
         if len(tps) > 1:
             raise SpecError(f"{spec.path}: transform: {spec.transform} puts rows of "
                             f"{', '.join(f'{t}-{p}' for t, p in tps)} in one Spark task; per_partition scope "
@@ -267,7 +264,6 @@ def _commit_task(spec: PipelineSpec, plan: Plan, settings: KafkaSettings, owner:
             yield from _run(arrow_batches)
 
     def _run(arrow_batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
-        import pyarrow as pa
         from pyspark import TaskContext
 
         index = TaskContext.get().partitionId()
@@ -293,13 +289,9 @@ def _commit_task(spec: PipelineSpec, plan: Plan, settings: KafkaSettings, owner:
         except (_Refused, DeadLetterWithoutTopic, RecordRefused) as exc:  # the transaction was aborted
             res = CommitResult(REFUSED)
             refusal, reason = type(exc).__name__, str(exc)
-        yield pa.RecordBatch.from_pydict(
-            {"topic": [r.topic], "partition": [r.partition], "status": [res.status],
-             "records_out": [res.records_out], "dead_letters": [res.dead_letters], "producer": [res.producer],
-             "refusal": [refusal], "reason": [reason]},
-            schema=pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("status", pa.string()),
-                              ("records_out", pa.int64()), ("dead_letters", pa.int64()), ("producer", pa.string()),
-                              ("refusal", pa.string()), ("reason", pa.string())]))
+        yield batches.one_binary_row("result", json.dumps({
+            "topic": r.topic, "partition": r.partition, "status": res.status, "records_out": res.records_out,
+            "dead_letters": res.dead_letters, "producer": res.producer, "refusal": refusal, "reason": reason}).encode())
 
     return run
 
@@ -389,8 +381,8 @@ def _task_commits(df: "DataFrame", spec: PipelineSpec, plan: Plan, settings: Kaf
                 raise batches.no_dead_letter_topic(spec, dead["topic"], dead["partition"], dead["offset"],
                                                    dead[DLQ_REASON], "no partition of this run was committed")
         with _job_description(df, COMMIT_JOB):  # 2. a transaction per task
-            committed = df.mapInArrow(_commit_task(spec, plan, settings, owner, one_pass, keep, dead or {}),
-                                      _COMMIT_SCHEMA).collect()
+            committed = [json.loads(row["result"]) for row in df.mapInArrow(
+                _commit_task(spec, plan, settings, owner, one_pass, keep, dead or {}), _RESULT_SCHEMA).collect()]
     finally:
         if not one_pass:
             df.unpersist()

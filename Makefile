@@ -161,13 +161,16 @@ soak: install jars postgres
 # and memory (a table on stdout; .local/bench/throughput.json and throughput.png; about 25 minutes on 2 cores).
 # BENCH_ARGS: e.g. --records 100000 --sizes 1 --skip airflow,postgres.
 # Then the big estate (make bench-scale) and a stream in each scope at 1,000 records/s on 3 partitions
-# (its p95 against the targets; about 4 minutes: make bench-stream has more).
+# (its p95 against the targets; about 4 minutes: make bench-stream has more). Every part runs; the
+# target fails at the end if one of them found an anomaly.
 bench: install jars $(JARS)/jdbc/.resolved postgres
 	$(PY) -m pip install -q -r requirements-bench.txt
-	$(PY) -m kafka_eos.bench.throughput $(BENCH_ARGS)
-	$(PY) -m kafka_eos.bench.scale
-	$(PY) -m kafka_eos.bench.stream_latency --forms continuous --rates 1000 --commit atomic
-	$(PY) -m kafka_eos.bench.stream_latency --forms continuous --rates 1000 --commit per_partition
+	failed=""; \
+	$(PY) -m kafka_eos.bench.throughput $(BENCH_ARGS) || failed="$$failed throughput"; \
+	$(PY) -m kafka_eos.bench.scale || failed="$$failed scale"; \
+	$(PY) -m kafka_eos.bench.stream_latency --forms continuous --rates 1000 --commit atomic || failed="$$failed stream-atomic"; \
+	$(PY) -m kafka_eos.bench.stream_latency --forms continuous --rates 1000 --commit per_partition || failed="$$failed stream-per_partition"; \
+	if [ -n "$$failed" ]; then echo "make bench: anomalies in:$$failed"; exit 1; fi
 
 # A big estate: 100 pipelines in one folder (the DAG file's parse as the dag-processor measures it,
 # a watchdog pass, the operator page, kafka-eos pipelines) and a plan, on a broker of its own before

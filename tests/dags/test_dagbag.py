@@ -179,7 +179,7 @@ def test_every_pipeline_has_a_stream_dag_that_restarts_and_alerts(dagbag):
     assert dag.schedule is None and dag.max_active_runs == 1 and "stream" in dag.tags and dag.doc_md
     (task,) = dag.tasks
     assert isinstance(task, KafkaEosStreamOperator) and task.retries == 3 and len(task.on_failure_callback) == 2
-    assert dag.params.validate() == {"interval_s": 1.0, "until_caught_up": False}
+    assert dag.params.validate() == {"interval_s": 0.1, "until_caught_up": False}  # a stream's default
 
 
 # --- the hook: Connection -> KafkaSettings -----------------------------------------------------

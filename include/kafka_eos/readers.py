@@ -32,11 +32,29 @@ def read_committed(settings: KafkaSettings, topic: str) -> list[Message]:
             for msg in committed_messages(settings, topic)]
 
 
+#: How long a reader waits for a transaction's markers: a producer's commit returns once the
+#: coordinator has decided it, and the markers reach the partitions after (until then their LSO
+#: is still at the transaction's first record, and a check read right after a run saw part of it).
+SETTLE_S = 2.0
+
+
+def settled_offsets(settings: KafkaSettings, tps: list) -> dict:
+    """:func:`partition_offsets` of ``tps`` once no partition has an open transaction (LSO at the
+    high watermark), or as they are after :data:`SETTLE_S` (a transaction that stays open)."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        ends = partition_offsets(settings, tps)
+        if all(e.lso >= e.high_watermark for e in ends.values()) or time.monotonic() >= deadline:
+            return ends
+        time.sleep(0.05)
+
+
 def committed_messages(settings: KafkaSettings, topic: str) -> Iterator:
     """The committed records of ``topic`` (confluent-kafka messages), up to each partition's LSO
-    now; a topic of millions is read in batches, never held whole."""
+    once just-committed transactions are settled (:func:`settled_offsets`); a topic of millions is
+    read in batches, never held whole."""
     n = partitions_of(settings, [topic])[topic]
-    ends = partition_offsets(settings, [(topic, p) for p in range(n)])
+    ends = settled_offsets(settings, [(topic, p) for p in range(n)])
     consumer = Consumer(settings.client_config(**{
         "group.id": reader_group("records"), "enable.auto.commit": False,
         "isolation.level": "read_committed", "enable.partition.eof": True}))

@@ -38,15 +38,15 @@ def read_committed(settings: KafkaSettings, topic: str) -> list[Message]:
 SETTLE_S = 2.0
 
 
-def settled_offsets(settings: KafkaSettings, tps: list) -> dict:
+def settled_offsets(settings: KafkaSettings, tps: list, timeout_s: float = SETTLE_S, every_s: float = 0.05) -> dict:
     """:func:`partition_offsets` of ``tps`` once no partition has an open transaction (LSO at the
-    high watermark), or as they are after :data:`SETTLE_S` (a transaction that stays open)."""
-    deadline = time.monotonic() + SETTLE_S
+    high watermark), or as they are after ``timeout_s`` (a transaction that stays open)."""
+    deadline = time.monotonic() + timeout_s
     while True:
         ends = partition_offsets(settings, tps)
         if all(e.lso >= e.high_watermark for e in ends.values()) or time.monotonic() >= deadline:
             return ends
-        time.sleep(0.05)
+        time.sleep(every_s)
 
 
 def committed_messages(settings: KafkaSettings, topic: str) -> Iterator:

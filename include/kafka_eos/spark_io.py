@@ -265,9 +265,8 @@ def spark_reader_group(options: Mapping[str, str]) -> str:
 _GROUP_ID_WARNER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 
 
-def quiet_loggers() -> dict[str, str]:
-    """Log4j levels of a Spark JVM's configuration that quiet :func:`spark_reader_group`'s warning."""
-    return {_GROUP_ID_WARNER: "ERROR"}
+#: Log4j levels of a Spark JVM's configuration that quiet :func:`spark_reader_group`'s warning.
+QUIET_LOGGERS = {_GROUP_ID_WARNER: "ERROR"}
 
 
 def quiet_group_id_warning(session: "SparkSession") -> None:

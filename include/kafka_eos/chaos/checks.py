@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -19,7 +18,7 @@ from sqlalchemy import text
 
 from kafka_eos.kafka_admin import ADMIN_TIMEOUT_S, committed_offsets, partition_offsets, partitions_of
 from kafka_eos.pipeline import checkpoints
-from kafka_eos.readers import read_committed
+from kafka_eos.readers import read_committed, settled_offsets
 from kafka_eos.sample_data import Produced
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
@@ -133,9 +132,5 @@ def wait_settled(settings: KafkaSettings, spec: PipelineSpec, timeout_s: float) 
     init; a broker coming back writes pending markers) before the open-transaction count."""
     if spec.sink.kind != "kafka":
         return
-    deadline = time.monotonic() + timeout_s
     tps = [(spec.sink.topic, p) for p in range(partitions_of(settings, [spec.sink.topic])[spec.sink.topic])]
-    while time.monotonic() < deadline:
-        if all(o.lso == o.high_watermark for o in partition_offsets(settings, tps).values()):
-            return
-        time.sleep(1)
+    settled_offsets(settings, tps, timeout_s, every_s=1)

@@ -124,9 +124,9 @@ class LocalSparkConnect:
                 raise SparkConnectError(f"port {self.port} on {HOST} is taken by another process: set "
                                         "KAFKA_EOS_SPARK_CONNECT_PORT to a free one")
             self.home.mkdir(parents=True, exist_ok=True)
-            from kafka_eos.spark_io import quiet_loggers
+            from kafka_eos.spark_io import QUIET_LOGGERS
 
-            (self.home / "log4j2.properties").write_text(log4j2_properties(self.log_file, "WARN", quiet_loggers()))
+            (self.home / "log4j2.properties").write_text(log4j2_properties(self.log_file, "WARN", QUIET_LOGGERS))
             log = open(self.log_file, "ab")  # noqa: SIM115 - the child keeps it
             # A session of its own: stop() ends the server and the Python workers it started.
             proc = subprocess.Popen(self.command(), env=self._env(), stdout=log, stderr=subprocess.STDOUT,

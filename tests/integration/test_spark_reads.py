@@ -1,4 +1,4 @@
-"""Spark's reads of planned ranges: pooled consumers under kafka-eos's group ids."""
+"""Spark's reads of planned ranges: pooled consumers under kafka-eos's group ids; the columns the sinks take."""
 
 from __future__ import annotations
 
@@ -24,3 +24,30 @@ def test_reads_of_the_same_partitions_with_other_kafka_settings_in_one_session(s
         reads.append(sorted((r.partition, r.offset, bytes(r.value)) for r in rows))
     assert len(reads[0]) == 40 and len({(p, o) for p, o, _ in reads[0]}) == 40
     assert reads[1] == reads[0] and reads[2] == reads[0]
+
+
+def test_the_sinks_columns_carry_a_record_without_headers_as_an_empty_list(spark):
+    """``batches.prepared``: a null ``headers`` (Kafka's reader gives it for a record without
+    headers) becomes an empty list, which Spark's Arrow writer measures per row in constant time;
+    carried headers pass unchanged, and the batches reach Python with the same rows."""
+    from pyspark.sql import functions as F
+
+    from kafka_eos.sinks import batches
+
+    headers = "array<struct<key:string,value:binary>>"
+    df = spark.createDataFrame(
+        [(b"k0", b"v0", None, "t", 0, 0), (b"k1", b"v1", [("h", b"x")], "t", 0, 1)],
+        f"key binary, value binary, headers {headers}, topic string, partition int, offset long",
+    ).withColumn("dlq_reason", F.lit(None).cast("string"))
+    rows = {r.offset: r for r in batches.prepared(df).collect()}
+    assert rows[0].headers == [] and [(h.key, bytes(h.value)) for h in rows[1].headers] == [("h", b"x")]
+
+    def lengths(arrow_batches):
+        import pyarrow as pa
+
+        for b in arrow_batches:
+            yield pa.RecordBatch.from_arrays([b.column("offset"), b.column("headers").value_lengths()],
+                                             ["offset", "n"])
+
+    got = sorted((r.offset, r.n) for r in batches.prepared(df).mapInArrow(lengths, "offset long, n int").collect())
+    assert got == [(0, 0), (1, 1)]

@@ -24,6 +24,7 @@ rows are produced by the new one.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ from kafka_eos.faults import armed, fault_point
 from kafka_eos.kafka_admin import committed_offsets, group_client, offset_metadata
 from kafka_eos.plan import PartitionRange
 from kafka_eos.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
 
 #: Default upper bound of one transaction (a spec's sink.transaction_timeout_s sets it). A killed
 #: attempt's transaction is aborted by the next init_transactions() at once; this only matters
@@ -365,6 +368,7 @@ class TransactionalCommit:
         }))
         try:
             # 1. Fence older attempts of the same work; their open transaction is aborted.
+            _connect(self._producer)
             self._call("init_transactions", lambda: self._producer.init_transactions(CALL_TIMEOUT_S))
             # 1b. Fence attempts of the same partitions in the other commit scope. Own id first, then
             # the others: of two attempts that overlap, whichever inits last fences the other's
@@ -465,6 +469,25 @@ def _bounded(what: str, fn: Callable[[], object], limit_s: float) -> object:
     return outcome.get("value")
 
 
+#: How long :func:`_connect` waits for the cluster's metadata (an unreachable cluster is then
+#: init_transactions()' to report, under its own bound).
+CONNECT_WAIT_S = 5.0
+
+
+def _connect(producer: Producer) -> None:
+    """Connect a new transactional producer to the cluster before its init_transactions().
+
+    librdkafka looks for the transaction coordinator as soon as init is called; when no broker
+    connection is up at that moment (the bootstrap connection just handed over to the brokers
+    the metadata named) it does not ask again until its coordinator timer fires, 500 ms later.
+    A Spark task's new producer met that in most inits (0.5 s of a 50,000-record task); after a
+    metadata request of its own (the cluster's brokers known and connected) none did."""
+    try:
+        producer.list_topics(timeout=CONNECT_WAIT_S)
+    except KafkaException as exc:
+        log.debug("metadata before init_transactions: %s", exc)
+
+
 def fence(settings: KafkaSettings, transactional_id: str, timeout_ms: int) -> None:
     """Bump the epoch of ``transactional_id`` (aborting its open transaction) and let go.
 
@@ -476,6 +499,7 @@ def fence(settings: KafkaSettings, transactional_id: str, timeout_ms: int) -> No
     fencer = Producer(settings.client_config(**{
         "transactional.id": transactional_id, "transaction.timeout.ms": timeout_ms}))
     try:
+        _connect(fencer)
         _bounded("init_transactions", lambda: fencer.init_transactions(CALL_TIMEOUT_S),
                  CALL_TIMEOUT_S + HUNG_CALL_GRACE_S)
     except CallHung as hung:

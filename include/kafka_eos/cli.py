@@ -262,7 +262,7 @@ def cmd_plan(args) -> int:
     if args.json:
         _print_json({"plan": json.loads(plan.to_json()), "drift": [dataclasses.asdict(d) for d in drift]})
         return 0
-    offsets = sum(r.until - r.from_offset for r in plan.active)
+    offsets = plan.offsets
     print(f"pipeline {spec.name}: " + ("nothing to do, every checkpoint is at its partition's LSO"
                                        if plan.is_empty else
                                        f"{len(plan.active)} partition(s), up to {offsets} offsets"))
@@ -300,7 +300,7 @@ def cmd_run(args) -> int:
         summary = RunSummary(spec.name, run_id, "empty", spec.sink.kind, 0, 0, 0, 0,
                              round(time.monotonic() - started, 3))
     else:
-        offsets = sum(r.until - r.from_offset for r in plan.active)
+        offsets = plan.offsets
         console.step(f"  plan   {len(plan.active)} partition(s), up to {offsets} offsets (run {run_id})")
         console.step("  spark  reading, transforming and committing " +
                      (f"(Spark Connect server {args.spark_remote})" if args.spark_remote else

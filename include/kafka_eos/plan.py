@@ -73,6 +73,12 @@ class Plan:
         return tuple(r for r in self.active if r.expected != r.until)
 
     @property
+    def offsets(self) -> int:
+        """Offsets the run reads: the ends of its non-empty ranges less their starts (records,
+        and the markers of transactions among them)."""
+        return sum(r.until - r.from_offset for r in self.active if not r.empty)
+
+    @property
     def planned_ms(self) -> int:
         """When the plan was made (epoch ms): its commits store it beside the checkpoint."""
         return int(datetime.fromisoformat(self.created_at).timestamp() * 1000)

@@ -73,7 +73,7 @@ def write_atomic(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, setting
 
     if df is None:
         return commit.run(batches.records((), spec, tally), manifest)
-    df = batches.prepared(df)
+    df = batches.prepared(df, plan.offsets)
     why = one_pass_unsafe(df)
     if why is not None:  # two passes from the start
         print(f"kafka-eos: {plan.pipeline}: {why}; computing the output first, then committing it",

@@ -480,8 +480,9 @@ def _connect(producer: Producer) -> None:
     librdkafka looks for the transaction coordinator as soon as init is called; when no broker
     connection is up at that moment (the bootstrap connection just handed over to the brokers
     the metadata named) it does not ask again until its coordinator timer fires, 500 ms later.
-    A Spark task's new producer met that in most inits (0.5 s of a 50,000-record task); after a
-    metadata request of its own (the cluster's brokers known and connected) none did."""
+    Spark tasks' new producers met it in 8 of 18 tasks (0.5 s of a 50,000-record task); after a
+    request for the whole cluster's metadata none of 12 did (for one topic's, 14 of 18 still did).
+    The price: that request per new producer (0.044 s beside 12,000 partitions)."""
     try:
         producer.list_topics(timeout=CONNECT_WAIT_S)
     except KafkaException as exc:

@@ -47,15 +47,15 @@ def prepared(df: "DataFrame", records: int | None = None) -> "DataFrame":
         return F.col(name).cast("string").cast("binary").alias(name)
 
     cols = [as_bytes("key"), as_bytes("value")]
-    if "headers" in df.columns and (records is None or records >= EMPTY_HEADERS_FROM):
-        # A record without headers as an empty list, not null (the same to the sink: no headers).
-        # Spark's Arrow writer measures the batch after every row (spark.sql.execution.arrow.
-        # maxBytesPerBatch), and Arrow's list vector re-fills every null's offset since its last
-        # value at each measure: a batch of null lists costs rows² (6 s of a 1.2M-record run).
-        headers_type = df.schema["headers"].dataType
-        cols.append(F.coalesce(F.col("headers"), F.array().cast(headers_type)).alias("headers"))
-    elif "headers" in df.columns:
-        cols.append(F.col("headers"))
+    if "headers" in df.columns:
+        headers = F.col("headers")
+        if records is None or records >= EMPTY_HEADERS_FROM:
+            # A record without headers as an empty list, not null (the same to the sink: no headers).
+            # Spark's Arrow writer measures the batch after every row (spark.sql.execution.arrow.
+            # maxBytesPerBatch), and Arrow's list vector re-fills every null's offset since its last
+            # value at each measure: a batch of null lists costs rows² (6 s of a 1.2M-record run).
+            headers = F.coalesce(headers, F.array().cast(df.schema["headers"].dataType)).alias("headers")
+        cols.append(headers)
     return df.select(*cols, F.col("topic"), F.col("partition").cast("int").alias("partition"),
                      F.col("offset").cast("long").alias("offset"), F.col(DLQ_REASON).cast("string").alias(DLQ_REASON))
 

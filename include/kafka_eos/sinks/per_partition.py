@@ -346,7 +346,8 @@ def write(df: "DataFrame | None", spec: PipelineSpec, plan: Plan,
     """
     results: dict[TP, CommitResult] = {}
     if df is not None:
-        df = batches.prepared(df, plan.offsets)
+        planned = plan.offsets
+        df = batches.prepared(df, planned)
         check_no_shuffle(df, spec)  # 1. no shuffle,
         owner = lineage_owner(df, plan)  # 1. and one source partition per task, proven: one pass
         one_pass = owner is not None
@@ -354,7 +355,7 @@ def write(df: "DataFrame | None", spec: PipelineSpec, plan: Plan,
         log.log(logging.DEBUG if keep else logging.INFO, "%s: per_partition in %s", spec.name,
                 "one pass (the lineage proves each task's source partition)" if one_pass
                 else "two passes (the lineage does not prove each task's source partition)")
-        if one_pass and keep and plan.offsets <= DRIVER_BATCH_OFFSETS:  # 2. a small stream batch: from the driver
+        if one_pass and keep and planned <= DRIVER_BATCH_OFFSETS:  # 2. a small stream batch: from the driver
             results = driver_commits(df, spec, plan, settings, owner, dead or {})
         else:
             results = _task_commits(df, spec, plan, settings, owner, keep, dead)

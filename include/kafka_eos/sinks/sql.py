@@ -22,6 +22,7 @@ import io
 import json
 import logging
 import pickle
+import sys
 import tempfile
 import time
 import uuid
@@ -57,6 +58,8 @@ BATCH_ROWS = 1000
 
 #: PostgreSQL drivers whose raw connection takes ``COPY … FROM STDIN`` (SQLAlchemy's driver names).
 COPY_DRIVERS = ("psycopg2", "psycopg")
+#: Bytes of CSV handed to the driver at a time in a ``COPY``.
+COPY_CHUNK_BYTES = 1 << 20
 #: PostgreSQL's error code of an ``ON CONFLICT DO UPDATE`` meeting one key twice in one statement.
 CARDINALITY_VIOLATION = "21000"
 #: PostgreSQL's error code of a key that is there already.
@@ -203,8 +206,30 @@ class SqlSink:
                             "(sqlite, postgresql)")
         return insert
 
+    def _insert_dead(self, conn, rows: list[dict]) -> None:
+        """Dead-letter rows, one multi-row ``INSERT`` (a dead letter there already stays).
+
+        ``RETURNING`` is what makes it one statement: SQLAlchemy (2.1) sends an ``ON CONFLICT``
+        insert without it row by row, a round trip each (24,000 dead letters: 4.2 s against 1.2 s
+        on PostgreSQL); ``DO NOTHING`` meets no row twice, so batching it is safe."""
+        stmt = self._insert(conn)(self.dead_letters).on_conflict_do_nothing()
+        conn.execute(stmt.returning(self.dead_letters.c.offset), rows)
+
     def _upsert(self, conn, table: Table, rows: list[dict], merge: str) -> None:
-        conn.execute(self._on_conflict(self._insert(conn)(table), table, merge), rows)
+        """``rows`` merged into ``table``: one multi-row ``INSERT … ON CONFLICT`` (``RETURNING``
+        makes SQLAlchemy batch it, see :meth:`_insert_dead`); where the rows hold a key twice,
+        which PostgreSQL merges once per statement, row by row, in their order."""
+        stmt = self._on_conflict(self._insert(conn)(table), table, merge)
+        keys = [table.c[k] for k in self.spec.sink.key_columns]
+        if keys:
+            try:
+                with conn.begin_nested():
+                    conn.execute(stmt.returning(*keys), rows)
+                return
+            except ProgrammingError as exc:
+                if _sqlstate(exc) != CARDINALITY_VIOLATION:
+                    raise
+        conn.execute(stmt, rows)
 
     def _on_conflict(self, stmt, table: Table, merge: str):
         """``stmt`` (an INSERT into ``table``) merging into the rows of the same key: adding the
@@ -245,25 +270,19 @@ class SqlSink:
 
     @staticmethod
     def _copy_into(conn, into: str, spool: "ArrowSpool") -> int:
-        """``COPY`` the spool's batches into the table ``into`` (quoted); the rows copied."""
-        import pyarrow.csv as pcsv
-
+        """``COPY`` the spool's batches into the table ``into`` (quoted), in one statement: the
+        database parses a batch while the next is written as CSV. Returns the rows copied."""
         columns = ", ".join(conn.dialect.identifier_preparer.quote(n) for n in spool.schema.names)
         copy = f"COPY {into} ({columns}) FROM STDIN WITH (FORMAT csv)"
-        options = pcsv.WriteOptions(include_header=False)
-        written = 0
+        csv = _CsvFeed(spool.batches())
         with conn.connection.driver_connection.cursor() as cursor:
-            for batch in spool.batches():
-                data = io.BytesIO()
-                pcsv.write_csv(batch, data, options)
-                if conn.dialect.driver == "psycopg2":
-                    data.seek(0)
-                    cursor.copy_expert(copy, data)
-                else:  # psycopg 3
-                    with cursor.copy(copy) as feed:
-                        feed.write(data.getbuffer())
-                written += batch.num_rows
-        return written
+            if conn.dialect.driver == "psycopg2":
+                cursor.copy_expert(copy, csv, size=COPY_CHUNK_BYTES)
+            else:  # psycopg 3
+                with cursor.copy(copy) as feed:
+                    while chunk := csv.read(COPY_CHUNK_BYTES):
+                        feed.write(chunk)
+        return csv.rows
 
     def _merge_staged(self, conn, table: Table, staged: Table) -> None:
         """One ``INSERT … SELECT … ON CONFLICT`` from the staging table. PostgreSQL merges a key
@@ -367,17 +386,15 @@ class SqlSink:
         with self.engine.begin() as conn:
             if not self._move_checkpoints(conn, plan):
                 return NOOP, 0, 0
-            insert = self._insert(conn)
             for batch in _batches(dead_letters):
                 dead += len(batch)
-                conn.execute(insert(self.dead_letters).on_conflict_do_nothing(), batch)
+                self._insert_dead(conn, batch)
             if results is not None:
                 out, refused = self._write_results(conn, table, results)
                 # Rows the database refused for their own sake: dead letters, in this transaction.
                 for batch in _batches(iter(refused)):
                     dead += len(batch)
-                    conn.execute(insert(self.dead_letters).on_conflict_do_nothing(),
-                                 [self._refused_row(table, row, exc, plan) for row, exc in batch])
+                    self._insert_dead(conn, [self._refused_row(table, row, exc, plan) for row, exc in batch])
             fault_point("before_sql_commit")
         return COMMITTED, out, dead
 
@@ -440,6 +457,38 @@ def _batches(rows: Iterator[dict]) -> Iterator[list[dict]]:
             batch = []
     if batch:
         yield batch
+
+
+class _CsvFeed:
+    """Record batches as one CSV stream (no header), written by Arrow a batch at a time as the
+    reader asks for more: a file to read for a driver's ``COPY … FROM STDIN``."""
+
+    def __init__(self, batches: Iterable["pa.RecordBatch"]) -> None:
+        import pyarrow.csv as pcsv
+
+        self._csv, self._options = pcsv, pcsv.WriteOptions(include_header=False)
+        self._batches = iter(batches)
+        self._chunk, self._at = b"", 0
+        self.rows = 0  # of the batches written so far
+
+    def read(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes (all that is left, for a negative size); b"" at the end."""
+        parts, wanted = [], size if size >= 0 else sys.maxsize
+        while wanted > 0:
+            if self._at >= len(self._chunk):
+                batch = next(self._batches, None)
+                if batch is None:
+                    break
+                data = io.BytesIO()
+                self._csv.write_csv(batch, data, self._options)
+                self._chunk, self._at = data.getvalue(), 0
+                self.rows += batch.num_rows
+                continue
+            part = self._chunk[self._at:self._at + wanted]
+            self._at += len(part)
+            wanted -= len(part)
+            parts.append(part)
+        return b"".join(parts)
 
 
 class Spool:

@@ -277,10 +277,13 @@ class ManifestStore:
                     return rec
         return None
 
-    def last_runs(self, n: int) -> list[dict]:
-        """The newest record of each of the pipeline's last ``n`` runs, newest first."""
+    def last_runs(self, n: int, offsets: PartitionOffsets | None = None) -> list[dict]:
+        """The newest record of each of the pipeline's last ``n`` runs, newest first.
+
+        :param offsets: the manifest partition's offsets, when the caller has them (one query for
+            many pipelines' manifests); else they are looked up."""
         found: dict[str, dict] = {}
-        with closing(self._tail(committed=True)) as records:
+        with closing(self._tail(committed=True, offsets=offsets)) as records:
             for _offset, _ts, key, rec in records:
                 if _is_run_of(self.pipeline, key, rec):
                     found.setdefault(key, rec)

@@ -86,8 +86,9 @@ def snapshot(settings: KafkaSettings, specs: Iterable[PipelineSpec], runs: int =
     specs = list(specs)
     out: list[dict] = []
     tps_of: dict[str, list[TP]] = {}
-    # One metadata request naming every topic of every pipeline (never the whole cluster's).
-    md = topics_metadata(settings, [t for spec in specs for t in needed_topics(spec)])
+    # One metadata request naming every topic of every pipeline, their run manifests too (never
+    # the whole cluster's).
+    md = topics_metadata(settings, [t for spec in specs for t in (*needed_topics(spec), spec.manifest_topic)])
     for spec in specs:
         entry = {"pipeline": spec.name, "group_id": spec.source.group_id, "sink": _sink(spec),
                  "partitions": [], "drift": [], "pinned": [], "lag": 0, "runs": [], "error": None}
@@ -96,8 +97,10 @@ def snapshot(settings: KafkaSettings, specs: Iterable[PipelineSpec], runs: int =
             tps_of[spec.name] = source_partitions(spec, settings, md)
         except KafkaEosError as exc:
             entry["error"] = str(exc)
-    # 1. One batched offsets query for every source partition of every pipeline.
-    everything = sorted({tp for tps in tps_of.values() for tp in tps})
+    # 1. One batched offsets query for every source partition of every pipeline, and of every run
+    # manifest there is (where its last runs are read back from).
+    manifests = {spec.name: (spec.manifest_topic, 0) for spec in specs if spec.manifest_topic in md.partitions}
+    everything = sorted({tp for tps in tps_of.values() for tp in tps} | set(manifests.values()))
     offsets = partition_offsets(settings, everything) if everything else {}
 
     # 2. Per pipeline, a few at a time (the clients wait on the network, not the CPU): its group
@@ -106,7 +109,9 @@ def snapshot(settings: KafkaSettings, specs: Iterable[PipelineSpec], runs: int =
         """(checkpoints, drift, last runs), or the one-line reason they could not be read."""
         try:
             cks, drift = checkpoints(spec, settings, tps_of[spec.name])
-            last = [_run(rec) for rec in ManifestStore.of(spec, settings).last_runs(runs)]
+            manifest = manifests.get(spec.name)
+            last = [_run(rec) for rec in ManifestStore.of(spec, settings).last_runs(runs, offsets[manifest])] \
+                if manifest else []
         except Exception as exc:  # noqa: BLE001 - a SQL sink's database error too: one row, not the page
             return one_line(exc)
         return {tp: cks.get(tp) for tp in tps_of[spec.name]}, [dataclasses.asdict(d) for d in drift], last

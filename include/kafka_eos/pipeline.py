@@ -300,7 +300,7 @@ def past_killed_attempt(spec: PipelineSpec, settings: KafkaSettings, read: Calla
                 "commit?): fencing the pipeline's transactional ids to abort it", spec.source.group_id)
     for transactional_id in [spec.transactional_id(), *(spec.transactional_id(t, p) for t, p in tps)]:
         try:
-            fence(settings, transactional_id, spec.sink.transaction_timeout_s * 1000)
+            fence(settings, transactional_id, spec.sink.transaction_timeout_s * 1000, spec.source.topics[0])
         except KafkaException as exc:
             raise BrokerError(f"fencing {transactional_id} to release the offsets of group "
                               f"{spec.source.group_id!r}: {exc.args[0].str()}") from exc

@@ -137,7 +137,7 @@ class Coordinator:
                 self.epoch = None
                 coordinator.producers.append(self)
 
-            def list_topics(self, timeout):  # the cluster's metadata, before the init
+            def list_topics(self, topic=None, timeout=None):  # metadata, before the init
                 return None
 
             def init_transactions(self, _timeout):
@@ -196,10 +196,11 @@ def test_a_retry_waits_for_an_abandoned_init_so_it_cannot_be_fenced_by_it(monkey
     assert again._producer.epoch == coordinator2.epoch == 2
 
 
-def test_a_new_transactional_producer_asks_for_the_clusters_metadata_before_its_init(monkeypatch):
+def test_a_new_transactional_producer_asks_for_a_topics_metadata_twice_before_its_init(monkeypatch):
     """librdkafka does not look for the coordinator again for 500 ms when no broker connection is up
     at init_transactions(): the commit's producer and the fencer of the other scope's id each
-    connect first (a metadata request), then init."""
+    connect first (the run's source topic's metadata, twice: the second answer comes from a broker
+    the first named), then init. Never the whole cluster's metadata (megabytes on a big cluster)."""
     from kafka_eos import txn
 
     calls = []
@@ -208,7 +209,8 @@ def test_a_new_transactional_producer_asks_for_the_clusters_metadata_before_its_
         def __init__(self, config):
             self.id = config["transactional.id"]
 
-        def list_topics(self, timeout):
+        def list_topics(self, topic=None, timeout=None):
+            assert topic == "orders", "a topic's metadata, not the whole cluster's"
             calls.append(("metadata", self.id))
 
         def init_transactions(self, _timeout):
@@ -217,5 +219,6 @@ def test_a_new_transactional_producer_asks_for_the_clusters_metadata_before_its_
     monkeypatch.setattr(txn, "Producer", Producer)
     TransactionalCommit(KafkaSettings("127.0.0.1:1"), "kafka-eos.p|orders|2", "kafka-eos.p",
                         [PartitionRange("orders", 2, 10, 20, 10)], fences=["kafka-eos.p"]).open()
-    assert calls == [("metadata", "kafka-eos.p|orders|2"), ("init", "kafka-eos.p|orders|2"),
-                     ("metadata", "kafka-eos.p"), ("init", "kafka-eos.p")]
+    assert calls == [("metadata", "kafka-eos.p|orders|2"), ("metadata", "kafka-eos.p|orders|2"),
+                     ("init", "kafka-eos.p|orders|2"), ("metadata", "kafka-eos.p"), ("metadata", "kafka-eos.p"),
+                     ("init", "kafka-eos.p")]

@@ -278,7 +278,6 @@ def test_a_key_a_run_gives_twice_is_summed_under_merge_add_and_refused_under_rep
                                                                                         (2, 12, 30.0)]
 
 
-
 def test_rows_and_dead_letters_go_a_batch_per_insert(spark, kafka_settings, make_spec, postgres_url,
                                                      transforms_from, unique, monkeypatch):
     """Where rows cannot go by COPY (the database refused one, or a column COPY's CSV cannot carry),

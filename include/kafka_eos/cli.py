@@ -340,7 +340,7 @@ def cmd_stream(args) -> int:
 
     from kafka_eos.logs import child_stderr_to, spark_log4j_options, spark_log_file
     from kafka_eos.spark_io import get_session
-    from kafka_eos.stream import PARENT_PID_ENV
+    from kafka_eos.stream import PARENT_PID_ENV, session_conf
     from kafka_eos.stream.loop import StreamRunner
 
     console = Console()
@@ -350,7 +350,7 @@ def cmd_stream(args) -> int:
                  f"(Spark's log: {spark_log_file()}); SIGTERM or Ctrl-C stops it after the batch in flight")
     with child_stderr_to(spark_log_file(), enabled=not args.verbose):
         spark = get_session(f"kafka-eos stream {spec.name}", driver_java_options=spark_log4j_options(args.verbose),
-                            conf=spec.spark_conf)
+                            conf=session_conf(spec.spark_conf))
 
     def report(line: str) -> None:
         print(f"{datetime.now(timezone.utc).strftime('%H:%M:%S.%f')[:-3]} {line}", flush=True)

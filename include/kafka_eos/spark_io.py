@@ -236,10 +236,12 @@ def size_bytes(text: str, bare: str) -> int:
 #: ``fetch.max.wait.ms`` of Spark's consumers in kafka-eos's reads (Kafka's default: 500 ms). A range
 #: of transactional input ends in a commit marker, past which the broker has nothing to send until a
 #: new record comes: a task reading its range's end waited for that fetch (up to the default's half
-#: second, or until the producers' next record), in every read. Planned ranges end at offsets the
-#: broker already has, so a short wait loses nothing; a long range's fetches return as soon as they
-#: have a byte, as before.
-FETCH_MAX_WAIT_MS = 10
+#: second, or until the producers' next record), in every read. And a pooled consumer keeps a fetch
+#: in flight past the range it read: the next read's task on it waits for that one first (up to this
+#: long). Planned ranges end at offsets the broker already has, so a short wait loses nothing; a long
+#: range's fetches return as soon as they have a byte, as before. 1 ms, not 0: a fetch where the
+#: broker has nothing yet (a leader moving) is still parked by the broker, not sent again at once.
+FETCH_MAX_WAIT_MS = 1
 #: A key of this process's own for :func:`spark_reader_group` (never written anywhere).
 _GROUP_KEY = os.urandom(16)
 

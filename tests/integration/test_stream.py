@@ -81,7 +81,9 @@ def test_stream_many_batches_exactly_once_over_aborted_input(spark, kafka_settin
         # Waves of input while the stream runs: each wave has aborted and (for SQL) poison records.
         for wave in range(4):
             truth = produce_orders(kafka_settings, topic, 120, first_seq=wave * 120, abort_every=3,
-                                   malformed_every=0 if kind == "kafka" else 13, transactional_id=f"wave-{wave}")
+                                   malformed_every=0 if kind == "kafka" else 13,
+                                   # per topic: tests of this module run at once on other workers
+                                   transactional_id=f"wave-{wave}.{topic}")
             committed += truth.committed
             aborted += truth.aborted
             malformed += truth.malformed
@@ -137,7 +139,7 @@ def test_stream_per_partition_keeps_its_producers_between_batches(spark, kafka_s
             lines.append(line)
         n = len(lines)
         committed.extend(produce_orders(kafka_settings, topic, 20, first_seq=n * 20, abort_every=0,
-                                        malformed_every=0, transactional_id=f"wave-{n}").committed)
+                                        malformed_every=0, transactional_id=f"wave-{n}.{topic}").committed)
 
     wave()
     runner = StreamRunner(spark, spec, kafka_settings, interval_s=0.1, report=wave, max_batches=6)

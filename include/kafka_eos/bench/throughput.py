@@ -41,7 +41,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 from confluent_kafka import Producer
 
@@ -690,14 +692,21 @@ def _measure(args, skip: set, settings: KafkaSettings, work: Path, rows: list[di
         print(f" {time.monotonic() - started:.0f} s", flush=True)
         return result
 
-    def best_of(n: int, what: str, fn, *a, **kw) -> dict:
-        """The fastest of ``n`` runs (each on new output topics), with every run's seconds and
-        every run's anomalies."""
-        tries = [step(f"{what} ({i + 1}/{n})" if n > 1 else what, fn, *a, **kw) for i in range(n)]
-        best = dict(min(tries, key=lambda r: r["seconds"]))
-        best["all_seconds"] = [r["seconds"] for r in tries]
-        best["anomalies"] = [a for r in tries for a in r.get("anomalies", [])]
-        return best
+    def best_of(n: int, runs: list[tuple[str, Callable[[], dict]]]) -> list[dict]:
+        """Of each run, the fastest of ``n`` tries (each on new output topics), with every try's
+        seconds and every try's anomalies. The runs compared with each other take their tries in
+        turns (A B A B, not A A B B): a machine that slows down over minutes slows them alike."""
+        tries: dict[str, list[dict]] = {what: [] for what, _fn in runs}
+        for i in range(n):
+            for what, fn in runs:
+                tries[what].append(step(f"{what} ({i + 1}/{n})" if n > 1 else what, fn))
+        bests = []
+        for what, _fn in runs:
+            best = dict(min(tries[what], key=lambda r: r["seconds"]))
+            best["all_seconds"] = [r["seconds"] for r in tries[what]]
+            best["anomalies"] = [a for r in tries[what] for a in r.get("anomalies", [])]
+            bests.append(best)
+        return bests
 
     print(f"orders (~{len(NOTE) + 150}-byte JSON), {PARTITIONS} partitions, transactions of {PER_TRANSACTION} with every "
           f"{ABORT_EVERY}rd aborted, every {MALFORMED_EVERY}th record malformed; Spark {MASTER}; logs in {work}")
@@ -730,21 +739,27 @@ def _sizes(args, skip: set, settings: KafkaSettings, work: Path, rows: list[dict
             rows += step("ceiling (Kafka's perf tools)", run_ceiling, work, settings, source)
         runs = []
         if "kafka" not in skip:
-            runs.append(best_of(args.repeat, f"baseline {size}x", run_baseline, work, settings, source))
-        for commit in ("atomic", "per_partition") if "kafka" not in skip else ():
-            runs.append(best_of(args.repeat, f"kafka-eos {commit} {size}x", run_kafka_eos, work, settings, source,
-                                "kafka", commit))
+            runs += best_of(args.repeat, [(f"baseline {size}x", partial(run_baseline, work, settings, source))] + [
+                (f"kafka-eos {commit} {size}x", partial(run_kafka_eos, work, settings, source, "kafka", commit))
+                for commit in ("atomic", "per_partition")])
         if remote:
-            runs.append(best_of(args.repeat, f"baseline {size}x, Spark Connect", run_baseline, work, settings,
-                                source, remote))
-        for commit in ("atomic", "per_partition") if remote else ():
-            runs.append(best_of(args.repeat, f"kafka-eos {commit} {size}x, Spark Connect", run_kafka_eos, work,
-                                settings, source, "kafka", commit, label=f"{commit}_connect", remote=remote))
+            runs += best_of(args.repeat, [(f"baseline {size}x, Spark Connect",
+                                           partial(run_baseline, work, settings, source, remote))] + [
+                (f"kafka-eos {commit} {size}x, Spark Connect",
+                 partial(run_kafka_eos, work, settings, source, "kafka", commit, label=f"{commit}_connect", remote=remote))
+                for commit in ("atomic", "per_partition")])
         if pg_url:
-            rows_run = best_of(args.repeat, f"kafka-eos SQL sink {size}x, a row per order, PostgreSQL", run_kafka_eos,
-                               work, settings, source, "sql_rows", url=pg_url, label="sql_rows")
-            runs += [best_of(args.repeat, f"Spark's JDBC writer {size}x, PostgreSQL", run_jdbc_baseline, work,
-                             settings, source, pg_url, rows_run["table"]), rows_run]
+            tables: list[str] = []  # the JDBC writer appends to a table defined as kafka-eos's first one
+
+            def sql_rows() -> dict:
+                row = run_kafka_eos(work, settings, source, "sql_rows", url=pg_url, label="sql_rows")
+                tables.append(row["table"])
+                return row
+
+            runs += reversed(best_of(args.repeat, [
+                (f"kafka-eos SQL sink {size}x, a row per order, PostgreSQL", sql_rows),
+                (f"Spark's JDBC writer {size}x, PostgreSQL", lambda: run_jdbc_baseline(work, settings, source, pg_url,
+                                                                                        tables[0]))]))
         if size == 1 and "sql" not in skip:
             runs.append(step("kafka-eos SQL sink, SQLite", run_kafka_eos, work, settings, source, "sql",
                              url=f"sqlite:///{work / 'bench.db'}", label="sql_sqlite"))
@@ -800,11 +815,23 @@ def run_formats(work: Path, settings: KafkaSettings, records: int, repeat: int) 
     import dataclasses
 
     from kafka_eos.local.registry import LocalRegistry
-    from kafka_eos.pipeline import prepare_plan
-    from kafka_eos.sample_data import produce_avro_orders
     from kafka_eos.settings import RegistrySettings
 
-    settings = dataclasses.replace(settings, schema_registry=RegistrySettings(LocalRegistry.default().start()))
+    registry = LocalRegistry.default()
+    started = not registry.is_running()  # one already running (the Avro demo's) keeps running
+    settings = dataclasses.replace(settings, schema_registry=RegistrySettings(registry.start()))
+    try:
+        return _run_formats(work, settings, records, repeat)
+    finally:
+        if started:
+            registry.stop()
+
+
+def _run_formats(work: Path, settings: KafkaSettings, records: int, repeat: int) -> list[dict]:
+    """:func:`run_formats` with the registry running."""
+    from kafka_eos.pipeline import prepare_plan
+    from kafka_eos.sample_data import produce_avro_orders
+
     tag = uuid.uuid4().hex[:6]
     avro_topic, json_topic = f"bench.orders.avro.{tag}", f"bench.orders.json.{tag}"
     create_topics(settings, {avro_topic: PARTITIONS, json_topic: PARTITIONS})

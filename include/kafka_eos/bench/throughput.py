@@ -1,7 +1,7 @@
 """``make bench``: kafka-eos's throughput beside plain at-least-once Spark and the broker's own
 ceiling, its fixed costs, its planner, and its memory.
 
-    python -m kafka_eos.bench.throughput [--records 300000] [--sizes 1,4] [--repeat 2] [--skip airflow,postgres]
+    python -m kafka_eos.bench.throughput [--records 300000] [--sizes 1,4] [--repeat 3] [--skip airflow,postgres]
 
 On the local broker (started if needed) unless ``KAFKA_BOOTSTRAP_SERVERS`` is set, one after
 another on the same generated orders (about 200-byte JSON values, 6 partitions, transactions of
@@ -887,9 +887,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="throughput", description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=DEFAULT_RECORDS, help="committed input records at 1x")
     parser.add_argument("--sizes", default="1,4", help="input sizes, as multiples of --records (comma-separated)")
-    parser.add_argument("--repeat", type=int, default=2,
-                        help="runs of each Kafka-sink Spark job; the table shows the fastest (Spark on 2 shared cores "
-                             "varies by several seconds from run to run)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="runs of each compared Spark job (the rows compared take them in turns); the table shows "
+                             "the fastest (a 1x run on 2 shared cores varies by 10-25%% from run to run)")
     parser.add_argument("--skip", default="",
                         help="parts to leave out: ceiling, kafka (the Kafka-sink rows; not with fixed), sql (the "
                              "revenue_per_minute rows), postgres (every PostgreSQL row), fixed, airflow, planner, "

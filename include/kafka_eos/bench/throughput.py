@@ -401,6 +401,14 @@ def _anomalies(row: dict, source: Input, kind: str, summary: dict) -> list[str]:
     return found
 
 
+def fastest(tries: list[dict]) -> dict:
+    """The fastest of a row's runs, with every run's seconds and every run's anomalies."""
+    best = dict(min(tries, key=lambda r: r["seconds"]))
+    best["all_seconds"] = [r["seconds"] for r in tries]
+    best["anomalies"] = [a for r in tries for a in r.get("anomalies", [])]
+    return best
+
+
 def _row(name: str, what: str, source: Input, m: Measured, out: int, dead: int) -> dict:
     return {"name": name, "what": what, "records_in": source.records, "records_out": out, "dead_letters": dead,
             "seconds": m.seconds, "records_per_s": round(source.records / m.seconds),
@@ -700,13 +708,7 @@ def _measure(args, skip: set, settings: KafkaSettings, work: Path, rows: list[di
         for i in range(n):
             for what, fn in runs:
                 tries[what].append(step(f"{what} ({i + 1}/{n})" if n > 1 else what, fn))
-        bests = []
-        for what, _fn in runs:
-            best = dict(min(tries[what], key=lambda r: r["seconds"]))
-            best["all_seconds"] = [r["seconds"] for r in tries[what]]
-            best["anomalies"] = [a for r in tries[what] for a in r.get("anomalies", [])]
-            bests.append(best)
-        return bests
+        return [fastest(tries[what]) for what, _fn in runs]
 
     print(f"orders (~{len(NOTE) + 150}-byte JSON), {PARTITIONS} partitions, transactions of {PER_TRANSACTION} with every "
           f"{ABORT_EVERY}rd aborted, every {MALFORMED_EVERY}th record malformed; Spark {MASTER}; logs in {work}")
@@ -844,11 +846,10 @@ def _run_formats(work: Path, settings: KafkaSettings, records: int, repeat: int)
         _produce(producer, json_topic, order["customer_id"].encode(), value)
     producer.flush(60)
     valid = sum(1 for o in orders if o["currency"] != "XXX")
-    rows = []
-    for label, topic, transform, fmt in (("avro", avro_topic, "enrich", "avro"),
-                                         ("avro_json", json_topic, "enrich_json", None)):
-        tries = []
-        for _ in range(repeat):
+    formats = (("avro", avro_topic, "enrich", "avro"), ("avro_json", json_topic, "enrich_json", None))
+    tries: dict[str, list[dict]] = {label: [] for label, *_rest in formats}
+    for _ in range(repeat):  # in turns, as the other compared rows
+        for label, topic, transform, fmt in formats:
             name = f"bench_{label}_{uuid.uuid4().hex[:6]}"
             create_topics(settings, {f"{name}.out": PARTITIONS, f"{name}.dlq": 1})
             source = {"topics": [topic], "max_records_per_partition": 10**12, "max_records_per_run": 10**12}
@@ -874,11 +875,8 @@ def _run_formats(work: Path, settings: KafkaSettings, records: int, repeat: int)
                        m, out, dead)
             row["anomalies"] = [] if (out, dead) == (valid, records - valid) else [
                 f"{out} results and {dead} dead letters for {valid} valid and {records - valid} invalid orders"]
-            tries.append(row)
-        best = dict(min(tries, key=lambda r: r["seconds"]))
-        best["all_seconds"] = [r["seconds"] for r in tries]
-        best["anomalies"] = [a for r in tries for a in r["anomalies"]]
-        rows.append(best)
+            tries[label].append(row)
+    rows = [fastest(tries[label]) for label, *_rest in formats]
     rows[0]["x_json"] = round(rows[0]["records_per_s"] / rows[1]["records_per_s"], 2)
     return rows
 

@@ -280,7 +280,7 @@ def cmd_run(args) -> int:
     from kafka_eos.batch import RunSummary, run_batch
     from kafka_eos.logs import child_stderr_to, spark_log4j_options, spark_log_file
     from kafka_eos.pipeline import prepare_plan, verify
-    from kafka_eos.spark_io import check_reachable, get_session
+    from kafka_eos.spark_io import check_reachable, end_session, get_session
 
     from kafka_eos.stream.lease import refuse_if_streaming
 
@@ -307,13 +307,13 @@ def cmd_run(args) -> int:
                       f"(Spark's log: {spark_log_file()})"))
         with child_stderr_to(spark_log_file(), enabled=not args.verbose):
             spark = get_session(f"kafka-eos {spec.name}", driver_java_options=spark_log4j_options(args.verbose),
-                                remote=args.spark_remote, conf=spec.spark_conf)
+                                remote=args.spark_remote, conf=spec.spark_conf, pipeline=spec.name)
         try:
             with console.spark_progress(spark):
                 summary = run_batch(spark, spec, plan, settings)
         finally:
             if args.spark_remote:
-                spark.stop()  # the server's session of this run (and anything it cached) ends now
+                end_session(spark)  # the pipeline's session of the server waits for its next run
         console.step("  verify every checkpoint is at its range's end")
         verify(spec, settings, plan)
     pinned = _pinned(settings, [r.tp for r in plan.ranges], spec)

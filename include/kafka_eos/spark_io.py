@@ -19,6 +19,8 @@ from kafka_eos.settings import KafkaSettings
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # pragma: no cover
+    from datetime import date
+
     from pyspark.sql import DataFrame, SparkSession
 
 #: Comma-separated jar paths, or a folder of jars, holding Spark's Kafka connector.
@@ -139,7 +141,7 @@ def check_reachable(remote: str, timeout_s: float = 10.0) -> None:
 
 def get_session(app_name: str = "kafka-eos", master: str | None = None,
                 driver_java_options: str | None = None, remote: str | None = None,
-                conf: Mapping[str, str] | None = None) -> "SparkSession":
+                conf: Mapping[str, str] | None = None, pipeline: str | None = None) -> "SparkSession":
     """The SparkSession of this process (``local[2]`` unless a master is given or configured), or
     a Spark Connect client's session of the server at ``remote``.
 
@@ -151,21 +153,19 @@ def get_session(app_name: str = "kafka-eos", master: str | None = None,
     :param conf: the pipeline's Spark settings (a spec's ``spark:`` section), merged over kafka-eos's
         (:func:`merged_conf`) for a session this call starts. Through Spark Connect only the
         ``spark.sql.*`` ones reach the session; the others are the server's.
+    :param pipeline: through Spark Connect, the pipeline whose runs share one session of the
+        server (:func:`connect_session`); None: a session of its own. End it with :func:`end_session`.
     """
     from pyspark.sql import SparkSession
 
     pipeline_conf = dict(conf or {})
     if remote:
         check_reachable(remote)
-        builder = SparkSession.builder.remote(remote).config("spark.sql.session.timeZone", SESSION_TIME_ZONE)
         server_side = sorted(k for k in pipeline_conf if not k.startswith("spark.sql."))
         if server_side:
             log.info("Spark Connect: %s are the server's settings, not the session's: left out",
                      ", ".join(server_side))
-        for key, value in pipeline_conf.items():
-            if key.startswith("spark.sql."):
-                builder = builder.config(key, value)
-        return builder.getOrCreate()
+        return connect_session(remote, connect_session_conf(pipeline_conf), pipeline)
 
     # PySpark reads the workers' interpreter from PYSPARK_PYTHON when the context starts in
     # this process (spark.pyspark.python only reaches spark-submit): they run kafka_eos code.
@@ -189,6 +189,107 @@ def get_session(app_name: str = "kafka-eos", master: str | None = None,
     bound_result_size(session)
     quiet_group_id_warning(session)
     return session
+
+
+#: A named Spark Connect session whose runs are done is left to the server's idle timeout
+#: (``spark.connect.session.manager.defaultSessionTimeout``, 60 minutes by default), not released:
+#: the pipeline's next run takes it up again.
+_KEPT_SESSION = "_kafka_eos_kept"
+
+
+def connect_session_conf(pipeline_conf: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What a Spark Connect session of a pipeline is given: kafka-eos's time zone and the pipeline's
+    ``spark.sql.*`` settings (the others are the server's)."""
+    return {"spark.sql.session.timeZone": SESSION_TIME_ZONE,
+            **{k: v for k, v in (pipeline_conf or {}).items() if k.startswith("spark.sql.")}}
+
+
+def connect_session(remote: str, conf: Mapping[str, str], pipeline: str | None = None,
+                    today: "date | None" = None) -> "SparkSession":
+    """A Spark Connect client's session of the server at ``remote``, with the session settings ``conf``.
+
+    Where the URL names no ``session_id``, a pipeline's runs share one session of the server a day
+    (:func:`pipeline_session_id`): what the server keeps per session stays warm from one run to the
+    next — its Python workers and their daemon above all (Spark keys them by the session, and a
+    new session starts them cold: about a second of each run that runs Python on the server).
+    Runs do not release that session (:func:`end_session`); the server ends it after its idle
+    timeout, and a session the server has closed (Spark then refuses its id) gives way to a session
+    of the run's own. A URL that names a ``session_id`` is its caller's: used as it is, not released.
+    """
+    from pyspark.errors import PySparkException
+    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    named = _connect_url_params(remote).get("session_id")
+    kept = named is not None or pipeline is not None
+    url = remote if named is not None or pipeline is None else \
+        _with_session_id(remote, pipeline_session_id(remote, pipeline, conf, today))
+
+    def build(url: str) -> "SparkSession":
+        builder = SparkSession.builder.remote(url)
+        for key, value in conf.items():
+            builder = builder.config(key, value)
+        # A new client (getOrCreate would hand back this process's active one, whatever its URL);
+        # setting the conf asks the server, so a closed session says so here.
+        return builder.create()
+
+    try:
+        session = build(url)
+    except PySparkException as exc:
+        if named is not None or pipeline is None or exc.getCondition() != "INVALID_HANDLE.SESSION_CLOSED":
+            raise
+        # Made, and refused by the server: its channel closed (this process's classic session, if
+        # any, is not touched).
+        refused = ConnectSession.getActiveSession()
+        if refused is not None:
+            refused.release_session_on_close = False
+            refused.stop()
+        log.info("Spark Connect: pipeline %s's session of today was closed by the server (idle past its "
+                 "timeout): this run takes a session of its own", pipeline)
+        kept, session = False, build(remote)
+    setattr(session, _KEPT_SESSION, kept)
+    session.release_session_on_close = not kept
+    return session
+
+
+def end_session(spark: "SparkSession") -> None:
+    """End this process's use of ``spark``: a Spark Connect session of the run's own is released on
+    the server (with anything it cached); a pipeline's shared session (:func:`connect_session`) is
+    left for its next run, without the temporary views the run made; a classic session stops."""
+    if is_connect(spark) and getattr(spark, _KEPT_SESSION, False):
+        try:
+            for view in spark.catalog.listTables():
+                if view.isTemporary:
+                    spark.catalog.dropTempView(view.name)
+        except Exception as exc:  # noqa: BLE001 - the next run replaces them, or fails on its own
+            log.debug("temporary views of the shared Spark Connect session not dropped: %s", exc)
+    spark.stop()
+
+
+def pipeline_session_id(remote: str, pipeline: str, conf: Mapping[str, str], today: "date | None" = None) -> str:
+    """The Spark Connect session id of ``pipeline``'s runs on ``today`` (UTC): a UUID derived from the
+    server's URL (with its ``user_id`` and ``token``: nobody without the token can compute it), the
+    pipeline, the session settings (changed settings: another session, none left over from before)
+    and the day (a session the server has closed is not asked for again the next day)."""
+    import hashlib
+    import uuid
+    from datetime import datetime, timezone
+
+    day = (today or datetime.now(timezone.utc).date()).isoformat()
+    digest = hashlib.sha256(json.dumps([remote, pipeline, sorted(conf.items()), day]).encode())
+    return str(uuid.UUID(bytes=digest.digest()[:16], version=4))
+
+
+def _connect_url_params(remote: str) -> dict[str, str]:
+    """The ``;key=value`` parameters of a Spark Connect URL (``sc://host:port/;token=...;user_id=...``)."""
+    _base, _sep, params = remote.partition(";")
+    return dict(p.split("=", 1) for p in params.split(";") if "=" in p)
+
+
+def _with_session_id(remote: str, session_id: str) -> str:
+    if ";" in remote:
+        return f"{remote.rstrip(';')};session_id={session_id}"
+    return f"{remote.rstrip('/')}/;session_id={session_id}"
 
 
 #: What share of the driver's heap one job may return to it (``spark.driver.maxResultSize``) where

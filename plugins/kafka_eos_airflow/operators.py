@@ -427,18 +427,18 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
         """Run ``plan`` to its commit through the Spark Connect server at ``remote``. The URL may hold
         the connection's token: it is never logged."""
         from kafka_eos.batch import run_batch
-        from kafka_eos.spark_io import get_session
+        from kafka_eos.spark_io import end_session, get_session
 
         self.log.info("pipeline %s run %s: %d partition(s) through Spark connection %r (Spark Connect)",
                       spec.name, plan.run_id, len(plan.active), self._conn_id)
-        spark = get_session(remote=remote, conf=spec.spark_conf)
+        spark = get_session(remote=remote, conf=spec.spark_conf, pipeline=spec.name)
         try:
             summary = run_batch(spark, spec, plan, settings)
         finally:
             try:
-                spark.stop()  # the server ends this client's session; the server runs on
+                end_session(spark)  # the pipeline's session of the server waits for its next run
             except Exception as exc:  # noqa: BLE001 - the run's own outcome is what the task reports
-                self.log.warning("Spark Connect session not released: %s", exc)
+                self.log.warning("Spark Connect session not closed: %s", exc)
         self.log.info("KAFKA_EOS_SUMMARY %s", json.dumps(summary.as_dict()))
 
     def spark_environ(self, settings: KafkaSettings, folder: Path) -> dict[str, str]:

@@ -54,6 +54,11 @@ def test_a_run_through_the_connect_server_is_exactly_once_and_starts_no_jvm(conn
     assert again.returncode == 0 and "nothing to do" in again.stdout, again.stderr[-2000:]
     assert len(read_committed(kafka_settings, spec.sink.topic)) == len(out)
 
+    # The run left the pipeline's session of the server open for its next run (per_partition: with
+    # the Python daemon its tasks started).
+    session, daemons = pipeline_session(connect_server.url, spec)
+    assert daemons if commit == "per_partition" else not daemons
+
     # As a person runs it (steps and Spark's progress on stderr): the next records, exactly once.
     more = produce_orders(kafka_settings, spec.source.topics[0], 60, first_seq=300, abort_every=4,
                           malformed_every=0, transactional_id=f"more-{spec.name}")
@@ -63,6 +68,54 @@ def test_a_run_through_the_connect_server_is_exactly_once_and_starts_no_jvm(conn
     assert "(Spark Connect server sc://127.0.0.1:" in shown.stderr
     out = [json.loads(m.value)["order_id"] for m in read_committed(kafka_settings, spec.sink.topic)]
     assert Counter(out) == Counter(o["order_id"] for o in truth.committed + more.committed)
+    # The same session on the server, and the same Python daemon: nothing started cold again.
+    assert pipeline_session(connect_server.url, spec) == (session, daemons)
+
+    # The server closed that session (here released; else idle past its timeout): Spark refuses its
+    # id from then on, and the next run takes a session of its own, exactly once all the same.
+    close_pipeline_session(connect_server.url, spec)
+    last = produce_orders(kafka_settings, spec.source.topics[0], 20, first_seq=360, abort_every=0,
+                          malformed_every=0, transactional_id=f"last-{spec.name}")
+    own = kafka_eos_run(spec_file, kafka_settings, connect_server.url, "-v", env=no_java)
+    assert own.returncode == 0, own.stderr[-3000:]
+    assert f"pipeline {spec.name}'s session of today was closed by the server" in own.stderr, own.stderr[-3000:]
+    out = [json.loads(m.value)["order_id"] for m in read_committed(kafka_settings, spec.sink.topic)]
+    assert Counter(out) == Counter(o["order_id"] for o in truth.committed + more.committed + last.committed)
+
+
+def pipeline_session(url: str, spec) -> tuple[str, set[int]]:
+    """The pipeline's session of the server at ``url``, taken up as its runs take it: the server's
+    own id of it, and the Python daemons the server started for it (Spark gives them the id as
+    ``SPARK_JOB_ARTIFACT_UUID``)."""
+    import psutil
+
+    from kafka_eos.spark_io import connect_session, connect_session_conf
+
+    spark = connect_session(url, connect_session_conf(spec.spark_conf), spec.name)
+    try:
+        spark.conf.get("spark.sql.session.timeZone")  # a round trip: the server says its session's id
+        server_id = spark.client._server_session_id
+    finally:
+        spark.stop()  # a pipeline's session: not released
+    daemons = set()
+    for proc in psutil.process_iter(["cmdline", "ppid"]):
+        if "pyspark.daemon" not in " ".join(proc.info["cmdline"] or []):
+            continue
+        try:
+            parent = " ".join(psutil.Process(proc.info["ppid"]).cmdline())
+            if "pyspark.daemon" not in parent and proc.environ().get("SPARK_JOB_ARTIFACT_UUID") == server_id:
+                daemons.add(proc.pid)  # a daemon (its workers are its children)
+        except psutil.Error:
+            continue
+    return server_id, daemons
+
+
+def close_pipeline_session(url: str, spec) -> None:
+    from kafka_eos.spark_io import connect_session, connect_session_conf
+
+    spark = connect_session(url, connect_session_conf(spec.spark_conf), spec.name)
+    spark.release_session_on_close = True
+    spark.stop()
 
 
 def test_a_run_through_an_unreachable_server_fails_in_one_line_and_commits_nothing(kafka_settings, make_spec,

@@ -16,7 +16,7 @@ from kafka_eos.errors import KafkaEosError
 from kafka_eos.local.airflow import LocalAirflow, connections_environ
 from kafka_eos.local.spark_connect import SERVER_CLASS, LocalSparkConnect
 from kafka_eos.settings import KafkaSettings
-from kafka_eos.spark_io import check_reachable
+from kafka_eos.spark_io import _connect_url_params, _with_session_id, check_reachable, pipeline_session_id
 
 
 def test_an_unreachable_server_is_one_line_naming_the_address():
@@ -33,6 +33,33 @@ def test_an_unreachable_server_is_one_line_naming_the_address():
 def test_a_url_that_is_not_spark_connect_is_refused(url):
     with pytest.raises(KafkaEosError, match="expected sc://host"):
         check_reachable(url)
+
+
+def test_a_pipelines_runs_of_one_day_name_one_session_and_anything_else_names_another():
+    import uuid
+    from datetime import date
+
+    day = date(2026, 11, 28)
+    conf = {"spark.sql.session.timeZone": "UTC"}
+    first = pipeline_session_id("sc://h:15002", "orders", conf, day)
+    assert first == pipeline_session_id("sc://h:15002", "orders", dict(conf), day)  # another run, same day
+    assert uuid.UUID(first).version == 4  # what a Spark Connect client accepts as a session_id
+    others = {pipeline_session_id("sc://h:15002", "payments", conf, day),  # another pipeline
+              pipeline_session_id("sc://h:15002", "orders", {**conf, "spark.sql.shuffle.partitions": "4"}, day),
+              pipeline_session_id("sc://h:15002", "orders", conf, date(2026, 11, 29)),  # the next day
+              pipeline_session_id("sc://h:15002/;token=t2", "orders", conf, day),  # another token
+              pipeline_session_id("sc://g:15002", "orders", conf, day)}  # another server
+    assert first not in others and len(others) == 5
+
+
+@pytest.mark.parametrize("url, expected", [
+    ("sc://h:15002", "sc://h:15002/;session_id=S"),
+    ("sc://h:15002/", "sc://h:15002/;session_id=S"),
+    ("sc://h:15002/;token=t;user_id=u", "sc://h:15002/;token=t;user_id=u;session_id=S"),
+])
+def test_a_pipelines_session_id_joins_the_urls_parameters(url, expected):
+    assert _with_session_id(url, "S") == expected
+    assert _connect_url_params(expected)["session_id"] == "S"
 
 
 def test_spark_remote_makes_the_deployments_spark_connection_a_spark_connect_one(monkeypatch, tmp_path):

@@ -278,9 +278,11 @@ def _plan_file(work: Path, plan) -> Path:
     return path
 
 
-def run_baseline(work: Path, settings: KafkaSettings, source: Input, remote: str | None = None) -> dict:
+def run_baseline(work: Path, settings: KafkaSettings, source: Input, remote: str | None = None,
+                 label: str | None = None) -> dict:
     """Plain Spark: the orders transform over the whole topic, Spark's own Kafka sink (through the
-    Spark Connect server ``remote``, if given: the app as a plain Python process)."""
+    Spark Connect server ``remote``, if given: the app as a plain Python process, in a session of
+    its own unless ``remote`` names one)."""
     from kafka_eos.pipeline import compute_plan
 
     spec = bench_spec(work, settings, source, "baseline")
@@ -291,8 +293,10 @@ def run_baseline(work: Path, settings: KafkaSettings, source: Input, remote: str
     if m.returncode != 0:
         raise RuntimeError(f"baseline run failed (exit {m.returncode}): see {work / spec.name}.log")
     out, dead = count_committed(settings, spec.sink.topic), count_committed(settings, spec.sink.dlq_topic)
-    row = _row("baseline_connect" if remote else "baseline", "Spark's Kafka sink (at-least-once)" +
-               (", through the Spark Connect server" if remote else ""), source, m, out, dead)
+    what = "Spark's Kafka sink (at-least-once)" + (", through the Spark Connect server" if remote else "")
+    if label == "baseline_connect_session":
+        what += ", its runs in one session (as kafka-eos's; x base: against a session each)"
+    row = _row(label or ("baseline_connect" if remote else "baseline"), what, source, m, out, dead)
     if out + dead < source.records:
         row["anomalies"] = [f"wrote {out} results and {dead} dead letters for {source.records} committed inputs"]
     return row
@@ -347,7 +351,11 @@ def run_kafka_eos(work: Path, settings: KafkaSettings, source: Input, kind: str,
     """kafka-eos on the whole topic: the plan stored (as the DAG's plan task does), then a
     spark-submit of the Spark task's entry point, or, given the Spark Connect server ``remote``,
     ``kafka-eos run --spark-remote`` on the stored plan; the output checked against the input.
-    (Through Connect the memory columns are the client's: the server is not in its process tree.)"""
+    (Through Connect the memory columns are the client's: the server is not in its process tree.)
+
+    Through Connect, a row's runs share one session of the server, named in ``remote``, as a deployed
+    pipeline's runs share its session (:func:`kafka_eos.spark_io.connect_session`); each run is a new
+    pipeline here (new outputs, new checkpoints), which would otherwise take a session of its own."""
     from kafka_eos.pipeline import prepare_plan
 
     spec = bench_spec(work, settings, source, label or commit, kind=kind, commit=commit, url=url)
@@ -565,7 +573,7 @@ def _ratios(rows: list[dict]) -> None:
         if "size" not in r:
             continue
         # Through Spark Connect, against Spark's own sink through the same server (neither pays a JVM start).
-        base_name = "baseline_connect" if r["name"].endswith("_connect") else \
+        base_name = "baseline_connect" if "_connect" in r["name"] else \
             "baseline_jdbc" if r["name"] == "sql_rows" else "baseline"
         base = next((b for b in rows if b["name"] == base_name and b.get("size") == r["size"]), None)
         r["x_baseline"] = round(r["records_per_s"] / base["records_per_s"], 2) if base else None
@@ -646,8 +654,8 @@ def chart(rows: list[dict], path: Path) -> None:
         fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [3, 2]})
     else:
         fig, left = plt.subplots(1, 1, figsize=(10, 5))
-    labels = [f"{r['name'].removesuffix('_connect')}\n{r['size']}x" + ("\nConnect" if r["name"].endswith("_connect") else "")
-              for r in runs]
+    labels = [f"{r['name'].replace('_connect_session', ', 1 session').removesuffix('_connect')}\n{r['size']}x"
+              + ("\nConnect" if "_connect" in r["name"] else "") for r in runs]
     colors = ["#888888" if r["name"].startswith("baseline") else "#2a6fbb" if r["name"] in ("atomic", "per_partition")
               else "#7a4fbf" if r["name"].endswith("_connect") else "#3a9a5b" for r in runs]
     bars = left.bar(labels, [r["records_per_s"] for r in runs], color=colors)
@@ -745,11 +753,17 @@ def _sizes(args, skip: set, settings: KafkaSettings, work: Path, rows: list[dict
                 (f"kafka-eos {commit} {size}x", partial(run_kafka_eos, work, settings, source, "kafka", commit))
                 for commit in ("atomic", "per_partition")])
         if remote:
+            # kafka-eos's runs of one row share a session of the server, as a pipeline's runs do;
+            # Spark's own sink as a job is written (a session each), and again in one session.
             runs += best_of(args.repeat, [(f"baseline {size}x, Spark Connect",
                                            partial(run_baseline, work, settings, source, remote))] + [
                 (f"kafka-eos {commit} {size}x, Spark Connect",
-                 partial(run_kafka_eos, work, settings, source, "kafka", commit, label=f"{commit}_connect", remote=remote))
-                for commit in ("atomic", "per_partition")])
+                 partial(run_kafka_eos, work, settings, source, "kafka", commit, label=f"{commit}_connect",
+                         remote=f"{remote}/;session_id={uuid.uuid4()}"))
+                for commit in ("atomic", "per_partition")] + [
+                (f"baseline {size}x, Spark Connect, one session",
+                 partial(run_baseline, work, settings, source, f"{remote}/;session_id={uuid.uuid4()}",
+                         label="baseline_connect_session"))])
         if pg_url:
             tables: list[str] = []  # the JDBC writer appends to a table defined as kafka-eos's first one
 

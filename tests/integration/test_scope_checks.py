@@ -207,8 +207,8 @@ def test_the_lineage_proves_one_partition_per_task_only_for_one_to_one_steps(
     union (a partition's rows in two tasks) or a read split into several tasks per partition."""
     from kafka_eos.batch import transformed
     from kafka_eos.sinks import batches
-    from kafka_eos.sinks.per_partition import lineage_owner
-    from kafka_eos.spark_io import read_ranges
+    from kafka_eos.sinks.per_partition import lineage_owner, proven_dataframe
+    from kafka_eos.spark_io import read_layout, read_ranges
 
     spec = make_spec("spark_apps.transforms.orders:enrich", "kafka", "per_partition")
     produce_orders(kafka_settings, spec.source.topics[0], 90, abort_every=0, malformed_every=0)
@@ -217,6 +217,13 @@ def test_the_lineage_proves_one_partition_per_task_only_for_one_to_one_steps(
     owner = lineage_owner(batches.prepared(output), plan)
     assert owner is not None and sorted(owner.values()) == sorted(r.tp for r in plan.active if not r.empty)
     assert len(owner) == batches.prepared(output).rdd.getNumPartitions()
+    # The commit job runs the RDD the proof walked, not a plan made again: its plan is a scan of
+    # that RDD, its lineage the same read, its rows the same.
+    prepared = batches.prepared(output)
+    proven = proven_dataframe(prepared)
+    assert "Scan ExistingRDD" in proven._jdf.queryExecution().executedPlan().toString()
+    assert read_layout(proven) == read_layout(prepared)
+    assert sorted(proven.collect()) == sorted(prepared.collect())
 
     union = make_spec(f"{transforms_module}:unioned", "kafka", "per_partition")
     produce_orders(kafka_settings, union.source.topics[0], 90, abort_every=0, malformed_every=0)

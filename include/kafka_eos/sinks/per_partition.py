@@ -194,6 +194,24 @@ def lineage_owner(df: "DataFrame", plan: Plan) -> dict[int, TP] | None:
     return {index: tp for index, (tp, _f, _u) in read.items()}
 
 
+def proven_dataframe(df: "DataFrame") -> "DataFrame":
+    """Step 1, one pass: ``df`` as a DataFrame of the very RDD whose lineage :func:`lineage_owner`
+    proved, so that the commit job runs that RDD (the proof's own object) instead of planning the
+    transform again — a second plan reads the Kafka source's offsets again and compiles its code
+    again (about a second of a run's first job in a new JVM). A Spark Connect client's DataFrame,
+    or a Spark without the internal call this needs, is returned as it is (Spark plans it again;
+    the tasks still check every row's source partition)."""
+    if is_connect(df):
+        return df
+    try:
+        session = df.sparkSession
+        jdf = session._jsparkSession.internalCreateDataFrame(df._jdf.queryExecution().toRdd(), df._jdf.schema(), False)
+        return type(df)(jdf, session)
+    except Exception as exc:  # noqa: BLE001 - planned again, as before
+        log.debug("per_partition: the proven RDD not reused (%s): the commit job plans the transform again", exc)
+        return df
+
+
 def task_sources(df: "DataFrame", spec: PipelineSpec, plan: Plan) -> tuple[dict[int, TP], dict | None]:
     """Step 1, two passes: which source partition each Spark task of ``df`` holds, and, for a sink
     without ``dlq_topic``, the first dead letter (None when there is none), from a scan of ``df``.
@@ -351,6 +369,8 @@ def write(df: "DataFrame | None", spec: PipelineSpec, plan: Plan,
         check_no_shuffle(df, spec)  # 1. no shuffle,
         owner = lineage_owner(df, plan)  # 1. and one source partition per task, proven: one pass
         one_pass = owner is not None
+        if one_pass:
+            df = proven_dataframe(df)
         # At DEBUG in a stream (a line per batch, many a second); a run's log says it at INFO.
         log.log(logging.DEBUG if keep else logging.INFO, "%s: per_partition in %s", spec.name,
                 "one pass (the lineage proves each task's source partition)" if one_pass

@@ -209,9 +209,9 @@ def connect_session(remote: str, conf: Mapping[str, str], pipeline: str | None =
     """A Spark Connect client's session of the server at ``remote``, with the session settings ``conf``.
 
     Where the URL names no ``session_id``, a pipeline's runs share one session of the server a day
-    (:func:`pipeline_session_id`): what the server keeps per session stays warm from one run to the
-    next — its Python workers and their daemon above all (Spark keys them by the session, and a
-    new session starts them cold: about a second of each run that runs Python on the server).
+    (:func:`pipeline_session_id`): what the server builds per session stays warm from one run to the
+    next — the session's state, and the Python daemon and workers of its tasks (Spark keys them by
+    the session): about a second of each run on a server of two cores (docs/performance.md).
     Runs do not release that session (:func:`end_session`); the server ends it after its idle
     timeout, and a session the server has closed (Spark then refuses its id) gives way to a session
     of the run's own. A URL that names a ``session_id`` is its caller's: used as it is, not released.

@@ -255,7 +255,8 @@ def connect_session(remote: str, conf: Mapping[str, str], pipeline: str | None =
 def end_session(spark: "SparkSession") -> None:
     """End this process's use of ``spark``: a Spark Connect session of the run's own is released on
     the server (with anything it cached); a pipeline's shared session (:func:`connect_session`) is
-    left for its next run, without the temporary views the run made; a classic session stops."""
+    left for its next run, without its temporary views (a transform's, which its next run makes
+    again); a classic session stops."""
     if is_connect(spark) and getattr(spark, _KEPT_SESSION, False):
         try:
             for view in spark.catalog.listTables():

@@ -167,6 +167,10 @@ def get_session(app_name: str = "kafka-eos", master: str | None = None,
                      ", ".join(server_side))
         return connect_session(remote, connect_session_conf(pipeline_conf), pipeline)
 
+    # A Spark Connect session made in this process (or in the one that started it) leaves
+    # SPARK_CONNECT_MODE_ENABLED set, which turns every later builder into a Connect one: this
+    # session is a classic one.
+    os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
     # PySpark reads the workers' interpreter from PYSPARK_PYTHON when the context starts in
     # this process (spark.pyspark.python only reaches spark-submit): they run kafka_eos code.
     os.environ.setdefault("PYSPARK_PYTHON", pipeline_conf.get("spark.pyspark.python", sys.executable))

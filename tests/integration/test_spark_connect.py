@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
@@ -91,12 +92,13 @@ def pipeline_session(url: str, spec) -> tuple[str, set[int]]:
 
     from kafka_eos.spark_io import connect_session, connect_session_conf
 
-    spark = connect_session(url, connect_session_conf(spec.spark_conf), spec.name)
-    try:
-        spark.conf.get("spark.sql.session.timeZone")  # a round trip: the server says its session's id
-        server_id = spark.client._server_session_id
-    finally:
-        spark.stop()  # a pipeline's session: not released
+    with connect_mode_left_behind():
+        spark = connect_session(url, connect_session_conf(spec.spark_conf), spec.name)
+        try:
+            spark.conf.get("spark.sql.session.timeZone")  # a round trip: the server says its session's id
+            server_id = spark.client._server_session_id
+        finally:
+            spark.stop()  # a pipeline's session: not released
     daemons = set()
     for proc in psutil.process_iter(["cmdline", "ppid"]):
         if "pyspark.daemon" not in " ".join(proc.info["cmdline"] or []):
@@ -113,9 +115,24 @@ def pipeline_session(url: str, spec) -> tuple[str, set[int]]:
 def close_pipeline_session(url: str, spec) -> None:
     from kafka_eos.spark_io import connect_session, connect_session_conf
 
-    spark = connect_session(url, connect_session_conf(spec.spark_conf), spec.name)
-    spark.release_session_on_close = True
-    spark.stop()
+    with connect_mode_left_behind():
+        spark = connect_session(url, connect_session_conf(spec.spark_conf), spec.name)
+        spark.release_session_on_close = True
+        spark.stop()
+
+
+@contextmanager
+def connect_mode_left_behind():
+    """A Connect session made in this (pytest) process sets SPARK_CONNECT_MODE_ENABLED, which would
+    turn this process's classic Spark, and every process it starts later, into Connect clients."""
+    before = os.environ.get("SPARK_CONNECT_MODE_ENABLED")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+        else:
+            os.environ["SPARK_CONNECT_MODE_ENABLED"] = before
 
 
 def test_a_run_through_an_unreachable_server_fails_in_one_line_and_commits_nothing(kafka_settings, make_spec,

@@ -92,7 +92,7 @@ def pipeline_session(url: str, spec) -> tuple[str, set[int]]:
 
     from kafka_eos.spark_io import connect_session, connect_session_conf
 
-    with connect_mode_left_behind():
+    with no_connect_mode_left_behind():
         spark = connect_session(url, connect_session_conf(spec.spark_conf), spec.name)
         try:
             spark.conf.get("spark.sql.session.timeZone")  # a round trip: the server says its session's id
@@ -115,14 +115,14 @@ def pipeline_session(url: str, spec) -> tuple[str, set[int]]:
 def close_pipeline_session(url: str, spec) -> None:
     from kafka_eos.spark_io import connect_session, connect_session_conf
 
-    with connect_mode_left_behind():
+    with no_connect_mode_left_behind():
         spark = connect_session(url, connect_session_conf(spec.spark_conf), spec.name)
         spark.release_session_on_close = True
         spark.stop()
 
 
 @contextmanager
-def connect_mode_left_behind():
+def no_connect_mode_left_behind():
     """A Connect session made in this (pytest) process sets SPARK_CONNECT_MODE_ENABLED, which would
     turn this process's classic Spark, and every process it starts later, into Connect clients."""
     before = os.environ.get("SPARK_CONNECT_MODE_ENABLED")

@@ -227,7 +227,7 @@ def connect_session(remote: str, conf: Mapping[str, str], pipeline: str | None =
     named = _connect_url_params(remote).get("session_id")
     kept = named is not None or pipeline is not None
     url = remote if named is not None or pipeline is None else \
-        _with_session_id(remote, pipeline_session_id(remote, pipeline, conf, today))
+        with_session_id(remote, pipeline_session_id(remote, pipeline, conf, today))
 
     def build(url: str) -> "SparkSession":
         builder = SparkSession.builder.remote(url)
@@ -291,7 +291,8 @@ def _connect_url_params(remote: str) -> dict[str, str]:
     return dict(p.split("=", 1) for p in params.split(";") if "=" in p)
 
 
-def _with_session_id(remote: str, session_id: str) -> str:
+def with_session_id(remote: str, session_id: str) -> str:
+    """The Spark Connect URL ``remote`` naming the session ``session_id``."""
     if ";" in remote:
         return f"{remote.rstrip(';')};session_id={session_id}"
     return f"{remote.rstrip('/')}/;session_id={session_id}"

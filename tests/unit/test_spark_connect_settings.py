@@ -16,7 +16,7 @@ from kafka_eos.errors import KafkaEosError
 from kafka_eos.local.airflow import LocalAirflow, connections_environ
 from kafka_eos.local.spark_connect import SERVER_CLASS, LocalSparkConnect
 from kafka_eos.settings import KafkaSettings
-from kafka_eos.spark_io import _connect_url_params, _with_session_id, check_reachable, pipeline_session_id
+from kafka_eos.spark_io import _connect_url_params, with_session_id, check_reachable, pipeline_session_id
 
 
 def test_an_unreachable_server_is_one_line_naming_the_address():
@@ -58,7 +58,7 @@ def test_a_pipelines_runs_of_one_day_name_one_session_and_anything_else_names_an
     ("sc://h:15002/;token=t;user_id=u", "sc://h:15002/;token=t;user_id=u;session_id=S"),
 ])
 def test_a_pipelines_session_id_joins_the_urls_parameters(url, expected):
-    assert _with_session_id(url, "S") == expected
+    assert with_session_id(url, "S") == expected
     assert _connect_url_params(expected)["session_id"] == "S"
 
 

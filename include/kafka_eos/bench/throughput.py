@@ -742,6 +742,8 @@ def _measure(args, skip: set, settings: KafkaSettings, work: Path, rows: list[di
 def _sizes(args, skip: set, settings: KafkaSettings, work: Path, rows: list[dict], inputs: dict, remote, pg_url,
            step, best_of) -> None:
     """The throughput rows of every input size."""
+    from kafka_eos.spark_io import with_session_id
+
     for size in (int(s) for s in args.sizes.split(",")):
         source = inputs[size] = step(f"generating {size}x ({args.records * size} committed records)", generate,
                                      settings, f"bench.orders.{size}x.{uuid.uuid4().hex[:6]}", args.records * size)
@@ -759,10 +761,10 @@ def _sizes(args, skip: set, settings: KafkaSettings, work: Path, rows: list[dict
                                            partial(run_baseline, work, settings, source, remote))] + [
                 (f"kafka-eos {commit} {size}x, Spark Connect",
                  partial(run_kafka_eos, work, settings, source, "kafka", commit, label=f"{commit}_connect",
-                         remote=f"{remote}/;session_id={uuid.uuid4()}"))
+                         remote=with_session_id(remote, str(uuid.uuid4()))))
                 for commit in ("atomic", "per_partition")] + [
                 (f"baseline {size}x, Spark Connect, one session",
-                 partial(run_baseline, work, settings, source, f"{remote}/;session_id={uuid.uuid4()}",
+                 partial(run_baseline, work, settings, source, with_session_id(remote, str(uuid.uuid4())),
                          label="baseline_connect_session"))])
         if pg_url:
             tables: list[str] = []  # the JDBC writer appends to a table defined as kafka-eos's first one

@@ -93,6 +93,35 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             return _shared_scope(nodeid.split("::", 1)[0]) or nodeid
 
+        # pytest-xdist 3.8's LoadScopeScheduling hangs the session for good once a worker crashes
+        # (pytest-xdist issues 1323, 1327, 1378): it queues the dead worker's *finished* units
+        # again (empty units that never complete), and gives the replacement worker one test where
+        # a worker waits for two before it runs the first. With a unit per test, as here, the
+        # run then never ends (a CI run sat at 99 % until its 90 minutes were up). The two
+        # methods below queue only unfinished tests, never the one the worker died in (it is
+        # reported failed), and fill a worker up to three tests, telling it to stop once the
+        # queue is empty.
+        def remove_node(self, node):
+            workload = self.assigned_work.pop(node)
+            unfinished = {scope: unit for scope, unit in workload.items() if not all(unit.values())}
+            if not unfinished:
+                return None
+            unit = next(iter(unfinished.values()))  # the first unfinished: the worker was in it
+            crashed = next(nodeid for nodeid, done in unit.items() if not done)
+            unit[crashed] = True
+            self.workqueue.update((scope, unit) for scope, unit in unfinished.items() if not all(unit.values()))
+            for other in self.assigned_work:
+                self._reschedule(other)
+            return crashed
+
+        def _reschedule(self, node):
+            if node.shutting_down:
+                return
+            while self.workqueue and self._pending_of(self.assigned_work[node]) <= 2:
+                self._assign_work_unit(node)
+            if not self.workqueue:
+                node.shutdown()
+
     return SharedResourceScheduling(config, log)
 
 

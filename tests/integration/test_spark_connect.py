@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
@@ -90,15 +89,7 @@ def pipeline_session(url: str, spec) -> tuple[str, set[int]]:
     ``SPARK_JOB_ARTIFACT_UUID``)."""
     import psutil
 
-    from kafka_eos.spark_io import connect_session, connect_session_conf
-
-    with no_connect_mode_left_behind():
-        spark = connect_session(url, connect_session_conf(spec.spark_conf), spec.name)
-        try:
-            spark.conf.get("spark.sql.session.timeZone")  # a round trip: the server says its session's id
-            server_id = spark.client._server_session_id
-        finally:
-            spark.stop()  # a pipeline's session: not released
+    server_id = in_a_session_of_the_pipeline(url, spec, SERVER_ID)
     daemons = set()
     for proc in psutil.process_iter(["cmdline", "ppid"]):
         if "pyspark.daemon" not in " ".join(proc.info["cmdline"] or []):
@@ -113,26 +104,35 @@ def pipeline_session(url: str, spec) -> tuple[str, set[int]]:
 
 
 def close_pipeline_session(url: str, spec) -> None:
-    from kafka_eos.spark_io import connect_session, connect_session_conf
-
-    with no_connect_mode_left_behind():
-        spark = connect_session(url, connect_session_conf(spec.spark_conf), spec.name)
-        spark.release_session_on_close = True
-        spark.stop()
+    in_a_session_of_the_pipeline(url, spec, RELEASE)
 
 
-@contextmanager
-def no_connect_mode_left_behind():
-    """A Connect session made in this (pytest) process sets SPARK_CONNECT_MODE_ENABLED, which would
-    turn this process's classic Spark, and every process it starts later, into Connect clients."""
-    before = os.environ.get("SPARK_CONNECT_MODE_ENABLED")
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
-        else:
-            os.environ["SPARK_CONNECT_MODE_ENABLED"] = before
+# What the helpers do in the pipeline's session: a round trip (the server says its session's id),
+# then close without releasing it, as a run does; or release it.
+SERVER_ID = """
+spark.conf.get("spark.sql.session.timeZone")
+print(spark.client._server_session_id)
+spark.stop()
+"""
+RELEASE = """
+spark.release_session_on_close = True
+spark.stop()
+"""
+
+
+def in_a_session_of_the_pipeline(url: str, spec, code: str) -> str:
+    """Runs ``code`` with ``spark``, the pipeline's session as its runs take it, in a process of its
+    own: a Connect client in the pytest worker would leave gRPC's threads in it (under the forks of
+    later tests) and SPARK_CONNECT_MODE_ENABLED in its environment (turning its classic Spark, and
+    every process it starts, into Connect clients). Returns what ``code`` printed."""
+    script = ("import json, sys\n"
+              "from kafka_eos.spark_io import connect_session, connect_session_conf\n"
+              "spark = connect_session(sys.argv[1], connect_session_conf(json.loads(sys.argv[2])), sys.argv[3])\n"
+              + code)
+    run = subprocess.run([sys.executable, "-c", script, url, json.dumps(dict(spec.spark_conf)), spec.name],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout.strip()
 
 
 def test_a_run_through_an_unreachable_server_fails_in_one_line_and_commits_nothing(kafka_settings, make_spec,

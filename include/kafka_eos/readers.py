@@ -49,12 +49,19 @@ def settled_offsets(settings: KafkaSettings, tps: list, timeout_s: float = SETTL
         time.sleep(every_s)
 
 
+def settle(settings: KafkaSettings, topic: str, timeout_s: float = SETTLE_S) -> dict:
+    """:func:`settled_offsets` of every partition of ``topic``: what a producer just committed or
+    aborted there is what a read_committed reader (a plan) sees, once this returns."""
+    n = partitions_of(settings, [topic])[topic]
+    return settled_offsets(settings, [(topic, p) for p in range(n)], timeout_s)
+
+
 def committed_messages(settings: KafkaSettings, topic: str) -> Iterator:
     """The committed records of ``topic`` (confluent-kafka messages), up to each partition's LSO
     once just-committed transactions are settled (:func:`settled_offsets`); a topic of millions is
     read in batches, never held whole."""
-    n = partitions_of(settings, [topic])[topic]
-    ends = settled_offsets(settings, [(topic, p) for p in range(n)])
+    ends = settle(settings, topic)
+    n = len(ends)
     consumer = Consumer(settings.client_config(**{
         "group.id": reader_group("records"), "enable.auto.commit": False,
         "isolation.level": "read_committed", "enable.partition.eof": True}))

@@ -11,6 +11,7 @@ from datetime import datetime, timedelta, timezone
 
 from confluent_kafka import Producer
 
+from kafka_eos.readers import settle
 from kafka_eos.settings import KafkaSettings
 
 CURRENCIES = ("EUR", "USD", "GBP", "CHF", "JPY")
@@ -68,7 +69,9 @@ def produce_orders(settings: KafkaSettings, topic: str, count: int, *, first_seq
     """Produce ``count`` records to ``topic`` in transactions of ``per_transaction``.
 
     Every ``abort_every``-th transaction is aborted; every ``malformed_every``-th record is
-    poison. Keys are customer ids, so one customer's orders stay in one partition.
+    poison. Keys are customer ids, so one customer's orders stay in one partition. Returns once
+    the transactions' markers are on the partitions (a producer's commit returns before): a plan
+    made next sees every committed record.
     """
     rng = random.Random(seed + first_seq)
     start = datetime(2026, 11, 22, 10, 0, tzinfo=timezone.utc)
@@ -102,6 +105,7 @@ def produce_orders(settings: KafkaSettings, topic: str, count: int, *, first_seq
             producer.commit_transaction(30)
             truth.committed.extend(batch_valid)
             truth.malformed += batch_malformed
+    settle(settings, topic)
     return truth
 
 
@@ -133,7 +137,8 @@ def produce_avro_orders(settings: KafkaSettings, topic: str, count: int, *, evol
                         seed: int = 7, per_transaction: int = 500, first_seq: int = 0) -> list[dict]:
     """Produce ``count`` Avro orders to ``topic`` with confluent-kafka's ``AvroSerializer`` (the
     schema registered under ``{topic}-value``): :data:`ORDER_AVRO_V1` until ``evolve_at``, then
-    :data:`ORDER_AVRO_V2`. Keys are customer ids as text. Returns the records produced.
+    :data:`ORDER_AVRO_V2`. Keys are customer ids as text. Returns the records produced, once they
+    are readable (as :func:`produce_orders`).
 
     :raises KafkaEosError: no Schema Registry in ``settings``.
     """
@@ -160,4 +165,5 @@ def produce_avro_orders(settings: KafkaSettings, topic: str, count: int, *, evol
             producer.produce(topic, key=record["customer_id"].encode(), value=serializers[evolved](record, ctx))
             produced.append(record)
         producer.commit_transaction(30)
+    settle(settings, topic)
     return produced

@@ -13,7 +13,7 @@ from kafka_eos import kafka_admin
 from kafka_eos.batch import run_batch
 from kafka_eos.errors import DataLossError, TopicMissing, TopicRecreated
 from kafka_eos.pipeline import compute_plan, prepare_plan, verify
-from kafka_eos.readers import read_committed
+from kafka_eos.readers import read_committed, settle
 
 pytestmark = pytest.mark.integration
 
@@ -26,6 +26,7 @@ def produce(settings, topic, partition, n, *, commit=True, txn_id="planner-test"
         p.produce(topic, value=f"v{i}".encode(), partition=partition)
     p.flush(30)
     p.commit_transaction(30) if commit else p.abort_transaction(30)
+    settle(settings, topic)  # the marker on the partition: the next plan sees it
 
 
 def run(spark, spec, settings, run_id):

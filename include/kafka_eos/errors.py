@@ -94,3 +94,14 @@ class RegistryError(KafkaEosError):
 
 class SchemaRefused(RegistryError):
     """An output schema the subject's compatibility rule refuses: nothing was written."""
+
+
+class InputTruncated(KafkaEosError):
+    """A Spark task's input ended without Spark's own end of input (the read or the transform
+    failed on the JVM, or the executor was lost): its partition's transaction was aborted,
+    nothing of the range is committed."""
+
+
+class RangeMismatch(KafkaEosError):
+    """A committed range's records do not add up: what the range holds against the results, dead
+    letters (and filtered records) its run committed; names the partition and the numbers."""

@@ -52,7 +52,7 @@ from kafka_eos.kafka_admin import TP
 from kafka_eos.manifest import COMMITTED, NOOP, partition_key
 from kafka_eos.plan import PartitionRange, Plan
 from kafka_eos.settings import KafkaSettings
-from kafka_eos.sinks import batches
+from kafka_eos.sinks import batches, proof
 from kafka_eos.sinks.kafka import checkpoint_records, committed_record
 from kafka_eos.spark_io import is_connect, read_layout
 from kafka_eos.spec import PipelineSpec
@@ -91,6 +91,11 @@ _RESULT_SCHEMA = "result binary"
 
 class _Refused(Exception):
     """Raised inside a task's records: the rows break the scope's rules (its transaction aborts)."""
+
+
+class _NoRows(Exception):
+    """Raised inside a one-pass task's records at their end when none came: its transaction
+    aborts, and the driver commits the range offsets-only (step 4)."""
 
 
 def partition_commit(spec: PipelineSpec, r: PartitionRange, settings: KafkaSettings,
@@ -292,18 +297,27 @@ def _commit_task(spec: PipelineSpec, plan: Plan, settings: KafkaSettings, owner:
         def checked(arrow_batches):
             # One pass: the first look at the rows. Two passes: read again from the cache, or
             # recomputed if an executor lost it. Either way, a row of another partition stops the
-            # task before it commits.
-            for batch in arrow_batches:
+            # task before it commits, and so does an input Spark did not end (proof.whole).
+            seen = False
+            for batch in proof.whole(arrow_batches, f"{r.topic}-{r.partition}", f"[{r.from_offset}, {r.until})"):
                 for t, p in sorted(batches.source_partitions(batch) - {r.tp}):
                     raise _Refused(_relabelled(spec, (t, p), r.tp) if one_pass else
                                    f"rows of {t}-{p} in the task of {r.topic}-{r.partition}: the transform is not "
                                    "deterministic")
+                seen = seen or len(batch) > 0
                 yield batch
+            if not seen and one_pass:
+                # No row says which source partition this task read: the lineage's proof maps
+                # tasks to ranges, and a re-plan (a Connect server's) could map them otherwise.
+                # The driver commits the range offsets-only, after every task has had its say.
+                raise _NoRows()
 
         refusal = reason = None
         try:
             rows = itertools.chain(checked(arrow_batches), dead.get(r.tp, ()))
             res = commit_partition(spec, plan, settings, r, rows, keep)
+        except _NoRows:  # its transaction was aborted; step 4 commits the range
+            return
         except (_Refused, DeadLetterWithoutTopic, RecordRefused) as exc:  # the transaction was aborted
             res = CommitResult(REFUSED)
             refusal, reason = type(exc).__name__, str(exc)
@@ -396,10 +410,11 @@ def _task_commits(df: "DataFrame", spec: PipelineSpec, plan: Plan, settings: Kaf
         df = df.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         if not one_pass:  # 1. or found by a scan of the cached output: two passes
-            owner, dead = task_sources(df, spec, plan)
-            if dead is not None:
-                raise batches.no_dead_letter_topic(spec, dead["topic"], dead["partition"], dead["offset"],
-                                                   dead[DLQ_REASON], "no partition of this run was committed")
+            owner, first_dead = task_sources(df, spec, plan)
+            if first_dead is not None:
+                raise batches.no_dead_letter_topic(spec, first_dead["topic"], first_dead["partition"],
+                                                   first_dead["offset"], first_dead[DLQ_REASON],
+                                                   "no partition of this run was committed")
         with _job_description(df, COMMIT_JOB):  # 2. a transaction per task
             committed = [json.loads(row["result"]) for row in df.mapInArrow(
                 _commit_task(spec, plan, settings, owner, one_pass, keep, dead or {}), _RESULT_SCHEMA).collect()]

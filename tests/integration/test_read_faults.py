@@ -1,0 +1,152 @@
+"""Faults inside the read: a Spark task that fails while its input is read commits nothing of its
+partition, at every point of that input (before the first Arrow batch, at a batch boundary,
+mid-batch, in the last batch) and of each kind (a JVM exception in the transform, a Python UDF's
+exception, a Python worker killed). The next run then writes every record once.
+
+Before the proof of read (kafka_eos.sinks.proof), a per_partition task whose JVM side failed saw
+its Arrow input end early, committed the batches it had, and moved the checkpoint to the range's
+end: the rest of the range was lost for good.
+
+The quick cells run in ``make test``; the whole grid (every kind at every point, in every scope)
+is marked ``chaos`` and runs in ``make chaos``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+from confluent_kafka import Producer
+
+from kafka_eos import kafka_admin
+from kafka_eos.batch import run_batch
+from kafka_eos.pipeline import prepare_plan, verify
+from kafka_eos.readers import read_committed, settle
+
+pytestmark = pytest.mark.integration
+
+#: Records of the faulty partition (0) and of its neighbour (1), which has no fault.
+RECORDS = 3000
+#: Rows per Arrow batch in these tests (Spark's default is 10,000): three batches per partition.
+BATCH_ROWS = 1000
+#: Where in partition 0's input the fault strikes (its offsets are 0 .. RECORDS-1).
+POINTS = {"first": 0, "boundary": BATCH_ROWS, "mid": BATCH_ROWS + BATCH_ROWS // 2, "last": RECORDS - 1}
+
+FAULTY = '''
+import os
+import signal
+
+from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType
+
+KIND, AT = {kind!r}, {at}
+
+
+def _python_check(partition, offset):
+    if partition == 0 and offset == AT:
+        if KIND == "python_kill":
+            os.kill(os.getpid(), signal.SIGKILL)  # this Python worker, mid-task
+        raise ValueError(f"a Python UDF failed at offset {{offset}}")
+    return True
+
+
+python_check = F.udf(_python_check, BooleanType())
+
+
+def faulty(df):
+    hit = (F.col("partition") == 0) & (F.col("offset") == AT)
+    if KIND == "jvm":
+        df = df.where(F.when(hit, F.raise_error(F.lit("a JVM exception in the transform"))).otherwise(F.lit(True)))
+    else:
+        df = df.where(python_check(F.col("partition"), F.col("offset")))
+    return df.select("key", "value", "topic", "partition", "offset", F.lit(None).cast("string").alias("dlq_reason"))
+'''
+
+
+@pytest.fixture
+def small_batches(spark):
+    """Arrow batches of :data:`BATCH_ROWS` rows for the test, Spark's own size after it."""
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    before = spark.conf.get(key)
+    spark.conf.set(key, str(BATCH_ROWS))
+    yield
+    spark.conf.set(key, before)
+
+
+#: Padding of each value: a batch of rows is then larger than Spark's buffer to its Python worker
+#: (spark.buffer.size, 64 KiB), so a batch reaches the worker before the fault that follows it.
+PAD = "x" * 200
+
+
+def _source(kafka_settings, spec) -> dict:
+    """:data:`RECORDS` records on each of the source's two partitions, values ``p:offset:padding``."""
+    src = spec.source.topics[0]
+    producer = Producer(kafka_settings.client_config(**{"linger.ms": 20}))
+    for p, i in itertools.product((0, 1), range(RECORDS)):
+        producer.produce(src, key=f"k{i}".encode(), value=f"{p}:{i}:{PAD}".encode(), partition=p)
+        if i % 1000 == 999:
+            producer.poll(0)
+    assert producer.flush(30) == 0
+    settle(kafka_settings, src)
+    return {p: {f"{p}:{i}:{PAD}" for i in range(RECORDS)} for p in (0, 1)}
+
+
+def _values(kafka_settings, topic) -> list[str]:
+    return [m.value.decode() for m in read_committed(kafka_settings, topic)]
+
+
+def _run_fault(spark, kafka_settings, make_spec, transforms_from, unique, commit, kind, point, request):
+    if commit == "per_partition-two-passes":
+        request.getfixturevalue("two_passes")
+    module = transforms_from(f"faulty_{unique.replace('-', '_')}", FAULTY.format(kind=kind, at=POINTS[point]))
+    spec = make_spec(f"{module}:faulty", "kafka", commit.split("-")[0], partitions=2)
+    produced = _source(kafka_settings, spec)
+    plan = prepare_plan(spec, kafka_settings, "run-1")
+    tps = [r.tp for r in plan.ranges]
+
+    with pytest.raises(Exception):
+        run_batch(spark, spec, plan, kafka_settings)
+
+    # Nothing of the faulty partition is committed: no checkpoint, no record of it in the output.
+    # (A task's Python worker may still be at work after its job failed: a commit it makes later
+    # is caught below, where the run again finds the range committed and writes nothing.)
+    src = spec.source.topics[0]
+    checkpoints = kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, tps)
+    assert checkpoints[(src, 0)] is None, f"{kind} at {point}: partition 0's checkpoint moved to {checkpoints}"
+    out = _values(kafka_settings, spec.sink.topic)
+    assert not [v for v in out if v.startswith("0:")], f"{kind} at {point}: records of the failed partition committed"
+    if commit.startswith("per_partition"):  # the other partition is its own unit of work
+        assert checkpoints[(src, 1)] in (None, RECORDS)
+        assert sorted(out) == (sorted(produced[1]) if checkpoints[(src, 1)] == RECORDS else [])
+    else:
+        assert out == [] and checkpoints[(src, 1)] is None
+
+    # The run again (an Airflow retry: the same plan), the fault gone: every record once.
+    fixed = dataclasses.replace(spec, transform="identity")
+    run_batch(spark, fixed, prepare_plan(fixed, kafka_settings, "run-1"), kafka_settings)
+    verify(fixed, kafka_settings, plan)
+    out = _values(kafka_settings, spec.sink.topic)
+    assert len(out) == 2 * RECORDS and set(out) == produced[0] | produced[1]
+
+
+QUICK = [("per_partition", "jvm", point) for point in POINTS] + [
+    ("per_partition", "python", "mid"), ("per_partition", "python_kill", "boundary"),
+    ("per_partition-two-passes", "jvm", "mid"), ("atomic", "jvm", "mid")]
+
+
+@pytest.mark.parametrize("commit,kind,point", QUICK)
+def test_a_fault_inside_the_read_commits_nothing_of_its_partition(spark, kafka_settings, make_spec, transforms_from,
+                                                                  unique, small_batches, commit, kind, point, request):
+    _run_fault(spark, kafka_settings, make_spec, transforms_from, unique, commit, kind, point, request)
+
+
+GRID = [cell for cell in itertools.product(["per_partition", "per_partition-two-passes", "atomic"],
+                                           ["jvm", "python", "python_kill"], list(POINTS)) if cell not in QUICK]
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("commit,kind,point", GRID)
+def test_the_whole_grid_of_faults_inside_the_read(spark, kafka_settings, make_spec, transforms_from, unique,
+                                                 small_batches, commit, kind, point, request):
+    _run_fault(spark, kafka_settings, make_spec, transforms_from, unique, commit, kind, point, request)

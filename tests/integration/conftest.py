@@ -50,6 +50,17 @@ def transforms_from(tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def small_batches(spark):
+    """Arrow batches of 1,000 rows for the test (Spark's default is 10,000), Spark's own size after
+    it: a test's few thousand records then cross batch boundaries, as a run's millions do."""
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "1000")
+    yield
+    spark.conf.set(key, before)
+
+
+@pytest.fixture
 def two_passes(monkeypatch):
     """per_partition scope as where Spark's lineage proves nothing: the output is cached and
     scanned before any partition commits (kafka_eos.sinks.per_partition, step 1)."""

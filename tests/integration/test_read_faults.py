@@ -28,7 +28,7 @@ pytestmark = pytest.mark.integration
 
 #: Records of the faulty partition (0) and of its neighbour (1), which has no fault.
 RECORDS = 3000
-#: Rows per Arrow batch in these tests (Spark's default is 10,000): three batches per partition.
+#: Rows per Arrow batch in these tests (the ``small_batches`` fixture): three batches per partition.
 BATCH_ROWS = 1000
 #: Where in partition 0's input the fault strikes (its offsets are 0 .. RECORDS-1).
 POINTS = {"first": 0, "boundary": BATCH_ROWS, "mid": BATCH_ROWS + BATCH_ROWS // 2, "last": RECORDS - 1}
@@ -62,16 +62,6 @@ def faulty(df):
         df = df.where(python_check(F.col("partition"), F.col("offset")))
     return df.select("key", "value", "topic", "partition", "offset", F.lit(None).cast("string").alias("dlq_reason"))
 '''
-
-
-@pytest.fixture
-def small_batches(spark):
-    """Arrow batches of :data:`BATCH_ROWS` rows for the test, Spark's own size after it."""
-    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
-    before = spark.conf.get(key)
-    spark.conf.set(key, str(BATCH_ROWS))
-    yield
-    spark.conf.set(key, before)
 
 
 #: Padding of each value: a batch of rows is then larger than Spark's buffer to its Python worker

@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-from kafka_eos.errors import SpecError
+from kafka_eos.errors import RangeMismatch, SpecError
 from kafka_eos.manifest import COMMITTED, NOOP, ManifestStore, now_iso, run_key
 from kafka_eos.plan import Plan
 from kafka_eos.settings import KafkaSettings
@@ -214,11 +214,11 @@ def _run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: 
             status, out, dead = res.status, res.records_out, res.dead_letters
             counts = {r.tp: (tally[(r.tp, "out")], tally[(r.tp, "dead")]) for r in plan.active}
         else:
-            from kafka_eos.sinks import per_partition
+            from kafka_eos.sinks import per_partition, proof
 
-            per = per_partition.write(results, spec, plan, settings,
-                                      keep=clients is not None and clients.keep_partition_commits,
-                                      dead=dead_batches)
+            per, rows = per_partition.write(results, spec, plan, settings,
+                                            keep=clients is not None and clients.keep_partition_commits,
+                                            dead=dead_batches)
             producers = dict(Counter(r.producer for r in per.values() if r.producer))
             counts = {tp: (r.records_out, r.dead_letters) for tp, r in per.items()}
             out = sum(r.records_out for r in per.values())
@@ -245,7 +245,20 @@ def _run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: 
                       "dead_letters": run_dead, "committed_at": now_iso()}
             if missing:
                 record["counts_missing_for"] = missing
+            # Verify: each partition's transaction wrote a record per row Spark gave it (a commit
+            # that missed rows is recorded, then fails the run: a retry finds it again).
+            mismatch = None
+            if results is not None and not (missing and isinstance(rows, int)):
+                written = {tp: c for tp, c in counts.items() if f"{tp[0]}-{tp[1]}" not in missing}
+                undecodable_rows = {tp: sum(len(b) for b in found) for tp, found in (dead_batches or {}).items()}
+                try:
+                    proof.check_rows(plan, rows, written, undecodable_rows)
+                except RangeMismatch as exc:
+                    mismatch = exc
+                    record["mismatch"] = str(exc)
             ManifestStore.of(spec, settings).put(run_key(spec.name, plan.run_id), record)
+            if mismatch is not None:
+                raise mismatch
             if status != NOOP:  # the run's counts, the partitions an earlier attempt committed included
                 out, dead = run_out, run_dead
         records_in = out + dead

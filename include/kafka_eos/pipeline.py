@@ -13,7 +13,7 @@ from typing import Callable, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 
-from kafka_eos.errors import BrokerError, CheckpointConflict, CheckpointLost, KafkaEosError
+from kafka_eos.errors import BrokerError, CheckpointConflict, CheckpointLost, KafkaEosError, RangeMismatch
 from kafka_eos.kafka_admin import (TP, TopicsMetadata, committed_offsets_and_times, topics_metadata,
                                    offsets_retention_s, partition_offsets, partitions_of)
 from kafka_eos.manifest import ManifestState, ManifestStore
@@ -329,9 +329,12 @@ def fresh_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str, may_fen
 
 
 def verify(spec: PipelineSpec, settings: KafkaSettings, plan: Plan) -> dict[TP, int | None]:
-    """Check that every active range of the plan is committed (checkpoint == until).
+    """Check that every active range of the plan is committed (checkpoint == until) and, in
+    per_partition scope, that its run found each partition's records whole (the run record's
+    ``mismatch``: see :func:`kafka_eos.sinks.proof.check_rows`).
 
     :raises KafkaEosError: naming the first partition whose checkpoint is not at the plan's end.
+    :raises RangeMismatch: a partition's transaction wrote fewer records than Spark gave it.
     """
     tps = [r.tp for r in plan.active]
     cks, drift = checkpoints(spec, settings, tps) if tps else ({}, [])
@@ -343,4 +346,9 @@ def verify(spec: PipelineSpec, settings: KafkaSettings, plan: Plan) -> dict[TP, 
     if drift:
         raise KafkaEosError(f"{drift[0].topic}-{drift[0].partition}: Kafka mirror at {drift[0].kafka}, "
                             f"sink at {drift[0].sink}: the mirror was not updated")
+    if tps and spec.sink.kind == "kafka" and spec.sink.commit == "per_partition":
+        # A partition's transaction that wrote fewer records than Spark gave it: its run recorded it.
+        record, _parts = ManifestStore.of(spec, settings).run_records(plan.run_id)
+        if record is not None and record.get("mismatch"):
+            raise RangeMismatch(record["mismatch"])
     return cks

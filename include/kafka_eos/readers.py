@@ -138,3 +138,51 @@ def first_records(settings: KafkaSettings, offsets: Mapping[TP, int], committed:
     finally:
         consumer.close()
     return found
+
+
+def count_committed(settings: KafkaSettings, ranges: Mapping[TP, tuple[int, int]]) -> dict[TP, int]:
+    """How many committed records each range ``[from, until)`` holds now, read with a
+    read_committed consumer (offsets are not contiguous under transactions: counted, never
+    computed). A range whose start retention has deleted counts from the log start: the caller
+    compares the first offsets (:func:`first_records`) when that matters.
+
+    :raises TimeoutError: no record within the admin timeout before a range's end.
+    """
+    todo = {tp: span for tp, span in ranges.items() if span[1] > span[0]}
+    counts = {tp: 0 for tp in ranges}
+    if not todo:
+        return counts
+    consumer = Consumer(settings.client_config(**{
+        "group.id": reader_group("count"), "enable.auto.commit": False,
+        "isolation.level": "read_committed", "enable.partition.eof": True}))
+    try:
+        consumer.assign([TopicPartition(t, p, span[0]) for (t, p), span in todo.items()])
+        idle_since = time.monotonic()
+        while todo:
+            batch = consumer.consume(10_000, 0.5)
+            if not batch:
+                if time.monotonic() - idle_since > ADMIN_TIMEOUT_S:
+                    raise TimeoutError(f"{', '.join(f'{t}-{p}' for t, p in todo)}: no record within "
+                                       f"{ADMIN_TIMEOUT_S}s before the range's end")
+                continue
+            idle_since = time.monotonic()
+            for msg in batch:
+                tp = (msg.topic(), msg.partition())
+                if tp not in todo:
+                    continue
+                if msg.error():
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        del todo[tp]  # the LSO: nothing more to read (a range past it counts what is there)
+                        continue
+                    raise RuntimeError(f"{tp[0]}-{tp[1]}: {msg.error().str()}")
+                if msg.offset() >= todo[tp][1]:
+                    del todo[tp]
+                    consumer.pause([TopicPartition(*tp)])
+                    continue
+                counts[tp] += 1
+                if msg.offset() + 1 >= todo[tp][1]:
+                    del todo[tp]
+                    consumer.pause([TopicPartition(*tp)])
+    finally:
+        consumer.close()
+    return counts

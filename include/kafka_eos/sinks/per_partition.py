@@ -314,8 +314,12 @@ def _commit_task(spec: PipelineSpec, plan: Plan, settings: KafkaSettings, owner:
 
         refusal = reason = None
         try:
-            rows = itertools.chain(checked(arrow_batches), dead.get(r.tp, ()))
-            res = commit_partition(spec, plan, settings, r, rows, keep)
+            spark_rows = checked(arrow_batches)
+            res = commit_partition(spec, plan, settings, r, itertools.chain(spark_rows, dead.get(r.tp, ())), keep)
+            for _batch in spark_rows:
+                # An earlier attempt committed the range (noop): its rows are read all the same, so
+                # that Spark's count of them (proof.RowCount) is whole and checks that attempt's.
+                pass
         except _NoRows:  # its transaction was aborted; step 4 commits the range
             return
         except (_Refused, DeadLetterWithoutTopic, RecordRefused) as exc:  # the transaction was aborted
@@ -335,12 +339,13 @@ def _relabelled(spec: PipelineSpec, found: TP, task: TP) -> str:
 
 
 def driver_commits(df: "DataFrame", spec: PipelineSpec, plan: Plan, settings: KafkaSettings, owner: dict[int, TP],
-                   dead: dict) -> dict[TP, CommitResult]:
+                   dead: dict) -> tuple[dict[TP, CommitResult], dict[TP, int]]:
     """Step 2 for a small stream batch whose tasks the lineage proved: its rows collected to the
     driver (one Spark job, Arrow, every task at once, each row marked with its task), checked as a
     task checks them (each row is its task's source partition; a dead letter needs a topic), and
     only then each partition's transaction from this process, under the partition's own id, through
-    the commit this process keeps for it (:func:`kept_commit`).
+    the commit this process keeps for it (:func:`kept_commit`). Returns them and the rows collected
+    per partition (one job: it fails whole, or returns every row).
 
     :raises SpecError: a row of another partition in a task (nothing committed).
     :raises DeadLetterWithoutTopic: a dead letter and no ``sink.dlq_topic`` (nothing committed).
@@ -361,22 +366,26 @@ def driver_commits(df: "DataFrame", spec: PipelineSpec, plan: Plan, settings: Ka
             if (first := batches.first_dead_letter(part)) is not None:
                 raise batches.no_dead_letter_topic(spec, first["topic"], first["partition"], first["offset"],
                                                    first[DLQ_REASON], "no partition of this run was committed")
+    counts = {r.tp: sum(len(part) for part in rows.get(r.tp, ())) for r in plan.active if not r.empty}
     return commit_rowless(spec, plan, settings, [r for r in plan.active if r.tp in rows], keep=True,
-                          dead={tp: [*found, *dead.get(tp, ())] for tp, found in rows.items()})
+                          dead={tp: [*found, *dead.get(tp, ())] for tp, found in rows.items()}), counts
 
 
-def write(df: "DataFrame | None", spec: PipelineSpec, plan: Plan,
-          settings: KafkaSettings, keep: bool = False, dead: dict | None = None) -> dict[TP, CommitResult]:
+def write(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, settings: KafkaSettings, keep: bool = False,
+          dead: dict | None = None) -> tuple[dict[TP, CommitResult], dict[TP, int] | int]:
     """Commit ``plan`` in per_partition scope (the module's steps).
 
     :param df: the transform's output, or None when every planned range is empty.
     :param keep: a stream's batch: each partition's commit is kept for the next (:func:`kept_commit`).
     :param dead: more rows per source partition (Arrow batches of :func:`batches.prepared` columns:
         records that did not decode), written in that partition's transaction after its rows.
+    :returns: each partition's commit, and Spark's count of the rows its transform gave them
+        (:meth:`proof.RowCount.counts`), for :func:`proof.check_rows`.
     :raises SpecError: the transform shuffles or does not keep one source partition per task.
     :raises DeadLetterWithoutTopic: a dead letter and no ``sink.dlq_topic``.
     """
     results: dict[TP, CommitResult] = {}
+    rows: dict[TP, int] | int = {}
     if df is not None:
         planned = plan.offsets
         df = batches.prepared(df, planned)
@@ -390,24 +399,27 @@ def write(df: "DataFrame | None", spec: PipelineSpec, plan: Plan,
                 "one pass (the lineage proves each task's source partition)" if one_pass
                 else "two passes (the lineage does not prove each task's source partition)")
         if one_pass and keep and planned <= DRIVER_BATCH_OFFSETS:  # 2. a small stream batch: from the driver
-            results = driver_commits(df, spec, plan, settings, owner, dead or {})
+            results, rows = driver_commits(df, spec, plan, settings, owner, dead or {})
         else:
-            results = _task_commits(df, spec, plan, settings, owner, keep, dead)
+            results, rows = _task_commits(df, spec, plan, settings, owner, keep, dead)
     # 4. offsets-only transactions for the partitions no task held
     results.update(commit_rowless(spec, plan, settings, [r for r in plan.active if r.tp not in results], keep,
                                   dead or {}))
-    return results
+    return results, rows
 
 
 def _task_commits(df: "DataFrame", spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
-                  owner: dict[int, TP] | None, keep: bool, dead: dict | None) -> dict[TP, CommitResult]:
+                  owner: dict[int, TP] | None, keep: bool,
+                  dead: dict | None) -> tuple[dict[TP, CommitResult], dict[TP, int] | int]:
     """Steps 1–3 on the executors: a transaction per Spark task, in one pass where ``owner`` was
-    proven, else after a scan of the cached output."""
+    proven, else after a scan of the cached output. Returns them and Spark's count of the rows it
+    gave each (:class:`proof.RowCount`)."""
     from pyspark import StorageLevel
 
     one_pass = owner is not None
     if not one_pass:
         df = df.persist(StorageLevel.MEMORY_AND_DISK)
+    counted = proof.RowCount(df, plan.active)  # Spark's own count of what each task is given
     try:
         if not one_pass:  # 1. or found by a scan of the cached output: two passes
             owner, first_dead = task_sources(df, spec, plan)
@@ -416,14 +428,14 @@ def _task_commits(df: "DataFrame", spec: PipelineSpec, plan: Plan, settings: Kaf
                                                    first_dead["offset"], first_dead[DLQ_REASON],
                                                    "no partition of this run was committed")
         with _job_description(df, COMMIT_JOB):  # 2. a transaction per task
-            committed = [json.loads(row["result"]) for row in df.mapInArrow(
+            committed = [json.loads(row["result"]) for row in counted.df.mapInArrow(
                 _commit_task(spec, plan, settings, owner, one_pass, keep, dead or {}), _RESULT_SCHEMA).collect()]
     finally:
         if not one_pass:
             df.unpersist()
     _raise_refusal(committed)  # 3. a task refused: the run fails
     return {(row["topic"], row["partition"]): CommitResult(row["status"], row["records_out"], row["dead_letters"],
-                                                           row["producer"]) for row in committed}
+                                                           row["producer"]) for row in committed}, counted.counts()
 
 
 def _raise_refusal(rows: list) -> None:

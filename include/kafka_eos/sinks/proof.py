@@ -17,6 +17,12 @@ The proof is about the task's input, not its rows: a filter, an explode or a dea
 which rows reach the function, never whether Spark ended the input. The same holds in a classic
 session and through Spark Connect (the server's Python workers are Spark's own), with or without
 kafka-eos's server plugin, in one pass and in two.
+
+A second, independent check follows each commit job (:class:`RowCount`): Spark itself counts, on
+the JVM, the rows its transform hands each source partition's commit (an Observation, merged from
+the one successful task of each partition), and the run compares that count with the results and
+dead letters the partition's transaction wrote (:func:`check_rows`). A commit that wrote fewer rows
+than Spark gave it — whatever the cause — fails the run, naming the partition and the numbers.
 """
 
 from __future__ import annotations
@@ -30,10 +36,13 @@ import sys
 import time
 from typing import TYPE_CHECKING, BinaryIO, Iterator
 
-from kafka_eos.errors import InputTruncated
+from kafka_eos.errors import InputTruncated, RangeMismatch
+from kafka_eos.kafka_admin import TP
+from kafka_eos.plan import PartitionRange, Plan
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
+    from pyspark.sql import DataFrame
 
 #: Spark's ``SpecialLengths.END_OF_STREAM`` as its JVM writes it after a task's last input
 #: (a big-endian int, as pyspark's ``write_int`` reads it).
@@ -123,3 +132,75 @@ def whole(batches: Iterator["pa.RecordBatch"], what: str, span: str) -> Iterator
         raise InputTruncated(f"{what}: the Spark task's input ended after {rows} rows (last source offset "
                              f"{offset}) without Spark's end of input: the read or the transform failed, or "
                              f"the executor was lost; its transaction was aborted, nothing of {span} committed")
+
+
+#: Up to this many ranges a commit job counts its rows per source partition (each row is compared
+#: with every range's coordinates, on the JVM); above, one count for the whole job, checked as a sum.
+COUNTED_RANGES = 64
+
+
+class RowCount:
+    """Spark's own count of the rows a commit job hands its Python tasks, per source partition:
+    an Observation on the job's input, counted on the JVM as the rows pass and merged from the
+    successful task of each partition. Read it (:meth:`counts`) only after the job succeeded."""
+
+    def __init__(self, df: "DataFrame", ranges: "list[PartitionRange] | tuple[PartitionRange, ...]") -> None:
+        import uuid
+
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        self.ranges = [r for r in ranges if not r.empty]
+        self.per_partition = len(self.ranges) <= COUNTED_RANGES
+        self._observation = Observation(f"kafka-eos-rows-{uuid.uuid4().hex}")
+        if self.per_partition:
+            counts = [F.count_if((F.col("topic") == r.topic) & (F.col("partition") == r.partition)).alias(f"r{i}")
+                      for i, r in enumerate(self.ranges)]
+        else:
+            counts = [F.count(F.lit(1)).alias("all")]
+        #: The job's input, counted: the commit job runs this DataFrame.
+        self.df = df.observe(self._observation, *counts)
+
+    def counts(self) -> dict[TP, int] | int:
+        """Rows per source partition, or (above :data:`COUNTED_RANGES` ranges) the job's total."""
+        got = self._observation.get
+        if not self.per_partition:
+            return int(got["all"])
+        return {r.tp: int(got[f"r{i}"]) for i, r in enumerate(self.ranges)}
+
+
+def check_rows(plan: Plan, rows: dict[TP, int] | int, written: dict[TP, tuple[int, int]],
+               undecodable: dict[TP, int] | None = None) -> None:
+    """Verify a commit job: every partition's transaction wrote one record per row Spark's
+    transform gave it, plus one dead letter per record that did not decode.
+
+    :param rows: :meth:`RowCount.counts` of the job.
+    :param written: (results, dead letters) each partition's transaction wrote, by this attempt or
+        (a partition an earlier attempt committed) by the one that committed it; a partition not in
+        it is not checked.
+    :param undecodable: records per partition that did not decode (two-pass formats), written as
+        dead letters beside the transform's rows.
+    :raises RangeMismatch: naming the partition, its range and the numbers.
+    """
+    undecodable = undecodable or {}
+    ranges = {r.tp: r for r in plan.active if not r.empty}
+    if isinstance(rows, int):
+        expected = rows + sum(undecodable.get(tp, 0) for tp in ranges)
+        got = sum(sum(written.get(tp, (0, 0))) for tp in ranges)
+        if got != expected:
+            raise RangeMismatch(f"run {plan.run_id!r}: Spark's transform gave {expected} rows over {len(ranges)} "
+                                f"partitions, their transactions wrote {got} records: {expected - got} rows are not "
+                                "in the output; audit the run (kafka-eos audit) to find the partition")
+        return
+    for tp in sorted(ranges):
+        if tp not in written:
+            continue  # committed by an earlier attempt whose counts are not known
+        r, extra = ranges[tp], undecodable.get(tp, 0)
+        out, dead = written.get(tp, (0, 0))
+        expected = rows.get(tp, 0) + extra
+        if out + dead != expected:
+            more = f" (+ {extra} that did not decode)" if extra else ""
+            raise RangeMismatch(f"{r.topic}-{r.partition} [{r.from_offset}, {r.until}) of run {plan.run_id!r}: Spark's "
+                                f"transform gave {rows.get(tp, 0)} rows{more}, the partition's transaction wrote "
+                                f"{out} results and {dead} dead letters: {expected - out - dead} rows are not in the "
+                                "output; audit the run (kafka-eos audit) and replay the range")

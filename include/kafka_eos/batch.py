@@ -242,7 +242,7 @@ def _run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: 
                         run_dead += rec["dead_letters"]
                         counts[(t, p)] = (rec["records_out"], rec["dead_letters"])
             record = {**summary, "status": COMMITTED, "records_in": run_out + run_dead, "records_out": run_out,
-                      "dead_letters": run_dead, "committed_at": now_iso()}
+                      "dead_letters": run_dead, "committed_at": now_iso(), "read": "whole"}
             if missing:
                 record["counts_missing_for"] = missing
             # Verify: each partition's transaction wrote a record per row Spark gave it (a commit

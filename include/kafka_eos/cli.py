@@ -414,6 +414,28 @@ def cmd_checkpoint(args) -> int:
     return 0
 
 
+def cmd_audit(args) -> int:
+    from kafka_eos.run_audit import audit_runs, partition_name, suspects
+
+    spec, settings = _spec(args, import_transform=False), _settings(args)
+    audits = audit_runs(spec, settings, args.run_id, args.last)
+    short = suspects(audits)
+    if args.json:
+        _print_json({"pipeline": spec.name, "ranges": [a.as_dict() for a in audits],
+                     "short": [a.as_dict() for a in short]})
+    else:
+        print(f"pipeline {spec.name}: committed runs' ranges counted again on the source (read_committed) against "
+              "what each commit wrote (results + dead letters)")
+        print(table([(a.run_id, partition_name(a), "-" if a.from_offset is None else f"[{a.from_offset}, {a.until})",
+                      "-" if a.holds is None else a.holds, a.written, a.verdict, "yes" if a.proven else "no")
+                     for a in audits], ("run", "partition", "range", "holds", "written", "verdict", "proof")))
+        for a in short:
+            print(f"kafka-eos: {a.run_id}: {partition_name(a)}: {a.holds - a.written} of {a.holds} committed records "
+                  "are not in the output and its commit has no proof of read: replay the range "
+                  "(docs/operations.md, \"Auditing committed runs\")", file=sys.stderr)
+    return EXIT_FOUND if short else 0
+
+
 def cmd_pipelines(args) -> int:
     from kafka_eos.overview.snapshot import one_line, snapshot
     from kafka_eos.stream.lease import stream_owners
@@ -750,6 +772,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "pipeline in flight is fenced and retried")
     command("pipelines", cmd_pipelines, "the pipeline specs in the pipelines folder: sink, scope, lag, last run",
             json_flag=True)
+    au = command("audit", cmd_audit, "count committed runs' ranges again on the source and compare them with what "
+                                     f"each commit wrote (exit {EXIT_FOUND} when a range is short of records)",
+                 json_flag=True, pipeline=True)
+    au.add_argument("--run-id", help="audit this run (default: the last runs)")
+    au.add_argument("--last", type=positive_int, default=10, help="how many of the newest runs (default 10)")
     d = command("demo", cmd_demo, "the main job on the embedded default (local broker, Spark, Airflow)")
     d.add_argument("--format", choices=["json", "avro"], default="json",
                    help="avro: the Avro example instead (orders in Avro, their schema evolved mid-stream, through "

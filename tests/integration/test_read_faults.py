@@ -141,7 +141,8 @@ def test_the_whole_grid_of_faults_inside_the_read(spark, kafka_settings, make_sp
     _run_fault(spark, kafka_settings, make_spec, transforms_from, unique, commit, kind, point, request)
 
 
-def test_a_range_committed_short_fails_its_run_again_naming_the_partition(spark, kafka_settings, make_spec):
+def test_a_range_committed_short_fails_its_run_again_naming_the_partition(spark, kafka_settings, make_spec,
+                                                                          tmp_path, capsys, monkeypatch):
     """Verify catches what a commit missed: a range an affected version committed short (its
     task's input cut after the first batch, the checkpoint at the range's end). A retry of that run
     used to find the range committed and go green; now it reads the range all the same, Spark
@@ -161,7 +162,13 @@ def test_a_range_committed_short_fails_its_run_again_naming_the_partition(spark,
         "key": [f"k{i}".encode() for i in range(BATCH_ROWS)], "value": [f"0:{i}:{PAD}".encode() for i in range(BATCH_ROWS)],
         "topic": [src] * BATCH_ROWS, "partition": pa.array([0] * BATCH_ROWS, pa.int32()),
         "offset": pa.array(range(BATCH_ROWS), pa.int64()), "dlq_reason": pa.array([None] * BATCH_ROWS, pa.string())})
-    commit_partition(spec, plan, kafka_settings, r0, [first_batch])  # what the task did before the proof
+    # What the task did before the proof (and its manifest record then: no "read" field).
+    from kafka_eos.sinks import per_partition
+
+    monkeypatch.setattr(per_partition, "committed_record", lambda out, dead: {
+        "status": "committed", "records_out": out, "dead_letters": dead, "records_in": out + dead})
+    commit_partition(spec, plan, kafka_settings, r0, [first_batch])
+    monkeypatch.undo()
 
     with pytest.raises(RangeMismatch) as found:
         run_batch(spark, spec, plan, kafka_settings)
@@ -175,3 +182,26 @@ def test_a_range_committed_short_fails_its_run_again_naming_the_partition(spark,
         verify(spec, kafka_settings, plan)
     # The neighbour committed in full, once.
     assert len([v for v in _values(kafka_settings, spec.sink.topic) if v.startswith("1:")]) == RECORDS
+
+    # The operator's audit finds the run: partition 0 short by 2,000 records, without a proof of
+    # read; partition 1 whole. Exit 3, for scripts.
+    import json
+
+    import yaml
+
+    from kafka_eos.cli import main
+    from kafka_eos.spec import spec_document
+
+    path = tmp_path / f"{spec.name}.yaml"
+    path.write_text(yaml.safe_dump(spec_document(spec)))
+    capsys.readouterr()
+    code = main(["audit", str(path), "--run-id", "run-1", "--json", "--bootstrap", kafka_settings.bootstrap_servers])
+    printed = capsys.readouterr()
+    assert code == 3, printed
+    audit = json.loads(printed.out)
+    by_partition = {a["partition"]: a for a in audit["ranges"]}
+    assert (by_partition[0]["holds"], by_partition[0]["written"], by_partition[0]["verdict"], by_partition[0]["proven"]) \
+        == (RECORDS, BATCH_ROWS, "short", False)
+    assert (by_partition[1]["holds"], by_partition[1]["written"], by_partition[1]["verdict"], by_partition[1]["proven"]) \
+        == (RECORDS, RECORDS, "whole", True)
+    assert [a["partition"] for a in audit["short"]] == [0]

@@ -145,9 +145,12 @@ def write_cached(df: "DataFrame", commit: TransactionalCommit, spec: PipelineSpe
 
 
 def committed_record(out: int, dead: int) -> dict:
-    """The fields of a manifest record written inside the transaction that committed its work."""
+    """The fields of a manifest record written inside the transaction that committed its work.
+    ``read: whole``: the commit saw its input's end as Spark ended it (:mod:`kafka_eos.sinks.proof`;
+    the atomic scope: the job's own result, before the commit), which records of versions
+    without the proof lack (``kafka-eos audit`` tells them apart)."""
     return {"status": COMMITTED, "records_out": out, "dead_letters": dead, "records_in": out + dead,
-            "committed_at": now_iso()}
+            "committed_at": now_iso(), "read": "whole"}
 
 
 def checkpoint_records(spec: PipelineSpec, plan: Plan, ranges: Iterable[PartitionRange]):

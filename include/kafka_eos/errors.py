@@ -57,7 +57,7 @@ class DeadLetterWithoutTopic(KafkaEosError):
 
 class RecordRefused(KafkaEosError):
     """A record (or row) the sink cannot take for its own sake, with ``sink.on_refused_record: fail``:
-    names topic, partition, offset and why; nothing of the run is committed."""
+    names topic, partition, offset and why; the transaction it was part of is aborted."""
 
 
 class IntervalNotStable(KafkaEosError):

@@ -86,8 +86,12 @@ class TransactionalCommit:
     def __init__(self, settings: KafkaSettings, transactional_id: str, group_id: str,
                  ranges: Sequence[PartitionRange], dlq_topic: str | None = None,
                  fences: Sequence[str] = (), timeout_ms: int = TRANSACTION_TIMEOUT_MS,
-                 keep_open: bool = False, planned_ms: int | None = None, recheck_epoch: bool = False) -> None:
+                 keep_open: bool = False, planned_ms: int | None = None, recheck_epoch: bool = False,
+                 batch_bytes: int | None = None) -> None:
         self.settings = settings
+        #: The producer's batch.size (None: librdkafka's): below the written topics' max.message.bytes
+        #: (:func:`kafka_eos.sinks.limits.producer_batch_bytes`); read when the producer is built.
+        self.batch_bytes = batch_bytes
         #: When the plan of the ranges was made: stored beside the checkpoint (see
         #: :func:`kafka_eos.plan.stale_checkpoints`).
         self.planned_ms = planned_ms
@@ -365,6 +369,7 @@ class TransactionalCommit:
             # A delivery report per failed record only: no Python call per record that landed.
             "on_delivery": self._on_delivery,
             "delivery.report.only.error": True,
+            **({"batch.size": self.batch_bytes} if self.batch_bytes else {}),
         }))
         try:
             # 1. Fence older attempts of the same work; their open transaction is aborted.

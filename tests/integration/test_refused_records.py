@@ -88,3 +88,43 @@ def test_with_on_refused_record_fail_the_run_names_the_record_and_commits_nothin
     assert read_committed(kafka_settings, spec.sink.topic) == []
     tps = [r.tp for r in plan.ranges]
     assert set(kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, tps).values()) == {None}
+
+
+def test_in_per_partition_a_refusal_names_what_its_own_transactions_committed(spark, kafka_settings, make_spec):
+    """Before: "... (nothing of the run is committed); committed by their own transactions: <the
+    other partition>" — one message, two answers. Now the refused partition's transaction is the
+    one said to be aborted, and the partitions that committed are named."""
+    spec = make_spec("identity", "kafka", "per_partition", partitions=2, on_refused_record="fail")
+    topic = spec.source.topics[0]
+    _source_with_large_records(kafka_settings, topic, 1_500_000)
+    plan = prepare_plan(spec, kafka_settings, "r1")
+    with pytest.raises(RecordRefused) as refused:
+        run_batch(spark, spec, plan, kafka_settings)
+    message = str(refused.value)
+    assert "nothing of the run" not in message
+    assert message.endswith(f"sink.on_refused_record: fail (its transaction was aborted); committed by their own "
+                            f"transactions: {topic}-1"), message
+    assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [r.tp for r in plan.ranges]) == {
+        (topic, 0): None, (topic, 1): SMALL}
+
+
+@pytest.mark.parametrize("commit", ["atomic", "per_partition"])
+def test_a_sink_topic_with_a_small_max_message_bytes_takes_every_record_that_fits(spark, kafka_settings, make_spec,
+                                                                                 commit):
+    """Sink and dead-letter topics at max.message.bytes 300,000, 2,000 random records of 2 KB: each
+    fits 150 times over, but librdkafka batched them up to its batch.size (1,000,000 bytes) and the
+    broker refused whole batches (MSG_SIZE_TOO_LARGE): every run failed, the pipeline stopped for
+    good. The producer's batches now stay under the topics' limit."""
+    spec = make_spec("identity", "kafka", commit, partitions=2)
+    for topic in (spec.sink.topic, spec.sink.dlq_topic):
+        kafka_admin.set_topic_config(kafka_settings, topic, {"max.message.bytes": "300000"})
+    producer = Producer(kafka_settings.client_config(**{"linger.ms": 20}))
+    values = [os.urandom(2000) for _ in range(2000)]
+    for i, value in enumerate(values):
+        producer.produce(spec.source.topics[0], key=f"k{i}".encode(), value=value, partition=i % 2)
+    assert producer.flush(30) == 0
+    plan = prepare_plan(spec, kafka_settings, "r1")
+    summary = run_batch(spark, spec, plan, kafka_settings)
+    assert (summary.status, summary.records_out, summary.dead_letters) == ("committed", 2000, 0)
+    verify(spec, kafka_settings, plan)
+    assert sorted(m.value for m in read_committed(kafka_settings, spec.sink.topic)) == sorted(values)

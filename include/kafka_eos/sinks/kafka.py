@@ -21,6 +21,7 @@ from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
 from kafka_eos.transforms import DLQ_REASON
 from kafka_eos.sinks import batches
+from kafka_eos.sinks.limits import producer_batch_bytes
 from kafka_eos.txn import CommitResult, TransactionalCommit
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -66,6 +67,8 @@ def write_atomic(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, setting
     :param commit: a long-lived commit set to the plan's ranges (stream mode); else a new one.
     """
     commit = commit or atomic_commit(spec, plan, settings)
+    if commit.batch_bytes is None:  # read when its producer is built (a stream's: at its first batch)
+        commit.batch_bytes = producer_batch_bytes(spec)
 
     def manifest(out: int, dead: int):
         return [(spec.manifest_topic, run_key(plan.pipeline, plan.run_id), {**summary, **committed_record(out, dead)}),

@@ -46,6 +46,11 @@ DEFAULT_PRODUCER_MAX = 1_000_000
 KEPT_KEY_BYTES = 1024
 #: Room for a dead letter's own headers (reason and source coordinates) in the quick bound.
 DEAD_LETTER_ROOM = 512
+#: librdkafka's default batch.size: the most bytes of records it puts in one batch (MessageSet).
+DEFAULT_BATCH_SIZE = 1_000_000
+#: Room left under a topic's max.message.bytes for a batch's framing (librdkafka counts its
+#: protocol framing in batch.size; the v2 batch header alone is :data:`BATCH_OVERHEAD`).
+BATCH_FRAMING_ROOM = 1024
 
 
 def with_record_limits(spec: PipelineSpec, settings: KafkaSettings) -> PipelineSpec:
@@ -60,6 +65,18 @@ def with_record_limits(spec: PipelineSpec, settings: KafkaSettings) -> PipelineS
     found = topic_config(settings, topics, "max.message.bytes")
     limits = tuple((topic, producer_max, int(found.get(topic, 0))) for topic in topics)
     return dataclasses.replace(spec, sink=dataclasses.replace(sink, record_limits=limits))
+
+
+def producer_batch_bytes(spec: PipelineSpec) -> int | None:
+    """The producer's ``batch.size`` for ``spec``'s sink, or None for librdkafka's own: under the
+    smallest ``max.message.bytes`` of the topics it writes (``sink.record_limits``). The broker
+    refuses a whole batch larger than its topic's limit (MSG_SIZE_TOO_LARGE, the transaction
+    aborts), though each record in it fits: with librdkafka's default of 1,000,000 bytes, a topic at
+    300,000 refused every run of records 150 times smaller than its limit."""
+    smallest = min((topic_max for _topic, _producer_max, topic_max in spec.sink.record_limits if topic_max), default=0)
+    if not smallest or smallest - BATCH_FRAMING_ROOM >= DEFAULT_BATCH_SIZE:
+        return None
+    return max(smallest - BATCH_FRAMING_ROOM, smallest // 2)
 
 
 def refused_because(key: bytes | None, value: bytes | None, headers, producer_max: int,
@@ -124,7 +141,7 @@ def refusing(batch: "pa.RecordBatch", spec: PipelineSpec) -> "pa.RecordBatch":
         what = (f"{row['topic']}-{row['partition']} offset {row['offset']}: its {'dead letter' if reason else 'record'}"
                 f" for topic {topic} is {size:,} bytes, {limit}")
         if sink.on_refused_record == "fail":
-            raise RecordRefused(f"{what}; sink.on_refused_record: fail (nothing of the run is committed)")
+            raise RecordRefused(f"{what}; sink.on_refused_record: fail (its transaction was aborted)")
         refused = f"refused by the sink: {what}" + (f"; dead-lettered first for: {reason}" if reason else "")
         if sink.dlq_topic is None:
             raise DeadLetterWithoutTopic(f"{what}, and {spec.path} has no sink.dlq_topic for a dead letter: its "

@@ -54,6 +54,7 @@ from kafka_eos.plan import PartitionRange, Plan
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.sinks import batches, proof
 from kafka_eos.sinks.kafka import checkpoint_records, committed_record
+from kafka_eos.sinks.limits import producer_batch_bytes
 from kafka_eos.spark_io import is_connect, read_layout
 from kafka_eos.spec import PipelineSpec
 from kafka_eos.transforms import DLQ_REASON
@@ -108,7 +109,7 @@ def partition_commit(spec: PipelineSpec, r: PartitionRange, settings: KafkaSetti
     return TransactionalCommit(settings, spec.transactional_id(r.topic, r.partition), spec.source.group_id, [r],
                                spec.sink.dlq_topic, fences=[spec.transactional_id()],
                                timeout_ms=spec.sink.transaction_timeout_s * 1000, planned_ms=planned_ms,
-                               keep_open=keep, recheck_epoch=keep)
+                               keep_open=keep, recheck_epoch=keep, batch_bytes=producer_batch_bytes(spec))
 
 
 #: This process's kept commits (:func:`kept_commit`): key -> (commit, last used, monotonic).
@@ -118,7 +119,8 @@ _kept_lock = threading.Lock()
 
 def _kept_key(spec: PipelineSpec, r: PartitionRange, settings: KafkaSettings) -> tuple:
     return (spec.transactional_id(r.topic, r.partition), spec.source.group_id, spec.sink.dlq_topic,
-            spec.transactional_id(), spec.sink.transaction_timeout_s, settings.bootstrap_servers,
+            spec.transactional_id(), spec.sink.transaction_timeout_s, producer_batch_bytes(spec),
+            settings.bootstrap_servers,
             tuple(sorted((k, repr(v)) for k, v in settings.extra.items())))
 
 

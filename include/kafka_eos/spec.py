@@ -49,6 +49,9 @@ class SourceSpec:
     key_subject: str | None = None
     #: The version of ``subject`` to decode to; None: its latest when the run starts.
     reader_version: int | None = None
+    #: Protobuf: the message of the reader schema the values are (its full or short name); None:
+    #: the schema's first message. A record that names another message is a dead letter.
+    message: str | None = None
 
 
 #: The formats of a source's or a Kafka sink's values and keys (docs/formats.md).
@@ -177,7 +180,7 @@ def spec_document(spec: PipelineSpec) -> dict:
     if src.freshness_limit_s is not None:
         doc["source"]["freshness_limit_s"] = src.freshness_limit_s
     for key, default in (("format", "json"), ("key_format", "raw"), ("subject", None), ("key_subject", None),
-                         ("reader_version", None)):
+                         ("reader_version", None), ("message", None)):
         if getattr(src, key) != default:
             doc["source"][key] = getattr(src, key)
     if spec.schedule is not None:
@@ -379,7 +382,7 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
     _known(src, where, "source.", {"topics", "group_id", "starting_offsets",
                                    "max_records_per_partition", "max_records_per_run", "on_data_loss",
                                    "freshness_limit_s", "format", "key_format", "subject", "key_subject",
-                                   "reader_version"})
+                                   "reader_version", "message"})
     topics = src.get("topics")
     if not isinstance(topics, list) or not topics:
         raise SpecError(f"{where}: source.topics: a non-empty list of topic names is required")
@@ -403,6 +406,7 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
         key_subject=_opt_str(src, where, "key_subject", "source."),
         reader_version=(_positive_int(src, where, "reader_version", 0)
                         if src.get("reader_version") not in (None, "latest") else None),
+        message=_opt_str(src, where, "message", "source."),
     )
 
     transform = top.get("transform", "identity")

@@ -260,6 +260,57 @@ def test_protobuf_end_to_end(spark, settings, client, make_spec):
     assert "does not decode as Protobuf" in _reasons(settings, spec.sink.dlq_topic)[0]
 
 
+#: A .proto that declares a message before the one its records are (as .proto files often do).
+ADDRESS_FIRST = """syntax = "proto3";
+package shop;
+message Address { string city = 1; }
+message Customer { string id = 1; string name = 2; Address address = 3; }
+"""
+CUSTOMER_FIRST = """syntax = "proto3";
+package shop;
+message Customer { string id = 1; string name = 2; Address address = 3; }
+message Address { string city = 1; }
+"""
+
+
+@pytest.mark.parametrize("named", [False, True])
+def test_protobuf_records_decode_as_the_message_they_name(spark, settings, client, make_spec, named):
+    """Customer records (message indexes [1], as confluent-kafka's ProtobufSerializer writes them)
+    of a schema that declares Address first. Before: decoded as Address (the schema's first
+    message), re-encoded from its fields: exit 0, no dead letter, every id lost. Now a record is
+    decoded as the message it names, when that is the one the pipeline reads (``source.message``),
+    and is a dead letter naming both otherwise."""
+    from confluent_kafka.schema_registry.common.serde import SchemaId
+
+    from kafka_eos.formats import protobuf
+
+    source = {"format": "protobuf", **({"message": "Customer"} if named else {})}
+    spec = make_spec("identity", "kafka", "per_partition", source=source, format="protobuf")
+    src = spec.source.topics[0]
+    schema_id = client.register_schema(f"{src}-value", Schema(ADDRESS_FIRST, "PROTOBUF"))
+    client.register_schema(f"{spec.sink.topic}-value", Schema(CUSTOMER_FIRST, "PROTOBUF"))
+    customer = protobuf.message_class(protobuf.message_descriptor(ADDRESS_FIRST, [1]))
+    header = SchemaId("PROTOBUF", schema_id, message_indexes=[1]).id_to_bytes()
+    sent = [customer(id=f"c-{i}", name=f"n{i}", address={"city": f"x{i}"}) for i in range(300)]
+    _raw(settings, src, [header + m.SerializeToString() for m in sent])
+
+    summary = run_batch(spark, spec, prepare_plan(spec, settings, "run-1"), settings)
+    if not named:
+        assert (summary.records_out, summary.dead_letters) == (0, 300)
+        reasons = set(_reasons(settings, spec.sink.dlq_topic))
+        assert {r.split(" (")[0] for r in reasons} == {
+            f"value: message indexes [1] of schema id {schema_id} name shop.Customer, not shop.Address, the message "
+            "the pipeline reads"}
+        return
+    assert (summary.records_out, summary.dead_letters) == (300, 0)
+    back_cls = protobuf.message_class(protobuf.message_descriptor(CUSTOMER_FIRST, [0]))
+    back = []
+    for m in read_committed(settings, spec.sink.topic):
+        payload = SchemaId("PROTOBUF").from_bytes(io.BytesIO(m.value))
+        back.append(back_cls.FromString(payload.read()))
+    assert sorted((b.id, b.name, b.address.city) for b in back) == sorted((m.id, m.name, m.address.city) for m in sent)
+
+
 def test_json_schema_end_to_end(spark, settings, client, make_spec):
     from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
 

@@ -51,6 +51,7 @@ class Decoder:
     format: str
     reader: Registered | None = None  # the schema the transform receives (registry formats)
     writers: tuple[Registered, ...] = ()  # every schema the records may have been written with
+    message: str | None = None  # Protobuf: the reader schema's message the records are (source.message)
 
     @property
     def subjects(self) -> str:
@@ -82,7 +83,7 @@ def source_decoders(spec: PipelineSpec, settings: KafkaSettings) -> list[Decoder
             if schema.schema_type != SCHEMA_TYPES[fmt]:
                 raise RegistryError(f"{spec.path}: {field}: {fmt}, but subject {schema.subject!r} version "
                                     f"{schema.version} holds a {schema.schema_type} schema")
-        decoders.append(Decoder(column, fmt, reader, tuple(writers.values())))
+        decoders.append(Decoder(column, fmt, reader, tuple(writers.values()), src.message if column == "value" else None))
     return decoders
 
 
@@ -283,11 +284,11 @@ def _protobuf_decoded(df: "DataFrame", d: Decoder) -> "DataFrame":
     from kafka_eos.formats.schemas import spark_of_message
 
     where = f"subject {d.reader.subject!r} version {d.reader.version}"
-    dt = spark_of_message(protobuf.message_descriptor(d.reader.schema, [0]), where)
+    dt = spark_of_message(protobuf.reader_message(d.reader.schema, d.message), where)
     schema = T.StructType([*df.schema.fields, T.StructField(DECODED + d.column, dt),
                            T.StructField(DECODED + d.column + REASON, T.StringType())])
-    fn = protobuf.decoder(d.column, d.reader.schema, frozenset(w.schema_id for w in d.writers), d.subjects,
-                          to_arrow_type(dt))
+    fn = protobuf.decoder(d.column, d.reader.schema, {w.schema_id: w.schema for w in d.writers}, d.subjects,
+                          to_arrow_type(dt), d.message)
     return df.mapInArrow(fn, schema)
 
 

@@ -74,6 +74,27 @@ def message_descriptor(schema: str, indexes: list[int] | tuple[int, ...] = (0,))
     return desc
 
 
+def reader_message(schema: str, name: str | None = None):
+    """The message of ``schema`` a pipeline reads: the one named ``name`` (its full name, or its
+    short name at any depth), else the schema's first message.
+
+    :raises RegistryError: no message of that name.
+    """
+    fd = file_descriptor(schema)
+    if name is None:
+        return message_descriptor(schema, [0])
+    found, todo = [], list(fd.message_types_by_name.values())
+    while todo:
+        desc = todo.pop(0)
+        if name in (desc.full_name, desc.name):
+            found.append(desc)
+        todo.extend(desc.nested_types)
+    if not found:
+        names = ", ".join(d.full_name for d in fd.message_types_by_name.values())
+        raise RegistryError(f"source.message: {name!r} is not a message of the schema (its messages: {names})")
+    return found[0]
+
+
 def message_class(desc):
     from google.protobuf.message_factory import GetMessageClass
 
@@ -167,9 +188,15 @@ def _plain(value, f):
     return value
 
 
-def decoder(column: str, reader: str, writer_ids: frozenset[int], subjects: str, arrow_type):
+def decoder(column: str, reader: str, writers: dict[int, str], subjects: str, arrow_type, message: str | None = None):
     """The ``mapInArrow`` function adding ``_kafka_eos_<column>`` (the decoded struct, or null) and
-    ``_kafka_eos_<column>_reason`` (why the record is a dead letter, or null) to every batch."""
+    ``_kafka_eos_<column>_reason`` (why the record is a dead letter, or null) to every batch.
+
+    Each record names its message (the Confluent message indexes, in its writer's schema): one
+    that names another message than the one the pipeline reads (:func:`reader_message`) is a dead
+    letter, never decoded as the wrong message.
+
+    :param writers: every schema the records may have been written with, by id."""
     from kafka_eos.formats import DECODED, REASON
 
     def run(batches: Iterator) -> Iterator:
@@ -178,7 +205,9 @@ def decoder(column: str, reader: str, writer_ids: frozenset[int], subjects: str,
 
         from confluent_kafka.schema_registry.common.serde import SchemaId
 
-        reader_classes: dict[str, type] = {}
+        wanted = reader_message(reader, message)
+        cls = message_class(wanted)
+        named: dict[tuple, str] = {}  # (schema id, message indexes) -> the message's full name
         for batch in batches:
             raw = batch.column(column).to_pylist()
             topics, partitions, offsets = (batch.column(c).to_pylist() for c in ("topic", "partition", "offset"))
@@ -201,13 +230,14 @@ def decoder(column: str, reader: str, writer_ids: frozenset[int], subjects: str,
                     except Exception as exc:  # noqa: BLE001 - any malformed header
                         why = f"{column}: malformed message indexes ({exc})"
                     else:
-                        if sid.id not in writer_ids:
+                        indexes = tuple(sid.message_indexes or (0,))
+                        if sid.id not in writers:
                             why = f"{column}: schema id {sid.id} is not a version of subject {subjects}"
+                        elif (name := _named(named, writers, sid.id, indexes)) != wanted.full_name:
+                            why = (f"{column}: message indexes {list(indexes)} of schema id {sid.id} name "
+                                   f"{name}, not {wanted.full_name}, the message the pipeline reads (source.message)")
                         else:
                             try:
-                                desc = message_descriptor(reader, [0])
-                                cls = reader_classes.get(desc.full_name) or message_class(desc)
-                                reader_classes[desc.full_name] = cls
                                 values.append(to_python(cls.FromString(payload.read())))
                                 reasons.append(None)
                                 continue
@@ -220,6 +250,17 @@ def decoder(column: str, reader: str, writer_ids: frozenset[int], subjects: str,
                 names=[*batch.schema.names, DECODED + column, DECODED + column + REASON])
 
     return run
+
+
+def _named(cache: dict, writers: dict[int, str], schema_id: int, indexes: tuple) -> str:
+    """The full name of the message ``indexes`` name in the schema of ``schema_id`` (or why none)."""
+    key = (schema_id, indexes)
+    if key not in cache:
+        try:
+            cache[key] = message_descriptor(writers[schema_id], indexes).full_name
+        except (IndexError, KeyError):
+            cache[key] = "no message of that schema"
+    return cache[key]
 
 
 def encoder(column: str, schema: str, schema_id: int):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from sqlalchemy import create_engine, text
 
@@ -97,6 +99,48 @@ def test_a_row_the_database_refuses_is_a_dead_letter_not_a_stopped_pipeline(spar
     assert dead[1].reason.startswith(f"refused by the sink: the database refused its row for table {table}: new row "
                                      f'for relation "{table}" violates check constraint')
     assert b'"name": "much-too-long"' in bytes(dead[0].value)
+
+
+TWO_ROWS = '''
+from pyspark.sql import functions as F
+
+def two_rows(df):
+    return df.select("topic", "partition", "offset", F.explode(F.array(F.lit(1), F.lit(2))).alias("n"),
+                     F.col("value").cast("string").alias("name"), F.lit(None).cast("string").alias("dlq_reason"))
+'''
+
+
+def test_rows_the_database_refuses_of_one_record_are_one_dead_letter_holding_them_all(spark, kafka_settings,
+                                                                                     make_spec, transforms_from,
+                                                                                     unique, tmp_path):
+    """A transform that gives each record two rows; the database refuses both rows of one record.
+    Before: two dead letters of the same source coordinates, the second dropped against the
+    dead-letter table's key (ON CONFLICT DO NOTHING) and counted all the same. Now one dead letter
+    holds both rows, and the count is what the table holds."""
+    url = f"sqlite:///{tmp_path / 'two.db'}"
+    table = "two_rows"
+    with create_engine(url).begin() as conn:
+        conn.execute(text(f'create table {table} (topic text, partition int, "offset" bigint, n int, name text '
+                          f"check (name <> 'bad'), primary key (topic, partition, \"offset\", n))"))
+    spec = make_spec(transforms_from(f"two_{unique.replace('-', '_')}", TWO_ROWS) + ":two_rows", "sql", "atomic",
+                     partitions=1, table=table, url=url, key_columns=["topic", "partition", "offset", "n"])
+    from confluent_kafka import Producer
+
+    producer = Producer(kafka_settings.client_config(**{"enable.idempotence": True}))
+    for i in range(10):
+        producer.produce(spec.source.topics[0], value=b"bad" if i in (3, 7) else f"n{i}".encode(), partition=0)
+    assert producer.flush(30) == 0
+    plan = prepare_plan(spec, kafka_settings, "run-1")
+    summary = run_batch(spark, spec, plan, kafka_settings)
+    assert (summary.records_out, summary.dead_letters) == (16, 2)
+    with create_engine(url).connect() as conn:
+        assert conn.execute(text(f"select count(*) from {table}")).scalar() == 16
+        dead = conn.execute(text('select "offset", reason, value from kafka_eos_dead_letters where pipeline = :p '
+                                 'order by "offset"'), {"p": spec.name}).all()
+    assert [d.offset for d in dead] == [3, 7]
+    assert all(d.reason.startswith("refused by the sink: 2 rows of this record; the first: the database refused "
+                                   f"its row for table {table}: ") for d in dead), dead[0].reason
+    assert sorted(r["n"] for r in json.loads(bytes(dead[0].value))) == [1, 2]
 
 
 def test_a_refresh_never_moves_a_sql_sinks_mirror_back_behind_a_concurrent_run(spark, kafka_settings, make_spec,

@@ -105,3 +105,8 @@ class InputTruncated(KafkaEosError):
 class RangeMismatch(KafkaEosError):
     """A committed range's records do not add up: what the range holds against the results, dead
     letters (and filtered records) its run committed; names the partition and the numbers."""
+
+
+class ResultTooLarge(KafkaEosError):
+    """One Spark task's output is more than ``spark.driver.maxResultSize`` lets the driver take:
+    names the setting and what to change."""

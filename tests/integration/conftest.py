@@ -50,6 +50,16 @@ def transforms_from(tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def max_result_size(spark):
+    """Set Spark's ``spark.driver.maxResultSize`` for the jobs this test starts (each job's task set
+    reads it from the live SparkContext's conf)."""
+    conf = spark.sparkContext._jsc.sc().conf()
+    before = conf.get("spark.driver.maxResultSize", "1g")
+    yield lambda size: conf.set("spark.driver.maxResultSize", size)
+    conf.set("spark.driver.maxResultSize", before)
+
+
+@pytest.fixture
 def small_batches(spark):
     """Arrow batches of 1,000 rows for the test (Spark's default is 10,000), Spark's own size after
     it: a test's few thousand records then cross batch boundaries, as a run's millions do."""

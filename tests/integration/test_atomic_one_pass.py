@@ -170,16 +170,6 @@ def test_a_task_failing_after_rows_were_produced_aborts_the_whole_transaction(sp
         r.tp: r.until for r in plan.ranges}
 
 
-@pytest.fixture
-def max_result_size(spark):
-    """Set Spark's ``spark.driver.maxResultSize`` for the jobs this test starts (each job's task set
-    reads it from the live SparkContext's conf)."""
-    conf = spark.sparkContext._jsc.sc().conf()
-    before = conf.get("spark.driver.maxResultSize", "1g")
-    yield lambda size: conf.set("spark.driver.maxResultSize", size)
-    conf.set("spark.driver.maxResultSize", before)
-
-
 def test_an_output_larger_than_one_job_may_return_is_committed_in_two_passes(spark, kafka_settings, make_spec,
                                                                              max_result_size, capfd):
     spec = make_spec("identity", "kafka", "atomic")

@@ -143,6 +143,42 @@ def test_rows_the_database_refuses_of_one_record_are_one_dead_letter_holding_the
     assert sorted(r["n"] for r in json.loads(bytes(dead[0].value))) == [1, 2]
 
 
+def test_a_run_larger_than_one_job_may_return_is_fetched_a_task_at_a_time(spark, kafka_settings, make_spec,
+                                                                           transforms_from, unique, tmp_path,
+                                                                           max_result_size):
+    """Results and dead letters more than spark.driver.maxResultSize lets one job return: both runs
+    failed with only a Py4JJavaError ("Total size of serialized results ... is bigger than
+    spark.driver.maxResultSize"), on every retry: the pipeline stopped for good. Now they are
+    fetched one Spark task at a time when one job's are refused."""
+    from confluent_kafka import Producer
+
+    url = f"sqlite:///{tmp_path / 'big.db'}"
+    spec = make_spec(transforms_from(f"names_{unique.replace('-', '_')}", NAMES_OR_DEAD) + ":names", "sql", "atomic",
+                     table="names", url=url, key_columns=["topic", "partition", "offset"])
+    producer = Producer(kafka_settings.client_config(**{"linger.ms": 20}))
+    for i in range(900):
+        producer.produce(spec.source.topics[0], value=(("dead-" if i % 2 else "") + "x" * 300).encode(),
+                         partition=i % 3)
+    assert producer.flush(30) == 0
+    plan = prepare_plan(spec, kafka_settings, "run-1")
+    max_result_size("100k")  # about 50 KB of results and 50 KB of dead letters per task, 150 KB of each in all
+    summary = run_batch(spark, spec, plan, kafka_settings)
+    assert (summary.status, summary.records_out, summary.dead_letters) == ("committed", 450, 450)
+    verify(spec, kafka_settings, plan)
+    with create_engine(url).connect() as conn:
+        assert conn.execute(text("select count(*) from names")).scalar() == 450
+
+
+NAMES_OR_DEAD = '''
+from pyspark.sql import functions as F
+
+def names(df):
+    value = F.col("value").cast("string")
+    return df.select("topic", "partition", "offset", value.alias("name"),
+                     F.when(value.startswith("dead-"), F.lit("a dead letter")).alias("dlq_reason"))
+'''
+
+
 def test_a_refresh_never_moves_a_sql_sinks_mirror_back_behind_a_concurrent_run(spark, kafka_settings, make_spec,
                                                                                monkeypatch):
     """The refresh (and a drift repair) republished a SQL checkpoint it had read before a run's

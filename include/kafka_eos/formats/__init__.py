@@ -143,9 +143,15 @@ def dead_letter_batches(results: "DataFrame | None", undecodable: "DataFrame") -
     """The records that did not decode, per source partition, as Arrow batches of the columns the
     sink writes: a per_partition run writes them in their partition's transaction (a union would
     put a partition's rows in two Spark tasks)."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
-    table = _as_output(results, undecodable).toArrow()
+    from kafka_eos.sinks import batches
+
+    found = batches.fetched(_as_output(results, undecodable), list)  # not one job's result, if too large
+    if not found:
+        return {}
+    table = pa.Table.from_batches(found)
     out: dict = {}
     for t, p in {(t, p) for t, p in zip(table.column("topic").to_pylist(), table.column("partition").to_pylist())}:
         part = table.filter(pc.and_(pc.equal(table.column("topic"), t), pc.equal(table.column("partition"), p)))

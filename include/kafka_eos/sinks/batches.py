@@ -8,10 +8,11 @@ the ``produce()`` call and little else. Columns are made ready on the JVM first
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, TypeVar
 
-from kafka_eos.errors import DeadLetterWithoutTopic
+from kafka_eos.errors import DeadLetterWithoutTopic, ResultTooLarge
 from kafka_eos.sinks.limits import refusing
 from kafka_eos.spec import PipelineSpec
 from kafka_eos.transforms import DLQ_REASON
@@ -20,6 +21,9 @@ from kafka_eos.txn import OutRecord, dead_letter_headers
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
     from pyspark.sql import DataFrame
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Schema of a packed DataFrame: one row per Arrow record batch, as an Arrow IPC stream.
 PACKED_SCHEMA = "arrow_ipc binary"
@@ -241,6 +245,53 @@ def unordered(df: "DataFrame") -> Iterator["pa.RecordBatch"]:
         yield from collected
     finally:
         collected.close()
+
+
+def fetched(df: "DataFrame", into: Callable[[Iterator["pa.RecordBatch"]], T]) -> T:
+    """``into(batches)`` of every record batch of ``df``, however large the whole: from one job
+    that computes every task at once (:func:`unordered`) while their results fit
+    ``spark.driver.maxResultSize`` (Spark's limit on what one job returns to the driver), else, when
+    Spark refuses them, ``into`` again from the start with one task per job (a task's results are
+    bounded by the read's split). ``into`` consumes the batches before it returns (a spool, a list):
+    a refused first try leaves nothing behind.
+
+    :raises ResultTooLarge: one task's output alone is over the limit, naming it and the fix.
+    """
+    try:
+        return into(unordered(df))
+    except Exception as exc:  # noqa: BLE001 - only Spark's refusal of the results is tried again
+        if not result_too_large(exc):
+            raise
+    log.info("the results of one job are over spark.driver.maxResultSize: fetching them one task at a time")
+    try:
+        return into(one_task_at_a_time(df))
+    except Exception as exc:  # noqa: BLE001 - said in a line that names the setting
+        if not result_too_large(exc):
+            raise
+        from kafka_eos.spark_io import result_limits
+
+        limit, _heap = result_limits(df.sparkSession)
+        raise ResultTooLarge(f"one Spark task's output is more than spark.driver.maxResultSize "
+                             f"({limit >> 20} MiB) lets the driver take: raise it (the spec's spark_conf), or lower "
+                             "source.max_records_per_partition") from None
+
+
+def result_too_large(exc: BaseException) -> bool:
+    """Whether Spark refused a job's results for ``spark.driver.maxResultSize`` (its own message,
+    in the error or what caused it)."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if "spark.driver.maxResultSize" in str(exc):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def one_task_at_a_time(df: "DataFrame") -> Iterator["pa.RecordBatch"]:
+    """The record batches of ``df``, fetched one Spark task per job (Spark computes the next while
+    this one is read): what one job returns to the driver is one task's output."""
+    rows = df.mapInArrow(pack, PACKED_SCHEMA).toLocalIterator(prefetchPartitions=True)
+    yield from unpack(rows)
 
 
 def turns(df: "DataFrame") -> dict[int, object] | None:

@@ -356,7 +356,7 @@ def driver_commits(df: "DataFrame", spec: PipelineSpec, plan: Plan, settings: Ka
     from pyspark.sql import functions as F
 
     rows: dict[TP, list] = {}
-    for batch in batches.unordered(df.withColumn(batches.PART, F.spark_partition_id())):
+    for batch in batches.fetched(df.withColumn(batches.PART, F.spark_partition_id()), list):
         for task in pc.unique(batch.column(batches.PART)).to_pylist():
             part = batch.filter(pc.equal(batch.column(batches.PART), task)).drop_columns([batches.PART])
             tp = owner[task]

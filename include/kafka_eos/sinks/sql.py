@@ -614,7 +614,7 @@ def write(results: "DataFrame | None", dead_letters: "DataFrame | None", spec: P
     """
     from pyspark.sql import functions as F
 
-    from kafka_eos.sinks.batches import unordered
+    from kafka_eos.sinks.batches import fetched
     from kafka_eos.transforms import DLQ_REASON
 
     if sink is None:
@@ -640,19 +640,23 @@ def write(results: "DataFrame | None", dead_letters: "DataFrame | None", spec: P
         frame = frame.select(*(dead_letter_bytes(c, frame.schema[c].dataType).alias(c) if c in frame.columns
                                else F.lit(None).cast("binary").alias(c) for c in ("key", "value")),
                              "topic", "partition", "offset", DLQ_REASON)
-        # One job, every task at once, as Arrow (the results' way): not a job per task.
-        for batch in unordered(frame):
-            for row in batch.to_pylist():
+        # One job, every task at once, as Arrow (the results' way): not a job per task (unless the
+        # whole is over spark.driver.maxResultSize: batches.fetched).
+        spool = fetched(frame, ArrowSpool)
+        try:
+            for row in spool.rows():
                 yield {"pipeline": spec.name, "topic": row["topic"], "partition": row["partition"],
                        "offset": row["offset"], "key": _bytes(row["key"]), "value": _bytes(row["value"]),
                        "reason": row[DLQ_REASON], "run_id": plan.run_id}
+        finally:
+            spool.close()
 
     # Spark's work first (each DataFrame is computed once, into a local file), then one short
     # database transaction.
     began = time.monotonic()
     dead_spool = Spool(dead_rows())
     spooled = time.monotonic()
-    result_spool = ArrowSpool(unordered(results)) if results is not None else None
+    result_spool = fetched(results, ArrowSpool) if results is not None else None
     computed = time.monotonic()
     try:
         status, out, dead = sink.commit(plan, result_spool, table, dead_spool.rows())

@@ -430,8 +430,9 @@ def cmd_audit(args) -> int:
                       "-" if a.holds is None else a.holds, a.written, a.verdict, "yes" if a.proven else "no")
                      for a in audits], ("run", "partition", "range", "holds", "written", "verdict", "proof")))
         for a in short:
+            resume = f"; the first of them is at offset {a.resume_at}" if a.resume_at is not None else ""
             print(f"kafka-eos: {a.run_id}: {partition_name(a)}: {a.holds - a.written} of {a.holds} committed records "
-                  "are not in the output and its commit has no proof of read: replay the range "
+                  f"of [{a.from_offset}, {a.until}) are not in the output and its commit has no proof of read{resume} "
                   "(docs/operations.md, \"Auditing committed runs\")", file=sys.stderr)
     return EXIT_FOUND if short else 0
 

@@ -140,18 +140,22 @@ def first_records(settings: KafkaSettings, offsets: Mapping[TP, int], committed:
     return found
 
 
-def count_committed(settings: KafkaSettings, ranges: Mapping[TP, tuple[int, int]]) -> dict[TP, int]:
+def count_committed(settings: KafkaSettings, ranges: Mapping[TP, tuple[int, int]],
+                    nth: Mapping[TP, int] | None = None) -> tuple[dict[TP, int], dict[TP, int]]:
     """How many committed records each range ``[from, until)`` holds now, read with a
     read_committed consumer (offsets are not contiguous under transactions: counted, never
-    computed). A range whose start retention has deleted counts from the log start: the caller
-    compares the first offsets (:func:`first_records`) when that matters.
+    computed), and the offset of each range's ``nth[tp]``-th committed record (counting from 1)
+    where it has one. A range whose start retention has deleted counts from the log start: the
+    caller checks the log start first when that matters.
 
     :raises TimeoutError: no record within the admin timeout before a range's end.
     """
     todo = {tp: span for tp, span in ranges.items() if span[1] > span[0]}
     counts = {tp: 0 for tp in ranges}
+    marks: dict[TP, int] = {}
+    nth = nth or {}
     if not todo:
-        return counts
+        return counts, marks
     consumer = Consumer(settings.client_config(**{
         "group.id": reader_group("count"), "enable.auto.commit": False,
         "isolation.level": "read_committed", "enable.partition.eof": True}))
@@ -180,9 +184,11 @@ def count_committed(settings: KafkaSettings, ranges: Mapping[TP, tuple[int, int]
                     consumer.pause([TopicPartition(*tp)])
                     continue
                 counts[tp] += 1
+                if counts[tp] == nth.get(tp):
+                    marks[tp] = msg.offset()
                 if msg.offset() + 1 >= todo[tp][1]:
                     del todo[tp]
                     consumer.pause([TopicPartition(*tp)])
     finally:
         consumer.close()
-    return counts
+    return counts, marks

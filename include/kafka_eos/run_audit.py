@@ -1,6 +1,6 @@
 """The audit of committed runs (``kafka-eos audit``): each run's ranges read again from the source and
 counted, against what the run's manifest says it wrote — for an operator after an incident, or after
-upgrading from a version that could commit a range short (CHANGELOG, 0.2.1).
+upgrading from a version that could commit a range short (0.2.0 and earlier: CHANGELOG).
 
 Per source partition in per_partition scope (each partition's manifest record is written inside
 its own transaction), per run in atomic scope and for SQL sinks (the run record). A range is:
@@ -42,6 +42,10 @@ class RangeAudit:
     written: int
     verdict: str
     proven: bool
+    #: A short range: the offset of its first committed record past the ``written`` first ones —
+    #: where to move the checkpoint back to for the next run to write the rest, when the transform
+    #: gives one row per record in order (the records before it are in the output already).
+    resume_at: int | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -71,19 +75,22 @@ def _audit_run(spec: PipelineSpec, settings: KafkaSettings, manifest: ManifestSt
               if r["until"] > r["from_offset"]}
     starts = {tp: o.log_start for tp, o in partition_offsets(settings, list(ranges)).items()} if ranges else {}
     readable = {tp: span for tp, span in ranges.items() if starts.get(tp, 0) <= span[0]}
-    holds = count_committed(settings, readable)
     if spec.sink.kind == "kafka" and spec.sink.commit == "per_partition":
         _run, parts = manifest.run_records(run_id)
+        written = {tp: part.get("records_out", 0) + part.get("dead_letters", 0) for tp in ranges
+                   if (part := parts.get(f"{tp[0]}-{tp[1]}")) is not None}
+        holds, resume = count_committed(settings, readable, {tp: n + 1 for tp, n in written.items()})
         audits = []
         for tp, (start, until) in sorted(ranges.items()):
             part = parts.get(f"{tp[0]}-{tp[1]}")
             if part is None:
                 continue  # committed by no transaction of this run (its counts are in no record)
-            written = part.get("records_out", 0) + part.get("dead_letters", 0)
             proven = part.get("read") == "whole"
-            audits.append(RangeAudit(run_id, tp[0], tp[1], start, until, holds.get(tp),
-                                     written, _verdict(holds.get(tp), written, proven), proven))
+            verdict = _verdict(holds.get(tp) if tp in readable else None, written[tp], proven)
+            audits.append(RangeAudit(run_id, tp[0], tp[1], start, until, holds.get(tp) if tp in readable else None,
+                                     written[tp], verdict, proven, resume.get(tp) if verdict == SHORT else None))
         return audits
+    holds, _marks = count_committed(settings, readable)
     written = record.get("records_in", record.get("records_out", 0) + record.get("dead_letters", 0))
     total = None if len(readable) < len(ranges) else sum(holds.values())
     proven = record.get("read") == "whole"

@@ -205,3 +205,5 @@ def test_a_range_committed_short_fails_its_run_again_naming_the_partition(spark,
     assert (by_partition[1]["holds"], by_partition[1]["written"], by_partition[1]["verdict"], by_partition[1]["proven"]) \
         == (RECORDS, RECORDS, "whole", True)
     assert [a["partition"] for a in audit["short"]] == [0]
+    assert by_partition[0]["resume_at"] == BATCH_ROWS  # the first record not written (offsets 0.. are contiguous here)
+    assert by_partition[1]["resume_at"] is None

@@ -46,6 +46,8 @@ class LocalSparkConnect:
     :param master: the master the server's driver uses (``local[2]``, or a cluster's URL).
     :param environ: added to the server's environment (its Python workers inherit it).
     :param conf: more Spark settings, over kafka-eos's session settings.
+    :param plugin: load kafka-eos's server plugin (per_partition's one-pass proof); False: a server
+        as a managed service runs it, without (per_partition in two passes).
     """
 
     home: Path
@@ -53,6 +55,7 @@ class LocalSparkConnect:
     master: str = "local[2]"
     environ: dict[str, str] = field(default_factory=dict)
     conf: dict[str, str] = field(default_factory=dict)
+    plugin: bool = True
 
     @classmethod
     def default(cls) -> "LocalSparkConnect":
@@ -77,7 +80,8 @@ class LocalSparkConnect:
 
         log4j = self.home / "log4j2.properties"
         # kafka-eos's plugin: per_partition scope's proof of one pass, from the server.
-        conf = {**merged_conf(session_conf(), connect_plugin_conf()), **local_master_conf(self.master),
+        conf = {**merged_conf(session_conf(), connect_plugin_conf() if self.plugin else {}),
+                **local_master_conf(self.master),
                 # Warnings and errors to the server's log (at INFO it logs every request).
                 "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{log4j}",
                 # Loopback only: the server's default is every interface.

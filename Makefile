@@ -143,10 +143,15 @@ $(JARS)/registry/.resolved: jvm/registry/pom.xml
 # killed at each commit step; a zombie; a stalled producer) on each sink, on a local three-node
 # cluster; a table on stdout, exit 1 on any anomaly. CHAOS_ARGS: e.g. --quick, --sink sql,
 # --scenario SIGSTOP. Then the Celery cells: a worker killed inside a DAG run's commit (Kafka sink
-# in both scopes, SQL sink) and under a stream, on a local Airflow with two Celery workers.
+# in both scopes, SQL sink) and under a stream, on a local Airflow with two Celery workers. Then the
+# faults inside the read: every kind at every point of a task's input, in each scope, in-process
+# and through Spark Connect servers with and without kafka-eos's plugin, and a Spark executor (the
+# application's JVM) killed mid-read under spark-submit.
 chaos: install jars postgres redis
 	$(PY) -m kafka_eos.chaos $(CHAOS_ARGS)
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests/dags/test_celery_workers.py
+	$(VENV)/bin/pytest -q -p no:cacheprovider -m chaos tests/integration/test_read_faults.py \
+	  tests/integration/test_spark_connect.py
 
 # Hours of operation under faults: three pipelines (two scheduled every minute, one stream) under a
 # real scheduler on a three-node cluster, faults at random times from SOAK_SEED (default: a new

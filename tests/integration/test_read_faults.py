@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 
 import pytest
 from confluent_kafka import Producer
@@ -207,3 +208,66 @@ def test_a_range_committed_short_fails_its_run_again_naming_the_partition(spark,
     assert [a["partition"] for a in audit["short"]] == [0]
     assert by_partition[0]["resume_at"] == BATCH_ROWS  # the first record not written (offsets 0.. are contiguous here)
     assert by_partition[1]["resume_at"] is None
+
+
+KILLING = '''
+import os
+import signal
+
+from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType
+
+AT = {at}
+
+
+def _jvm_of(pid):
+    """The nearest ancestor of ``pid`` that is a JVM (the Spark executor this Python worker serves)."""
+    while pid > 1:
+        with open(f"/proc/{{pid}}/cmdline", "rb") as f:
+            if b"java" in f.read().split(b"\\0")[0]:
+                return pid
+        with open(f"/proc/{{pid}}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    return None
+
+
+def _check(partition, offset):
+    if partition == 0 and offset == AT:
+        os.kill(_jvm_of(os.getpid()), signal.SIGKILL)  # the executor lost, as when its host dies
+    return True
+
+
+check = F.udf(_check, BooleanType())
+
+
+def killing(df):
+    return df.where(check(F.col("partition"), F.col("offset"))).select(
+        "key", "value", "topic", "partition", "offset", F.lit(None).cast("string").alias("dlq_reason"))
+'''
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("point", ["boundary", "mid", "last"])
+def test_an_executor_killed_mid_read_commits_nothing_of_its_partition(spark, kafka_settings, make_spec, tmp_path,
+                                                                      monkeypatch, point):
+    """spark-submit (the executor is the application's JVM in local mode), per_partition in one pass:
+    a Python UDF kills the JVM at ``point`` of partition 0's input. The tasks' Python workers see
+    their input end; none may commit. The same plan again: every record once."""
+    from integration.test_faults import spark_submit, write_spec_file
+
+    module = f"killing_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{module}.py").write_text(KILLING.format(at=POINTS[point]))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    spec = make_spec(f"{module}:killing", "kafka", "per_partition", partitions=2)
+    produced = _source(kafka_settings, spec)
+    plan = prepare_plan(spec, kafka_settings, "run-1")
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(plan.to_json())
+    killed = spark_submit(write_spec_file(spec, tmp_path / "spec.yaml"), plan_file, kafka_settings, None)
+    assert killed.returncode != 0, killed.stdout[-2000:]
+
+    fixed = dataclasses.replace(spec, transform="identity")
+    run_batch(spark, fixed, prepare_plan(fixed, kafka_settings, "run-1"), kafka_settings)
+    verify(fixed, kafka_settings, plan)
+    out = _values(kafka_settings, spec.sink.topic)
+    assert len(out) == 2 * RECORDS and set(out) == produced[0] | produced[1]

@@ -37,9 +37,15 @@ POINTS = {"first": 0, "boundary": BATCH_ROWS, "mid": BATCH_ROWS + BATCH_ROWS // 
 FAULTY = '''
 import os
 import signal
+import sys
 
+from pyspark import cloudpickle
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType
+
+# The UDF travels by value: Spark's Python workers (forked before this module was written) cannot
+# import it.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 KIND, AT = {kind!r}, {at}
 
@@ -70,17 +76,27 @@ def faulty(df):
 PAD = "x" * 200
 
 
-def _source(kafka_settings, spec) -> dict:
-    """:data:`RECORDS` records on each of the source's two partitions, values ``p:offset:padding``."""
+def _source(kafka_settings, spec, first: int = 0) -> dict:
+    """:data:`RECORDS` records on each of the source's two partitions, values ``p:i:padding`` for
+    ``i`` from ``first`` (its offset, on a partition only this writes to)."""
     src = spec.source.topics[0]
     producer = Producer(kafka_settings.client_config(**{"linger.ms": 20}))
-    for p, i in itertools.product((0, 1), range(RECORDS)):
+    for p, i in itertools.product((0, 1), range(first, first + RECORDS)):
         producer.produce(src, key=f"k{i}".encode(), value=f"{p}:{i}:{PAD}".encode(), partition=p)
         if i % 1000 == 999:
             producer.poll(0)
     assert producer.flush(30) == 0
     settle(kafka_settings, src)
-    return {p: {f"{p}:{i}:{PAD}" for i in range(RECORDS)} for p in (0, 1)}
+    return {p: {f"{p}:{i}:{PAD}" for i in range(first, first + RECORDS)} for p in (0, 1)}
+
+
+def _fence_partitions(kafka_settings, spec, plan) -> None:
+    """Fence every transactional id of ``plan``'s partitions (and the atomic one): an attempt still
+    at work cannot commit after this returns, and what it committed before is visible."""
+    from kafka_eos.txn import fence
+
+    for tid in [spec.transactional_id(), *(spec.transactional_id(r.topic, r.partition) for r in plan.ranges)]:
+        fence(kafka_settings, tid, spec.sink.transaction_timeout_s * 1000, spec.source.topics[0])
 
 
 def _values(kafka_settings, topic) -> list[str]:
@@ -96,13 +112,15 @@ def _run_fault(spark, kafka_settings, make_spec, transforms_from, unique, commit
     plan = prepare_plan(spec, kafka_settings, "run-1")
     tps = [r.tp for r in plan.ranges]
 
-    with pytest.raises(Exception):
+    with pytest.raises(Exception) as failed:
         run_batch(spark, spec, plan, kafka_settings)
+    assert CAUSE[kind] in str(failed.value), str(failed.value)[-2000:]  # the fault, not another failure
 
     # Nothing of the faulty partition is committed: no checkpoint, no record of it in the output.
-    # (A task's Python worker may still be at work after its job failed: a commit it makes later
-    # is caught below, where the run again finds the range committed and writes nothing.)
+    # A task's Python worker may still be at work after its job failed: fenced first, so what it
+    # committed before is seen and it can commit nothing after.
     src = spec.source.topics[0]
+    _fence_partitions(kafka_settings, spec, plan)
     checkpoints = kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, tps)
     assert checkpoints[(src, 0)] is None, f"{kind} at {point}: partition 0's checkpoint moved to {checkpoints}"
     out = _values(kafka_settings, spec.sink.topic)
@@ -119,6 +137,10 @@ def _run_fault(spark, kafka_settings, make_spec, transforms_from, unique, commit
     out = _values(kafka_settings, spec.sink.topic)
     assert len(out) == 2 * RECORDS and set(out) == produced[0] | produced[1]
 
+
+#: What each kind of fault makes Spark say (the run's error).
+CAUSE = {"jvm": "a JVM exception in the transform", "python": "a Python UDF failed at offset",
+         "python_kill": "Python worker exited unexpectedly"}
 
 QUICK = [("per_partition", "jvm", point) for point in POINTS] + [
     ("per_partition", "python", "mid"), ("per_partition", "python_kill", "boundary"),
@@ -271,3 +293,38 @@ def test_an_executor_killed_mid_read_commits_nothing_of_its_partition(spark, kaf
     verify(fixed, kafka_settings, plan)
     out = _values(kafka_settings, spec.sink.topic)
     assert len(out) == 2 * RECORDS and set(out) == produced[0] | produced[1]
+
+
+
+
+def test_records_deleted_by_retention_mid_run_commit_nothing_of_their_partition(spark, kafka_settings, make_spec):
+    """The range's records deleted on the broker after the plan was made, before its task read
+    them (the Kafka read's failOnDataLoss fails the task at its first fetch, before any row reaches
+    Python). Before the proof of read the task saw no row and committed the range empty, its
+    checkpoint past records it never read. Now nothing of the partition is committed, and the next
+    plan stops at the records that are gone (on_data_loss decides), not a silent skip."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from kafka_eos.errors import DataLossError
+
+    spec = make_spec("identity", "kafka", "per_partition", partitions=2)
+    src = spec.source.topics[0]
+    first = _source(kafka_settings, spec)
+    run_batch(spark, spec, prepare_plan(spec, kafka_settings, "run-1"), kafka_settings)
+    _source(kafka_settings, spec, first=RECORDS)
+    plan = prepare_plan(spec, kafka_settings, "run-2")
+    admin = AdminClient(kafka_settings.client_config())
+    for future in admin.delete_records([TopicPartition(src, 0, RECORDS + RECORDS // 2)]).values():
+        future.result(30)  # retention, as a short retention.ms or an operator's delete-records does it
+
+    with pytest.raises(Exception) as failed:
+        run_batch(spark, spec, plan, kafka_settings)
+    assert "Some data may have been lost" in str(failed.value) or "OffsetOutOfRange" in str(failed.value), \
+        str(failed.value)[-2000:]
+    _fence_partitions(kafka_settings, spec, plan)  # a task's Python worker still at work commits nothing after
+    out = _values(kafka_settings, spec.sink.topic)
+    assert sorted(v for v in out if v.startswith("0:")) == sorted(first[0])  # run-1's, nothing of run-2's
+    assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [(src, 0)])[(src, 0)] == RECORDS
+    with pytest.raises(DataLossError, match=f"{src}-0"):  # the next plan names the records that are gone
+        prepare_plan(spec, kafka_settings, "run-3")

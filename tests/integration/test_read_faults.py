@@ -328,3 +328,51 @@ def test_records_deleted_by_retention_mid_run_commit_nothing_of_their_partition(
     assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [(src, 0)])[(src, 0)] == RECORDS
     with pytest.raises(DataLossError, match=f"{src}-0"):  # the next plan names the records that are gone
         prepare_plan(spec, kafka_settings, "run-3")
+
+
+
+ONCE = '''
+import os
+
+from pyspark.sql import functions as F
+
+AT, MARK = {at}, {mark!r}
+
+
+def once(df):
+    """A JVM exception at offset AT of partition 0, in the first batch planned only (decided on the
+    driver, where the stream calls the transform for each batch)."""
+    if not os.path.exists(MARK):
+        open(MARK, "w").close()
+        hit = (F.col("partition") == 0) & (F.col("offset") == AT)
+        df = df.where(F.when(hit, F.raise_error(F.lit("a JVM exception in the transform, once"))).otherwise(F.lit(True)))
+    return df.select("key", "value", "topic", "partition", "offset", F.lit(None).cast("string").alias("dlq_reason"))
+'''
+
+
+def test_a_stream_batch_whose_read_fails_commits_nothing_and_the_restart_writes_every_record(
+        spark, kafka_settings, make_spec, transforms_from, unique, tmp_path):
+    """A stream's batch large enough for its executors to commit (over 20,000 planned offsets),
+    its transform failing mid-read of partition 0 (once): the stream stops on the error with nothing
+    of partition 0 committed; started again, it writes every record once."""
+    from kafka_eos.stream.loop import StreamRunner
+
+    records = 12_000  # per partition: 24,000 planned offsets, more than DRIVER_BATCH_OFFSETS
+    at = records - 500  # in the range's second Arrow batch: the first reached the task
+    module = transforms_from(f"once_{unique.replace('-', '_')}", ONCE.format(at=at, mark=str(tmp_path / "failed-once")))
+    spec = make_spec(f"{module}:once", "kafka", "per_partition", partitions=2)
+    src = spec.source.topics[0]
+    producer = Producer(kafka_settings.client_config(**{"linger.ms": 20}))
+    for p, i in itertools.product((0, 1), range(records)):
+        producer.produce(src, value=f"{p}:{i}:{PAD}".encode(), partition=p)
+        if i % 1000 == 0:
+            producer.poll(0)
+    assert producer.flush(30) == 0
+    settle(kafka_settings, src)
+
+    with pytest.raises(Exception, match="a JVM exception in the transform, once"):
+        StreamRunner(spark, spec, kafka_settings, interval_s=0.1, stop_when_caught_up=True).run()
+    assert (tmp_path / "failed-once").exists()
+    StreamRunner(spark, spec, kafka_settings, interval_s=0.1, stop_when_caught_up=True).run()
+    out = _values(kafka_settings, spec.sink.topic)
+    assert len(out) == 2 * records and len(set(out)) == 2 * records

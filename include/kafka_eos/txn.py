@@ -87,8 +87,12 @@ class TransactionalCommit:
                  ranges: Sequence[PartitionRange], dlq_topic: str | None = None,
                  fences: Sequence[str] = (), timeout_ms: int = TRANSACTION_TIMEOUT_MS,
                  keep_open: bool = False, planned_ms: int | None = None, recheck_epoch: bool = False,
-                 batch_bytes: int | None = None) -> None:
+                 batch_bytes: int | None = None, shared_reader: bool = False) -> None:
         self.settings = settings
+        #: Read the group's offsets through this process's one reader of the group
+        #: (:func:`_shared_reader`), not one of its own: a process that keeps a commit per
+        #: partition (a stream's) keeps one reader, not hundreds.
+        self.shared_reader = shared_reader
         #: The producer's batch.size (None: librdkafka's): below the written topics' max.message.bytes
         #: (:func:`kafka_eos.sinks.limits.producer_batch_bytes`); read when the producer is built.
         self.batch_bytes = batch_bytes
@@ -398,6 +402,10 @@ class TransactionalCommit:
             self._reader = None
 
     def _committed(self, tps: list) -> dict:
+        if self.shared_reader:
+            reader, lock = _shared_reader(self.settings, self.group_id)
+            with lock:
+                return committed_offsets(self.settings, self.group_id, tps, consumer=reader)
         if self._reader is None:
             self._reader = group_client(self.settings, self.group_id)
         return committed_offsets(self.settings, self.group_id, tps, consumer=self._reader)
@@ -420,6 +428,22 @@ class TransactionalCommit:
         remaining = self._producer.flush(CALL_TIMEOUT_S)
         if remaining:
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"{remaining} records not delivered"))
+
+
+#: This process's shared readers of group offsets (:func:`_shared_reader`): key -> (consumer, lock).
+_readers: dict[tuple, tuple[Consumer, threading.Lock]] = {}
+_readers_lock = threading.Lock()
+
+
+def _shared_reader(settings: KafkaSettings, group_id: str) -> tuple[Consumer, threading.Lock]:
+    """This process's one reader of ``group_id``'s offsets (a consumer that never joins it), with
+    the lock its users take: a librdkafka client costs some 8 file descriptors and 4 threads, and a
+    stream's driver kept two per source partition (200 partitions: 3,200 descriptors, 1,600 threads)."""
+    key = (settings.bootstrap_servers, group_id, tuple(sorted((k, repr(v)) for k, v in settings.extra.items())))
+    with _readers_lock:
+        if key not in _readers:
+            _readers[key] = (group_client(settings, group_id), threading.Lock())
+        return _readers[key]
 
 
 class CallHung(Exception):

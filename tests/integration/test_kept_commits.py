@@ -112,3 +112,49 @@ def test_kept_commit_is_cached_per_process_and_dropped_after_a_failure(kafka_set
     # The failed batch's commit was closed, not kept: its retry builds a new producer.
     assert through_cache(2, _rows(spec, 2)).producer == "built"
     assert _out(spec, kafka_settings) == Counter(f"b{n}-{i}" for n in range(3) for i in range(3))
+
+
+KEPT_OVER_MANY = '''
+import os, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+from kafka_eos.plan import Plan, PartitionRange
+from kafka_eos.settings import KafkaSettings
+from kafka_eos.sinks.per_partition import commit_rowless
+from kafka_eos.spec import parse_spec
+
+bootstrap, source, sink, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+spec = parse_spec({{"name": sys.argv[5], "source": {{"topics": [source]}}, "transform": "identity",
+                   "sink": {{"kind": "kafka", "commit": "per_partition", "topic": sink}}}}, "kept.yaml")
+settings = KafkaSettings(bootstrap)
+for batch in range(2):  # a stream's batches: each partition's commit is kept for the next
+    plan = Plan(spec.name, f"b{{batch}}", tuple(PartitionRange(source, p, 0, 0, None if batch == 0 else 0)
+                                               for p in range(n)))
+    done = commit_rowless(spec, plan, settings, plan.ranges, keep=True)
+    assert sorted(r.status for r in done.values()) == ["committed"] * n if batch == 0 else True, done
+print(len(os.listdir("/proc/self/fd")))
+'''
+
+
+def test_a_stream_over_hundreds_of_partitions_keeps_its_commits_within_the_descriptor_limit(kafka_settings, unique):
+    """A per_partition stream's driver kept two librdkafka clients per source partition (a producer
+    and a reader of the group's offsets): 200 partitions held some 3,200 file descriptors and 1,600
+    threads, past the usual limit of 1,024: under that limit the process hung (librdkafka out of
+    descriptors). Now one reader per group and process, and the kept producers bounded by a share
+    of the limit (least recently used closed first)."""
+    import subprocess
+    import sys
+
+    from kafka_eos.manifest import ManifestStore
+    from kafka_eos.spec import parse_spec
+
+    source, sink, n = f"in-{unique}", f"out-{unique}", 200
+    kafka_admin.create_topics(kafka_settings, {source: n, sink: 1})
+    spec = parse_spec({"name": unique, "source": {"topics": [source]}, "transform": "identity",
+                       "sink": {"kind": "kafka", "commit": "per_partition", "topic": sink}}, "kept.yaml")
+    ManifestStore.of(spec, kafka_settings).ensure_topic()
+    run = subprocess.run([sys.executable, "-c", KEPT_OVER_MANY.format(), kafka_settings.bootstrap_servers, source,
+                          sink, str(n), unique], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert int(run.stdout.split()[-1]) < 1024 * per_partition.KEPT_FD_SHARE + 64
+    committed = kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [(source, p) for p in range(n)])
+    assert set(committed.values()) == {0}

@@ -82,6 +82,12 @@ DRIVER_BATCH_OFFSETS = 20_000
 #: A kept commit unused this long is closed at the next look into the cache (a stream that ended
 #: while its Python workers live on, e.g. in a Spark Connect server).
 KEPT_IDLE_S = 300.0
+#: File descriptors one kept commit holds (its producer: measured 7-8 on librdkafka 2.16 against
+#: one broker, more against more), with room: :func:`kept_limit` keeps a process's kept commits to
+#: a share of its descriptor limit.
+KEPT_COMMIT_FDS = 16
+#: The share of the process's file-descriptor limit its kept commits may hold.
+KEPT_FD_SHARE = 0.5
 
 #: What each task of the scan (:func:`task_sources`) and of the commit job returns: one row, a JSON
 #: object (the scan: ``task``, ``topics``, ``partitions``, ``dead``; a commit: its partition, how its
@@ -109,7 +115,8 @@ def partition_commit(spec: PipelineSpec, r: PartitionRange, settings: KafkaSetti
     return TransactionalCommit(settings, spec.transactional_id(r.topic, r.partition), spec.source.group_id, [r],
                                spec.sink.dlq_topic, fences=[spec.transactional_id()],
                                timeout_ms=spec.sink.transaction_timeout_s * 1000, planned_ms=planned_ms,
-                               keep_open=keep, recheck_epoch=keep, batch_bytes=producer_batch_bytes(spec))
+                               keep_open=keep, recheck_epoch=keep, batch_bytes=producer_batch_bytes(spec),
+                               shared_reader=keep)
 
 
 #: This process's kept commits (:func:`kept_commit`): key -> (commit, last used, monotonic).
@@ -124,6 +131,18 @@ def _kept_key(spec: PipelineSpec, r: PartitionRange, settings: KafkaSettings) ->
             tuple(sorted((k, repr(v)) for k, v in settings.extra.items())))
 
 
+def kept_limit() -> int:
+    """How many commits this process keeps at most: a share of its file-descriptor limit (a
+    stream over hundreds of partitions kept a producer per partition and ran a driver with
+    the usual limit of 1,024 out of descriptors). The least recently used go first."""
+    import resource
+
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(8, int(soft * KEPT_FD_SHARE) // KEPT_COMMIT_FDS)
+
+
 @contextmanager
 def kept_commit(spec: PipelineSpec, r: PartitionRange, settings: KafkaSettings, planned_ms: int | None):
     """The commit of ``r``'s partition this process kept from an earlier batch (or a new one),
@@ -136,8 +155,8 @@ def kept_commit(spec: PipelineSpec, r: PartitionRange, settings: KafkaSettings, 
         idle = [k for k, (_c, used) in _kept.items() if now - used > KEPT_IDLE_S and k != key]
         stale = [_kept.pop(k)[0] for k in idle]
         commit = _kept.pop(key, (None, 0.0))[0]
-    for old in stale:
-        old.close()
+    for idle_commit in stale:
+        idle_commit.close()
     if commit is None:
         commit = partition_commit(spec, r, settings, planned_ms, keep=True)
     try:
@@ -147,6 +166,10 @@ def kept_commit(spec: PipelineSpec, r: PartitionRange, settings: KafkaSettings, 
         raise
     with _kept_lock:
         _kept[key] = (commit, time.monotonic())
+        over = len(_kept) - kept_limit()
+        evicted = [_kept.pop(k)[0] for k, _v in sorted(_kept.items(), key=lambda kv: kv[1][1])[:max(0, over)]]
+    for least_used in evicted:
+        least_used.close()
 
 
 def commit_partition(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,

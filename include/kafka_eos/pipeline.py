@@ -188,22 +188,46 @@ def refresh_checkpoints(spec: PipelineSpec, settings: KafkaSettings, *, every: b
 
     A pipeline a stream owns is skipped (``skipped="streaming (…)"``): its offsets belong to the
     stream, whose plans commit its idle checkpoints again themselves; a refresh's
-    init_transactions() would fence the stream's producer and stop it.
+    init_transactions() would fence the stream's producer and stop it. A Kafka sink's refresh holds
+    the stream's lease while it commits: a stream that starts meanwhile waits for it, never is
+    fenced by it (looking for a stream and then committing left a window in which one could start).
 
     :param every: every checkpoint; else those that might not live ``next_in_s`` more seconds
         (see :func:`kafka_eos.plan.stale_checkpoints`).
     :param next_in_s: when the caller's next refresh comes (the watchdog's interval).
     """
-    from datetime import datetime, timezone
-
-    from kafka_eos.plan import PartitionRange
-    from kafka_eos.stream.lease import stream_owner
+    from kafka_eos.errors import PipelineBusy
+    from kafka_eos.stream.lease import REFRESH_PREFIX, StreamLease, stream_owner
 
     owner = stream_owner(spec, settings)
     if owner is not None:
-        skipped = f"streaming ({owner.describe()})"
-        log.info("%s: refresh skipped: %s; the stream refreshes its own idle checkpoints", spec.name, skipped)
-        return Refreshed([], skipped)
+        return _refresh_skipped(spec, owner.describe())
+    if spec.sink.kind == "sql":  # no transactional id a stream holds: nothing to fence
+        return _refresh(spec, settings, every, next_in_s)
+    lease = StreamLease(spec, settings, holder=REFRESH_PREFIX)
+    try:
+        lease.acquire(wait_s=0)  # held while it commits: a stream that starts now waits for it
+    except PipelineBusy:
+        owner = stream_owner(spec, settings)
+        return _refresh_skipped(spec, owner.describe() if owner else "a stream started meanwhile")
+    try:
+        return _refresh(spec, settings, every, next_in_s)
+    finally:
+        lease.release()
+
+
+def _refresh_skipped(spec: PipelineSpec, holder: str) -> Refreshed:
+    skipped = f"streaming ({holder})"
+    log.info("%s: refresh skipped: %s; the stream refreshes its own idle checkpoints", spec.name, skipped)
+    return Refreshed([], skipped)
+
+
+def _refresh(spec: PipelineSpec, settings: KafkaSettings, every: bool, next_in_s: float | None) -> Refreshed:
+    """:func:`refresh_checkpoints`' commit, once no stream can start beside it."""
+    from datetime import datetime, timezone
+
+    from kafka_eos.plan import PartitionRange
+
     tps = source_partitions(spec, settings)
     cks, drift, times = _checkpoints_and_times(spec, settings, tps)
     if drift:

@@ -376,3 +376,33 @@ def test_a_stream_batch_whose_read_fails_commits_nothing_and_the_restart_writes_
     StreamRunner(spark, spec, kafka_settings, interval_s=0.1, stop_when_caught_up=True).run()
     out = _values(kafka_settings, spec.sink.topic)
     assert len(out) == 2 * records and len(set(out)) == 2 * records
+
+
+def test_a_task_the_proof_gave_no_partition_refuses_the_rows_it_meets(spark, kafka_settings, make_spec,
+                                                                      monkeypatch):
+    """One pass with a task layout that does not match the job Spark runs (a Connect server plans
+    the job again): a task the proof gave no source partition used to return at once, dropping the
+    rows it was given, and the driver then committed their range offsets-only. Now it refuses them:
+    the run fails, and nothing of that range is committed."""
+    from kafka_eos.errors import SpecError
+    from kafka_eos.sinks import per_partition
+
+    spec = make_spec("identity", "kafka", "per_partition", partitions=2)
+    src = spec.source.topics[0]
+    _source(kafka_settings, spec)
+    plan = prepare_plan(spec, kafka_settings, "run-1")
+    real = per_partition.lineage_owner
+
+    def shifted(df, plan):  # the second range's task index is not the one Spark runs it in
+        owner = real(df, plan)
+        last = max(owner)
+        return {**{i: tp for i, tp in owner.items() if i != last}, last + 7: owner[last]}
+
+    monkeypatch.setattr(per_partition, "lineage_owner", shifted)
+    with pytest.raises(SpecError, match="which the proof of the task layout gave no source partition"):
+        run_batch(spark, spec, plan, kafka_settings)
+    _fence_partitions(kafka_settings, spec, plan)
+    checkpoints = kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [r.tp for r in plan.ranges])
+    shifted_tp = [tp for tp, ck in checkpoints.items() if ck is None]
+    assert len(shifted_tp) == 1, checkpoints  # the other partition committed whole, in its own transaction
+    assert not [v for v in _values(kafka_settings, spec.sink.topic) if v.startswith(f"{shifted_tp[0][1]}:")]

@@ -105,8 +105,12 @@ TWO_ROWS = '''
 from pyspark.sql import functions as F
 
 def two_rows(df):
-    return df.select("topic", "partition", "offset", F.explode(F.array(F.lit(1), F.lit(2))).alias("n"),
-                     F.col("value").cast("string").alias("name"), F.lit(None).cast("string").alias("dlq_reason"))
+    rows = df.select("topic", "partition", "offset", F.explode(F.array(F.lit(1), F.lit(2))).alias("n"),
+                     F.col("value").cast("string").alias("value"))
+    both = F.col("value") == "deadbad"  # row 1 a dead letter of the transform's, row 2 a row the database refuses
+    return rows.select("topic", "partition", "offset", "n",
+                       F.when(both, F.lit("bad")).otherwise(F.col("value")).alias("name"),
+                       F.when(both & (F.col("n") == 1), F.lit("the transform's own reason")).alias("dlq_reason"))
 '''
 
 
@@ -128,19 +132,23 @@ def test_rows_the_database_refuses_of_one_record_are_one_dead_letter_holding_the
 
     producer = Producer(kafka_settings.client_config(**{"enable.idempotence": True}))
     for i in range(10):
-        producer.produce(spec.source.topics[0], value=b"bad" if i in (3, 7) else f"n{i}".encode(), partition=0)
+        value = b"bad" if i in (3, 7) else b"deadbad" if i == 5 else f"n{i}".encode()
+        producer.produce(spec.source.topics[0], value=value, partition=0)
     assert producer.flush(30) == 0
     plan = prepare_plan(spec, kafka_settings, "run-1")
     summary = run_batch(spark, spec, plan, kafka_settings)
-    assert (summary.records_out, summary.dead_letters) == (16, 2)
+    assert (summary.records_out, summary.dead_letters) == (14, 3)
     with create_engine(url).connect() as conn:
-        assert conn.execute(text(f"select count(*) from {table}")).scalar() == 16
+        assert conn.execute(text(f"select count(*) from {table}")).scalar() == 14
         dead = conn.execute(text('select "offset", reason, value from kafka_eos_dead_letters where pipeline = :p '
                                  'order by "offset"'), {"p": spec.name}).all()
-    assert [d.offset for d in dead] == [3, 7]
+    assert [d.offset for d in dead] == [3, 5, 7]
     assert all(d.reason.startswith("refused by the sink: 2 rows of this record; the first: the database refused "
-                                   f"its row for table {table}: ") for d in dead), dead[0].reason
+                                   f"its row for table {table}: ") for d in (dead[0], dead[2])), dead[0].reason
     assert sorted(r["n"] for r in json.loads(bytes(dead[0].value))) == [1, 2]
+    # One record, a dead letter of the transform's and a row the database refused: one letter, both reasons.
+    assert dead[1].reason.startswith("the transform's own reason; and refused by the sink: the database refused "
+                                     f"its row for table {table}: "), dead[1].reason
 
 
 def test_a_run_larger_than_one_job_may_return_is_fetched_a_task_at_a_time(spark, kafka_settings, make_spec,

@@ -92,6 +92,9 @@ def reader_message(schema: str, name: str | None = None):
     if not found:
         names = ", ".join(d.full_name for d in fd.message_types_by_name.values())
         raise RegistryError(f"source.message: {name!r} is not a message of the schema (its messages: {names})")
+    if len(found) > 1:
+        raise RegistryError(f"source.message: {name!r} names {len(found)} messages of the schema "
+                            f"({', '.join(d.full_name for d in found)}): give the full name")
     return found[0]
 
 
@@ -260,6 +263,8 @@ def _named(cache: dict, writers: dict[int, str], schema_id: int, indexes: tuple)
             cache[key] = message_descriptor(writers[schema_id], indexes).full_name
         except (IndexError, KeyError):
             cache[key] = "no message of that schema"
+        except Exception as exc:  # noqa: BLE001 - a writer schema this process cannot read: a dead letter
+            cache[key] = f"a message of a schema that does not compile here ({type(exc).__name__})"
     return cache[key]
 
 

@@ -271,8 +271,9 @@ def fetched(df: "DataFrame", into: Callable[[Iterator["pa.RecordBatch"]], T]) ->
         from kafka_eos.spark_io import result_limits
 
         limit, _heap = result_limits(df.sparkSession)
-        raise ResultTooLarge(f"one Spark task's output is more than spark.driver.maxResultSize "
-                             f"({limit >> 20} MiB) lets the driver take: raise it (the spec's spark_conf), or lower "
+        raise ResultTooLarge(f"the output is more than spark.driver.maxResultSize ({limit >> 20} MiB) lets the "
+                             "driver take, even one Spark task at a time (through Spark Connect: in one "
+                             "execution): raise it (the spec's spark: section), or lower "
                              "source.max_records_per_partition") from None
 
 

@@ -316,7 +316,22 @@ def _commit_task(spec: PipelineSpec, plan: Plan, settings: KafkaSettings, owner:
 
         index = TaskContext.get().partitionId()
         if index not in owner:
-            return  # two passes: no rows when scanned; the driver commits its partition offsets-only
+            # No partition of its own (two passes: no rows when scanned). Its rows, if the job
+            # was planned otherwise than the proof (a Connect server plans it again), are some
+            # partition's: refused, so that the run fails before the driver commits any range
+            # offsets-only.
+            found = set()
+            for batch in proof.whole(arrow_batches, f"Spark task {index}", "no range"):
+                found |= batches.source_partitions(batch)
+            if found:
+                t, p = sorted(found)[0]
+                yield batches.one_binary_row("result", json.dumps({
+                    "topic": t, "partition": p, "status": REFUSED, "records_out": 0, "dead_letters": 0,
+                    "producer": "", "refusal": "SpecError",
+                    "reason": f"rows of {t}-{p} in Spark task {index}, which the proof of the task layout "
+                              "gave no source partition (the job was planned again otherwise): nothing of "
+                              f"{t}-{p} is committed by it"}).encode())
+            return
         r = ranges[owner[index]]
 
         def checked(arrow_batches):

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import io
 import os
-import select
 import socket
 import struct
 import sys
@@ -48,7 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover
 #: (a big-endian int, as pyspark's ``write_int`` reads it).
 END_OF_STREAM = struct.pack(">i", -4)
 #: The module of Spark's Python worker whose ``main(infile, outfile)`` reads a task's input.
-WORKER_FILE = os.path.join("pyspark", "worker.py")
+WORKER_FILE = "pyspark/worker.py"
 #: How long to wait for the rest of the end marker when only part of it has arrived: the JVM
 #: writes the marker with the stream's end in one buffer, so the rest is a socket read away (or
 #: the stream ends). A bound, not a pace.
@@ -60,8 +59,8 @@ def worker_input() -> BinaryIO | None:
     the worker's ``main`` reads a task's input from its ``infile``), or None outside a worker."""
     frame = sys._getframe(1)
     while frame is not None:
-        if frame.f_code.co_filename.endswith(WORKER_FILE) and "infile" in frame.f_code.co_varnames + \
-                frame.f_code.co_freevars:
+        if frame.f_code.co_filename.replace(os.sep, "/").endswith(WORKER_FILE) and \
+                "infile" in frame.f_code.co_varnames + frame.f_code.co_freevars:
             found = frame.f_locals.get("infile")
             if found is not None:
                 return found
@@ -90,19 +89,28 @@ def _socket_peek(infile: BinaryIO, size: int) -> bytes | None:
     """The next ``size`` bytes of the socket under ``infile`` past its buffer, not consumed; None
     when the stream ends first or the socket cannot be reached."""
     try:
-        fd = infile.fileno()
+        fd = os.dup(infile.fileno())
     except (AttributeError, OSError, io.UnsupportedOperation):
-        return None  # a reader without a descriptor (a worker not forked by Spark's daemon)
-    sock = socket.socket(fileno=os.dup(fd))
+        # A reader without a descriptor (a worker not forked by Spark's daemon): unproven, so the
+        # task fails and Spark runs it again (the marker split across two reads is rare).
+        return None
     try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        os.close(fd)
+        return None
+    try:
+        # The duplicate shares the worker's file status flags: blocking, as the worker reads it
+        # (a process-wide default timeout would have made the constructor set it non-blocking).
+        sock.setblocking(True)
         deadline = time.monotonic() + MARKER_WAIT_S
         while time.monotonic() < deadline:
-            data = sock.recv(size, socket.MSG_PEEK)
-            if len(data) == size:
-                return data
+            data = sock.recv(size, socket.MSG_PEEK)  # blocks until a byte comes or the stream ends
+            if len(data) >= size:
+                return data[:size]
             if not data:
                 return None
-            select.select([sock], [], [], 0.01)
+            time.sleep(0.001)  # part of what is missing is there: the rest is on its way
         return None
     finally:
         sock.close()  # the duplicate only: the worker's own descriptor stays open

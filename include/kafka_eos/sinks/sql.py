@@ -394,7 +394,7 @@ class SqlSink:
                 # Rows the database refused for their own sake: dead letters, in this transaction,
                 # one per source record (a transform may give a record several rows).
                 for batch in _batches(iter(self._refused_letters(table, refused, plan))):
-                    dead += self._insert_dead(conn, batch)
+                    dead += self._insert_refused(conn, batch)
             fault_point("before_sql_commit")
         return COMMITTED, out, dead
 
@@ -412,6 +412,25 @@ class SqlSink:
                 return [(rows[0], exc)]
         half = len(rows) // 2
         return self._upsert_refusing(conn, table, rows[:half]) + self._upsert_refusing(conn, table, rows[half:])
+
+    def _insert_refused(self, conn, letters: list[dict]) -> int:
+        """The dead letters of refused rows: a record that has one already (the transform's own
+        dead letter of it, written first in this transaction) gets the refusal added to its reason,
+        not a second letter dropped against the table's key. Returns how many it wrote anew."""
+        d = self.dead_letters
+        coords = {(x["topic"], x["partition"], x["offset"]) for x in letters}
+        there = set()
+        for topic in {t for t, _p, _o in coords}:
+            offsets = [o for t, _p, o in coords if t == topic]
+            rows = conn.execute(select(d.c.topic, d.c.partition, d.c.offset).where(
+                (d.c.pipeline == self.spec.name) & (d.c.topic == topic) & d.c.offset.in_(offsets))).all()
+            there |= {(r.topic, r.partition, r.offset) for r in rows} & coords
+        for x in (x for x in letters if (x["topic"], x["partition"], x["offset"]) in there):
+            conn.execute(update(d).where((d.c.pipeline == self.spec.name) & (d.c.topic == x["topic"])
+                                         & (d.c.partition == x["partition"]) & (d.c.offset == x["offset"]))
+                         .values(reason=d.c.reason + "; and " + x["reason"]))
+        new = [x for x in letters if (x["topic"], x["partition"], x["offset"]) not in there]
+        return self._insert_dead(conn, new) if new else 0
 
     def _refused_letters(self, table: Table, refused: list[tuple[dict, Exception]], plan: Plan) -> list[dict]:
         """The dead letters of the rows the database refused, one per source record: a record whose

@@ -41,6 +41,8 @@ MAX_POLL_INTERVAL_MS = 3_600_000
 LOST_AFTER_S = 2 * SESSION_TIMEOUT_MS / 1000
 #: Client id prefix of a stream's lease member: ``kafka-eos-stream:<host>:<pid>``.
 CLIENT_PREFIX = "kafka-eos-stream"
+#: Client id prefix of a checkpoint refresh holding the lease for its commit.
+REFRESH_PREFIX = "kafka-eos-refresh"
 
 
 def lease_group(spec: PipelineSpec) -> str:
@@ -143,10 +145,12 @@ class StreamLease:
     """The lease of one stream: :meth:`acquire` once, :meth:`keep` between batches (a poll),
     :meth:`release` at the end (leaves the group at once)."""
 
-    def __init__(self, spec: PipelineSpec, settings: KafkaSettings) -> None:
+    def __init__(self, spec: PipelineSpec, settings: KafkaSettings, holder: str = CLIENT_PREFIX) -> None:
+        """:param holder: who holds it, the start of its client id: a stream, or a checkpoint
+        refresh that holds it for its commit (:func:`kafka_eos.pipeline.refresh_checkpoints`)."""
         self.spec = spec
         self.settings = settings
-        self.client_id = f"{CLIENT_PREFIX}:{socket.gethostname()}:{os.getpid()}"
+        self.client_id = f"{holder}:{socket.gethostname()}:{os.getpid()}"
         self._consumer: Consumer | None = None
         self._assigned = False
         self._rebalanced = False

@@ -307,3 +307,47 @@ def test_two_streams_racing_for_the_lease_end_with_one_owner(kafka_settings, mak
     first.release()
     second.release()
     assert stream_owner(spec, kafka_settings) is None
+
+
+def test_a_refresh_that_found_no_stream_never_fences_one_that_started_since(spark, kafka_settings, make_spec,
+                                                                            monkeypatch):
+    """The refresh looked for a stream, then committed: a stream that started in between was fenced
+    by the refresh's init_transactions() and stopped (ProducerFenced is not retried). Now the
+    refresh holds the stream's lease while it commits; one that cannot take it steps aside."""
+    from kafka_eos import pipeline
+    from kafka_eos.stream import lease
+
+    spec = make_spec("identity", "kafka", "atomic")
+    topic = spec.source.topics[0]
+    produce_orders(kafka_settings, topic, 30, abort_every=0, malformed_every=0)
+    runner = StreamRunner(spark, spec, kafka_settings, interval_s=0.2)
+    failure: list[BaseException] = []
+
+    def run():
+        try:
+            runner.run()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failure.append(exc)
+
+    stream = threading.Thread(target=run)
+    stream.start()
+    try:
+        wait_until("the stream's first batch", lambda: failure or runner.stats.batches >= 1, 120)
+        real, looks = lease.stream_owner, []
+
+        def looked_before_it_started(spec_, settings_):  # the refresh's first look came before the stream
+            looks.append(1)
+            return None if len(looks) == 1 else real(spec_, settings_)
+
+        monkeypatch.setattr(lease, "stream_owner", looked_before_it_started)
+        done = pipeline.refresh_checkpoints(spec, kafka_settings, every=True)
+        monkeypatch.undo()
+        assert done.skipped and done.skipped.startswith("streaming (kafka-eos-stream:"), done
+        more = produce_orders(kafka_settings, topic, 30, first_seq=30, abort_every=0, malformed_every=0,
+                              transactional_id=f"more-{topic}")
+        wait_until("the stream to catch up", lambda: failure or caught_up(spec, kafka_settings), 120)
+    finally:
+        runner.stop()
+        stream.join(60)
+    assert not failure, failure  # not fenced: the stream ran on and wrote the next records
+    assert len(read_committed(kafka_settings, spec.sink.topic)) == 30 + len(more.committed)

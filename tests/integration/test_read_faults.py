@@ -143,8 +143,7 @@ CAUSE = {"jvm": "a JVM exception in the transform", "python": "a Python UDF fail
          "python_kill": "Python worker exited unexpectedly"}
 
 QUICK = [("per_partition", "jvm", point) for point in POINTS] + [
-    ("per_partition", "python", "mid"), ("per_partition", "python_kill", "boundary"),
-    ("per_partition-two-passes", "jvm", "mid"), ("atomic", "jvm", "mid")]
+    ("per_partition", "python_kill", "boundary"), ("per_partition-two-passes", "jvm", "mid"), ("atomic", "jvm", "mid")]
 
 
 @pytest.mark.parametrize("commit,kind,point", QUICK)

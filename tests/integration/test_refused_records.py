@@ -72,40 +72,30 @@ def test_a_record_too_large_for_the_sink_becomes_a_reference_dead_letter(spark, 
     assert reference["source"] == {"topic": topic, "partition": 0, "offset": 5} and reference["size"] == size + 41
 
 
-def test_with_on_refused_record_fail_the_run_names_the_record_and_commits_nothing(spark, kafka_settings,
-                                                                                  make_spec):
-    spec = make_spec("identity", "kafka", "atomic", partitions=2, on_refused_record="fail")
+@pytest.mark.parametrize("commit", ["atomic", "per_partition"])
+def test_with_on_refused_record_fail_the_run_names_the_record_and_commits_nothing_of_its_transaction(
+        spark, kafka_settings, make_spec, commit):
+    """atomic: nothing of the run. per_partition: nothing of the record's partition, the others
+    committed by their own transactions, and the message says so (before: "... (nothing of the run
+    is committed); committed by their own transactions: <the other partition>")."""
+    spec = make_spec("identity", "kafka", commit, partitions=2, on_refused_record="fail")
     topic = spec.source.topics[0]
     _source_with_large_records(kafka_settings, topic, 1_500_000)
     plan = prepare_plan(spec, kafka_settings, "r1")
     with pytest.raises(RecordRefused) as refused:
         run_batch(spark, spec, plan, kafka_settings)
     message = str(refused.value)
-    assert "\n" not in message
+    assert "\n" not in message and "nothing of the run" not in message
     assert message.startswith(f"{topic}-0 offset 5: its record for topic {spec.sink.topic} is 1,500,041 bytes, "
                               "more than the producer's message.max.bytes 1,000,000; sink.on_refused_record: "
-                              "fail"), message
-    assert read_committed(kafka_settings, spec.sink.topic) == []
-    tps = [r.tp for r in plan.ranges]
-    assert set(kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, tps).values()) == {None}
-
-
-def test_in_per_partition_a_refusal_names_what_its_own_transactions_committed(spark, kafka_settings, make_spec):
-    """Before: "... (nothing of the run is committed); committed by their own transactions: <the
-    other partition>" — one message, two answers. Now the refused partition's transaction is the
-    one said to be aborted, and the partitions that committed are named."""
-    spec = make_spec("identity", "kafka", "per_partition", partitions=2, on_refused_record="fail")
-    topic = spec.source.topics[0]
-    _source_with_large_records(kafka_settings, topic, 1_500_000)
-    plan = prepare_plan(spec, kafka_settings, "r1")
-    with pytest.raises(RecordRefused) as refused:
-        run_batch(spark, spec, plan, kafka_settings)
-    message = str(refused.value)
-    assert "nothing of the run" not in message
-    assert message.endswith(f"sink.on_refused_record: fail (its transaction was aborted); committed by their own "
-                            f"transactions: {topic}-1"), message
-    assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [r.tp for r in plan.ranges]) == {
-        (topic, 0): None, (topic, 1): SMALL}
+                              "fail (its transaction was aborted)"), message
+    checkpoints = kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [r.tp for r in plan.ranges])
+    if commit == "atomic":
+        assert read_committed(kafka_settings, spec.sink.topic) == []
+        assert set(checkpoints.values()) == {None}
+    else:
+        assert message.endswith(f"; committed by their own transactions: {topic}-1"), message
+        assert checkpoints == {(topic, 0): None, (topic, 1): SMALL}
 
 
 @pytest.mark.parametrize("commit", ["atomic", "per_partition"])

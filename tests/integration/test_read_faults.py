@@ -7,8 +7,8 @@ Before the proof of read (kafka_eos.sinks.proof), a per_partition task whose JVM
 its Arrow input end early, committed the batches it had, and moved the checkpoint to the range's
 end: the rest of the range was lost for good.
 
-The quick cells run in ``make test``; the whole grid (every kind at every point, in every scope)
-is marked ``chaos`` and runs in ``make chaos``.
+The quick cells run in ``make test``; the whole grid (every kind at every point, in both scopes
+and the SQL sink) is marked ``chaos`` and runs in ``make chaos``.
 """
 
 from __future__ import annotations
@@ -104,6 +104,9 @@ def _values(kafka_settings, topic) -> list[str]:
 
 
 def _run_fault(spark, kafka_settings, make_spec, transforms_from, unique, commit, kind, point, request):
+    if commit == "sql":
+        _run_sql_fault(spark, kafka_settings, make_spec, transforms_from, unique, kind, point)
+        return
     if commit == "per_partition-two-passes":
         request.getfixturevalue("two_passes")
     module = transforms_from(f"faulty_{unique.replace('-', '_')}", FAULTY.format(kind=kind, at=POINTS[point]))
@@ -142,7 +145,35 @@ def _run_fault(spark, kafka_settings, make_spec, transforms_from, unique, commit
 CAUSE = {"jvm": "a JVM exception in the transform", "python": "a Python UDF failed at offset",
          "python_kill": "Python worker exited unexpectedly"}
 
-QUICK = [("per_partition", "jvm", point) for point in POINTS] + [
+def _run_sql_fault(spark, kafka_settings, make_spec, transforms_from, unique, kind, point):
+    """The SQL sink (SQLite): one database transaction for the run, written from the driver after
+    Spark computed everything; a fault anywhere in the read fails the job before it."""
+    from sqlalchemy import create_engine, inspect, text
+
+    module = transforms_from(f"faulty_{unique.replace('-', '_')}", FAULTY.format(kind=kind, at=POINTS[point]))
+    spec = make_spec(f"{module}:faulty", "sql", "atomic", partitions=2, key_columns=["topic", "partition", "offset"])
+    produced = _source(kafka_settings, spec)
+    plan = prepare_plan(spec, kafka_settings, "run-1")
+    with pytest.raises(Exception) as failed:
+        run_batch(spark, spec, plan, kafka_settings)
+    assert CAUSE[kind] in str(failed.value), str(failed.value)[-2000:]
+    engine = create_engine(spec.sink.url)
+    if inspect(engine).has_table("results"):
+        with engine.connect() as conn:
+            assert conn.execute(text("select count(*) from results")).scalar() == 0
+    assert set(kafka_admin.committed_offsets(kafka_settings, spec.source.group_id,
+                                             [r.tp for r in plan.ranges]).values()) == {None}
+
+    fixed = transforms_from(f"fixed_{unique.replace('-', '_')}", FAULTY.format(kind=kind, at=-1))
+    spec = dataclasses.replace(spec, transform=f"{fixed}:faulty")
+    run_batch(spark, spec, prepare_plan(spec, kafka_settings, "run-1"), kafka_settings)
+    verify(spec, kafka_settings, plan)
+    with engine.connect() as conn:
+        values = [bytes(v).decode() for (v,) in conn.execute(text("select value from results"))]
+    assert len(values) == 2 * RECORDS and set(values) == produced[0] | produced[1]
+
+
+QUICK = [("per_partition", "jvm", point) for point in POINTS] + [("sql", "jvm", "mid")] + [
     ("per_partition", "python_kill", "boundary"), ("per_partition-two-passes", "jvm", "mid"), ("atomic", "jvm", "mid")]
 
 
@@ -152,7 +183,7 @@ def test_a_fault_inside_the_read_commits_nothing_of_its_partition(spark, kafka_s
     _run_fault(spark, kafka_settings, make_spec, transforms_from, unique, commit, kind, point, request)
 
 
-GRID = [cell for cell in itertools.product(["per_partition", "per_partition-two-passes", "atomic"],
+GRID = [cell for cell in itertools.product(["per_partition", "per_partition-two-passes", "atomic", "sql"],
                                            ["jvm", "python", "python_kill"], list(POINTS)) if cell not in QUICK]
 
 

@@ -3,6 +3,18 @@
 from __future__ import annotations
 
 
+def mentions(exc: BaseException | None, text: str) -> bool:
+    """Whether ``exc``, or an error it was raised from (its cause or context, ten deep), says
+    ``text``: how a failure inside Spark is known by its message (a Py4J or Spark Connect error
+    carries the JVM's or the task's text)."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if text in str(exc):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
 class KafkaEosError(Exception):
     """Base of every error kafka-eos raises on purpose."""
 

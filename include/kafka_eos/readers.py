@@ -61,32 +61,52 @@ def committed_messages(settings: KafkaSettings, topic: str) -> Iterator:
     once just-committed transactions are settled (:func:`settled_offsets`); a topic of millions is
     read in batches, never held whole."""
     ends = settle(settings, topic)
-    n = len(ends)
+    yield from range_messages(settings, {tp: (e.log_start, e.lso) for tp, e in ends.items()})
+
+
+def range_messages(settings: KafkaSettings, ranges: Mapping[TP, tuple[int, int]]) -> Iterator:
+    """The committed records of each range ``[from, until)`` (confluent-kafka messages), read with a
+    read_committed consumer in batches, up to the range's end or the partition's LSO, whichever
+    comes first.
+
+    :raises TimeoutError: no record within the admin timeout before a range's end.
+    """
+    todo = {tp: span for tp, span in ranges.items() if span[1] > span[0]}
+    if not todo:
+        return
     consumer = Consumer(settings.client_config(**{
         "group.id": reader_group("records"), "enable.auto.commit": False,
         "isolation.level": "read_committed", "enable.partition.eof": True}))
     try:
-        todo = {p for p in range(n) if ends[(topic, p)].lso > ends[(topic, p)].log_start}
-        consumer.assign([TopicPartition(topic, p, ends[(topic, p)].log_start) for p in todo])
+        consumer.assign([TopicPartition(t, p, span[0]) for (t, p), span in todo.items()])
         idle_since = time.monotonic()
         while todo:
-            # consume() waits for a full batch or its timeout: a short one, so a small topic's
+            # consume() waits for a full batch or its timeout: a short one, so a small range's
             # last records are not held back.
             batch = consumer.consume(10_000, 0.5)
             if not batch:
                 if time.monotonic() - idle_since > ADMIN_TIMEOUT_S:
-                    raise TimeoutError(f"{topic}: no record within {ADMIN_TIMEOUT_S}s before the LSO")
+                    raise TimeoutError(f"{', '.join(f'{t}-{p}' for t, p in todo)}: no record within "
+                                       f"{ADMIN_TIMEOUT_S}s before the range's end")
                 continue
             idle_since = time.monotonic()
             for msg in batch:
+                tp = (msg.topic(), msg.partition())
+                if tp not in todo:
+                    continue
                 if msg.error():
                     if msg.error().code() == KafkaError._PARTITION_EOF:
-                        todo.discard(msg.partition())
+                        del todo[tp]  # the LSO: nothing more to read (a range past it holds what is there)
                         continue
-                    raise RuntimeError(f"{topic}-{msg.partition()}: {msg.error().str()}")
+                    raise RuntimeError(f"{tp[0]}-{tp[1]}: {msg.error().str()}")
+                if msg.offset() >= todo[tp][1]:  # past the end (the range ended in markers)
+                    del todo[tp]
+                    consumer.pause([TopicPartition(*tp)])
+                    continue
                 yield msg
-                if msg.offset() + 1 >= ends[(topic, msg.partition())].lso:
-                    todo.discard(msg.partition())
+                if msg.offset() + 1 >= todo[tp][1]:
+                    del todo[tp]
+                    consumer.pause([TopicPartition(*tp)])
     finally:
         consumer.close()
 
@@ -142,53 +162,20 @@ def first_records(settings: KafkaSettings, offsets: Mapping[TP, int], committed:
 
 def count_committed(settings: KafkaSettings, ranges: Mapping[TP, tuple[int, int]],
                     nth: Mapping[TP, int] | None = None) -> tuple[dict[TP, int], dict[TP, int]]:
-    """How many committed records each range ``[from, until)`` holds now, read with a
-    read_committed consumer (offsets are not contiguous under transactions: counted, never
-    computed), and the offset of each range's ``nth[tp]``-th committed record (counting from 1)
-    where it has one. A range whose start retention has deleted counts from the log start: the
-    caller checks the log start first when that matters.
+    """How many committed records each range ``[from, until)`` holds now (:func:`range_messages`:
+    offsets are not contiguous under transactions, so counted, never computed), and the offset of
+    each range's ``nth[tp]``-th committed record (counting from 1) where it has one. A range whose
+    start retention has deleted counts from the log start: the caller checks the log start first
+    when that matters.
 
     :raises TimeoutError: no record within the admin timeout before a range's end.
     """
-    todo = {tp: span for tp, span in ranges.items() if span[1] > span[0]}
     counts = {tp: 0 for tp in ranges}
     marks: dict[TP, int] = {}
     nth = nth or {}
-    if not todo:
-        return counts, marks
-    consumer = Consumer(settings.client_config(**{
-        "group.id": reader_group("count"), "enable.auto.commit": False,
-        "isolation.level": "read_committed", "enable.partition.eof": True}))
-    try:
-        consumer.assign([TopicPartition(t, p, span[0]) for (t, p), span in todo.items()])
-        idle_since = time.monotonic()
-        while todo:
-            batch = consumer.consume(10_000, 0.5)
-            if not batch:
-                if time.monotonic() - idle_since > ADMIN_TIMEOUT_S:
-                    raise TimeoutError(f"{', '.join(f'{t}-{p}' for t, p in todo)}: no record within "
-                                       f"{ADMIN_TIMEOUT_S}s before the range's end")
-                continue
-            idle_since = time.monotonic()
-            for msg in batch:
-                tp = (msg.topic(), msg.partition())
-                if tp not in todo:
-                    continue
-                if msg.error():
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
-                        del todo[tp]  # the LSO: nothing more to read (a range past it counts what is there)
-                        continue
-                    raise RuntimeError(f"{tp[0]}-{tp[1]}: {msg.error().str()}")
-                if msg.offset() >= todo[tp][1]:
-                    del todo[tp]
-                    consumer.pause([TopicPartition(*tp)])
-                    continue
-                counts[tp] += 1
-                if counts[tp] == nth.get(tp):
-                    marks[tp] = msg.offset()
-                if msg.offset() + 1 >= todo[tp][1]:
-                    del todo[tp]
-                    consumer.pause([TopicPartition(*tp)])
-    finally:
-        consumer.close()
+    for msg in range_messages(settings, ranges):
+        tp = (msg.topic(), msg.partition())
+        counts[tp] += 1
+        if counts[tp] == nth.get(tp):
+            marks[tp] = msg.offset()
     return counts, marks

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kafka_eos.errors import RegistryError
+from kafka_eos.errors import RegistryError, mentions
 from kafka_eos.formats.registry import SCHEMA_TYPES, Registered, Registry
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import REGISTRY_FORMATS, PipelineSpec
@@ -176,12 +176,7 @@ def release() -> None:
 
 def undecodable(exc: BaseException) -> bool:
     """Whether ``exc`` (or what caused it) is a one-pass guard's: a record did not decode."""
-    seen = 0
-    while exc is not None and seen < 10:
-        if UNDECODABLE in str(exc):
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
+    return mentions(exc, UNDECODABLE)
 
 
 def _at() -> "Column":

@@ -12,7 +12,7 @@ import logging
 from collections import Counter
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, TypeVar
 
-from kafka_eos.errors import DeadLetterWithoutTopic, ResultTooLarge
+from kafka_eos.errors import DeadLetterWithoutTopic, ResultTooLarge, mentions
 from kafka_eos.sinks.limits import refusing
 from kafka_eos.spec import PipelineSpec
 from kafka_eos.transforms import DLQ_REASON
@@ -280,12 +280,7 @@ def fetched(df: "DataFrame", into: Callable[[Iterator["pa.RecordBatch"]], T]) ->
 def result_too_large(exc: BaseException) -> bool:
     """Whether Spark refused a job's results for ``spark.driver.maxResultSize`` (its own message,
     in the error or what caused it)."""
-    seen = 0
-    while exc is not None and seen < 10:
-        if "spark.driver.maxResultSize" in str(exc):
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
+    return mentions(exc, "spark.driver.maxResultSize")
 
 
 def one_task_at_a_time(df: "DataFrame") -> Iterator["pa.RecordBatch"]:

@@ -126,7 +126,7 @@ def one_pass_limit(exc: BaseException) -> str | None:
     job return to the driver (``spark.driver.maxResultSize``; two passes return a task per job)."""
     if isinstance(exc, TransactionTimedOut):
         return str(exc)
-    if "spark.driver.maxResultSize" in str(exc):
+    if batches.result_too_large(exc):
         return "the output is larger than spark.driver.maxResultSize lets one Spark job return to the driver"
     return None
 

@@ -325,12 +325,10 @@ def _commit_task(spec: PipelineSpec, plan: Plan, settings: KafkaSettings, owner:
                 found |= batches.source_partitions(batch)
             if found:
                 t, p = sorted(found)[0]
-                yield batches.one_binary_row("result", json.dumps({
-                    "topic": t, "partition": p, "status": REFUSED, "records_out": 0, "dead_letters": 0,
-                    "producer": "", "refusal": "SpecError",
-                    "reason": f"rows of {t}-{p} in Spark task {index}, which the proof of the task layout "
-                              "gave no source partition (the job was planned again otherwise): nothing of "
-                              f"{t}-{p} is committed by it"}).encode())
+                yield _result_row((t, p), CommitResult(REFUSED), "SpecError",
+                                  f"rows of {t}-{p} in Spark task {index}, which the proof of the task layout gave "
+                                  "no source partition (the job was planned again otherwise): nothing of "
+                                  f"{t}-{p} is committed by it")
             return
         r = ranges[owner[index]]
 
@@ -365,11 +363,16 @@ def _commit_task(spec: PipelineSpec, plan: Plan, settings: KafkaSettings, owner:
         except (_Refused, DeadLetterWithoutTopic, RecordRefused) as exc:  # the transaction was aborted
             res = CommitResult(REFUSED)
             refusal, reason = type(exc).__name__, str(exc)
-        yield batches.one_binary_row("result", json.dumps({
-            "topic": r.topic, "partition": r.partition, "status": res.status, "records_out": res.records_out,
-            "dead_letters": res.dead_letters, "producer": res.producer, "refusal": refusal, "reason": reason}).encode())
+        yield _result_row(r.tp, res, refusal, reason)
 
     return run
+
+
+def _result_row(tp: TP, res: CommitResult, refusal: str | None, reason: str | None) -> "pa.RecordBatch":
+    """What a commit task returns for its partition (:data:`_RESULT_SCHEMA`)."""
+    return batches.one_binary_row("result", json.dumps({
+        "topic": tp[0], "partition": tp[1], "status": res.status, "records_out": res.records_out,
+        "dead_letters": res.dead_letters, "producer": res.producer, "refusal": refusal, "reason": reason}).encode())
 
 
 def _relabelled(spec: PipelineSpec, found: TP, task: TP) -> str:

@@ -282,7 +282,7 @@ def cmd_run(args) -> int:
     from kafka_eos.pipeline import prepare_plan, verify
     from kafka_eos.spark_io import check_reachable, end_session, get_session
 
-    from kafka_eos.stream.lease import refuse_if_streaming
+    from kafka_eos.lease import refuse_if_streaming
 
     console = Console(quiet=args.json)
     started = time.monotonic()
@@ -439,7 +439,7 @@ def cmd_audit(args) -> int:
 
 def cmd_pipelines(args) -> int:
     from kafka_eos.overview.snapshot import one_line, snapshot
-    from kafka_eos.stream.lease import stream_owners
+    from kafka_eos.lease import stream_owners
 
     settings = _settings(args)
     found, specs = [], {}

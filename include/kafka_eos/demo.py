@@ -132,9 +132,9 @@ def reset(settings: KafkaSettings, specs: list[PipelineSpec], topics: dict[str, 
         if spec.sink.kind == "sql" and spec.sink.url is None:
             (local_dir() / "sql" / f"{spec.name}.db").unlink(missing_ok=True)
         elif spec.sink.kind == "sql":  # KAFKA_EOS_SQL_URL: the demo's own table and rows only
-            from kafka_eos.sinks.sql import SqlSink
+            from kafka_eos.sinks.sql_store import SqlStore
 
-            SqlSink(spec).forget()
+            SqlStore(spec).forget()
 
 
 def run_dag(spec: PipelineSpec, env: dict[str, str]) -> float:
@@ -177,9 +177,9 @@ def check_kafka_pipeline(report: Report, settings: KafkaSettings, spec: Pipeline
 def check_sql_pipeline(report: Report, spec: PipelineSpec, truth: Produced, enriched: list) -> None:
     from sqlalchemy import text
 
-    from kafka_eos.sinks.sql import SqlSink
+    from kafka_eos.sinks.sql_store import SqlStore
 
-    sink = SqlSink(spec)
+    sink = SqlStore(spec)
     with sink.engine.connect() as conn:
         count, revenue = conn.execute(text(f"select sum(order_count), sum(revenue_eur) from {spec.sink.table}")).one()
         dead = conn.execute(text("select count(*) from kafka_eos_dead_letters where pipeline = :p"),

@@ -9,30 +9,25 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Callable, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 
-from kafka_eos.errors import BrokerError, CheckpointConflict, CheckpointLost, KafkaEosError, RangeMismatch
+from kafka_eos.errors import BrokerError, CheckpointLost, KafkaEosError, PipelineBusy
 from kafka_eos.kafka_admin import (TP, TopicsMetadata, committed_offsets_and_times, topics_metadata,
                                    offsets_retention_s, partition_offsets, partitions_of)
 from kafka_eos.manifest import ManifestState, ManifestStore
-from kafka_eos.plan import Plan, plan_ranges, stale_checkpoints
+from kafka_eos.plan import PartitionRange, Plan, plan_ranges, stale_checkpoints
 from kafka_eos.settings import KafkaSettings
+from kafka_eos.sinks.base import Drift
+from kafka_eos.sinks.scope import sink_of
 from kafka_eos.spec import PipelineSpec
+from kafka_eos.lease import REFRESH_PREFIX, StreamLease, stream_owner
+from kafka_eos.txn import fence
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Drift:
-    """The Kafka mirror of a SQL sink's checkpoint differs from the sink (the sink is ahead)."""
-
-    topic: str
-    partition: int
-    sink: int | None
-    kafka: int | None
 
 
 def source_partitions(spec: PipelineSpec, settings: KafkaSettings, md: TopicsMetadata | None = None) -> list[TP]:
@@ -73,23 +68,9 @@ def _checkpoints_and_times(spec: PipelineSpec, settings: KafkaSettings, tps: lis
     fetched = committed_offsets_and_times(settings, spec.source.group_id, tps)
     kafka = {tp: offset for tp, (offset, _at) in fetched.items()}
     times = {tp: at for tp, (_offset, at) in fetched.items()}
-    if spec.sink.kind == "kafka":
-        return kafka, [], times
-    from kafka_eos.sinks.sql import SqlSink
-
-    sink = SqlSink(spec).checkpoints(tps)
-    drift = []
-    for tp in tps:
-        s, k = sink.get(tp), kafka.get(tp)
-        if s == k:
-            continue
-        if k is not None and (s is None or k > s):
-            raise CheckpointConflict(
-                f"{tp[0]}-{tp[1]}: group {spec.source.group_id!r} is at {k} but the SQL sink "
-                f"{spec.sink.table!r} is at {s}: the Kafka checkpoint is ahead of the sink; "
-                "reset the group to the sink's offsets")
-        drift.append(Drift(tp[0], tp[1], s, k))
-    return sink, drift, times
+    with sink_of(spec, settings) as sink:
+        cks, drift = sink.checkpoints(tps, kafka)
+    return cks, drift, times
 
 
 def _cluster_state(spec: PipelineSpec, settings: KafkaSettings):
@@ -159,11 +140,9 @@ def compute_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> tu
 
 
 def repair_drift(spec: PipelineSpec, settings: KafkaSettings, drift: list[Drift]) -> None:
-    """Republish the SQL sink's checkpoint to the Kafka group offsets (as it is now, not as the
-    drift was read: see :meth:`kafka_eos.sinks.sql.SqlSink.publish_checkpoints`)."""
-    from kafka_eos.sinks.sql import SqlSink
-
-    SqlSink(spec).publish_checkpoints(settings, [(d.topic, d.partition) for d in drift if d.sink is not None])
+    """Republish a sink's own checkpoints to the Kafka group offsets (:meth:`Sink.repair`)."""
+    with sink_of(spec, settings) as sink:
+        sink.repair(drift)
 
 
 @dataclass(frozen=True)
@@ -196,9 +175,6 @@ def refresh_checkpoints(spec: PipelineSpec, settings: KafkaSettings, *, every: b
         (see :func:`kafka_eos.plan.stale_checkpoints`).
     :param next_in_s: when the caller's next refresh comes (the watchdog's interval).
     """
-    from kafka_eos.errors import PipelineBusy
-    from kafka_eos.stream.lease import REFRESH_PREFIX, StreamLease, stream_owner
-
     owner = stream_owner(spec, settings)
     if owner is not None:
         return _refresh_skipped(spec, owner.describe())
@@ -224,10 +200,6 @@ def _refresh_skipped(spec: PipelineSpec, holder: str) -> Refreshed:
 
 def _refresh(spec: PipelineSpec, settings: KafkaSettings, every: bool, next_in_s: float | None) -> Refreshed:
     """:func:`refresh_checkpoints`' commit, once no stream can start beside it."""
-    from datetime import datetime, timezone
-
-    from kafka_eos.plan import PartitionRange
-
     tps = source_partitions(spec, settings)
     cks, drift, times = _checkpoints_and_times(spec, settings, tps)
     if drift:
@@ -243,18 +215,8 @@ def _refresh(spec: PipelineSpec, settings: KafkaSettings, every: bool, next_in_s
     plan = Plan(spec.name, f"refresh-{int(now)}",
                 tuple(PartitionRange(t, p, cks[(t, p)], cks[(t, p)], cks[(t, p)], refresh=True) for t, p in due),
                 created_at=datetime.fromtimestamp(planned, timezone.utc).isoformat())
-    if spec.sink.kind == "sql":  # the sink's checkpoints as they are now, a run's commit held off meanwhile
-        from kafka_eos.sinks.sql import SqlSink
-
-        SqlSink(spec).publish_checkpoints(settings, [r.tp for r in plan.ranges], plan.planned_ms)
-    elif spec.sink.commit == "atomic":
-        from kafka_eos.sinks.kafka import atomic_commit
-
-        atomic_commit(spec, plan, settings).run([])
-    else:
-        from kafka_eos.sinks.per_partition import commit_rowless
-
-        commit_rowless(spec, plan, settings, plan.ranges)
+    with sink_of(spec, settings) as sink:
+        sink.refresh(plan)
     log.info("%s: refreshed the checkpoints of %s", spec.name, ", ".join(f"{t}-{p}" for t, p in due))
     return Refreshed(due)
 
@@ -317,8 +279,6 @@ def past_killed_attempt(spec: PipelineSpec, settings: KafkaSettings, read: Calla
             KafkaError._TIMED_OUT, KafkaError.UNSTABLE_OFFSET_COMMIT)
         if not (may_fence and timed_out and spec.sink.kind == "kafka"):
             raise
-    from kafka_eos.txn import fence
-
     tps = source_partitions(spec, settings)
     log.warning("the offsets of group %s are held by an open transaction (an attempt killed before its "
                 "commit?): fencing the pipeline's transactional ids to abort it", spec.source.group_id)
@@ -370,9 +330,6 @@ def verify(spec: PipelineSpec, settings: KafkaSettings, plan: Plan) -> dict[TP, 
     if drift:
         raise KafkaEosError(f"{drift[0].topic}-{drift[0].partition}: Kafka mirror at {drift[0].kafka}, "
                             f"sink at {drift[0].sink}: the mirror was not updated")
-    if tps and spec.sink.kind == "kafka" and spec.sink.commit == "per_partition":
-        # A partition's transaction that wrote fewer records than Spark gave it: its run recorded it.
-        record, _parts = ManifestStore.of(spec, settings).run_records(plan.run_id)
-        if record is not None and record.get("mismatch"):
-            raise RangeMismatch(record["mismatch"])
+    with sink_of(spec, settings) as sink:
+        sink.verify(plan)  # per_partition: each partition's records found whole (its run's record)
     return cks

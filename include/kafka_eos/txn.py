@@ -37,6 +37,7 @@ from kafka_eos.faults import armed, fault_point
 from kafka_eos.kafka_admin import committed_offsets, group_client, offset_metadata
 from kafka_eos.plan import PartitionRange
 from kafka_eos.settings import KafkaSettings
+from kafka_eos.wire import OutRecord, is_dead_letter
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +57,6 @@ MAX_CALL_RETRIES = 5
 HUNG_CALL_GRACE_S = 30.0
 #: The calls that wait on a coordinator, and so may hang.
 COORDINATOR_CALLS = ("init_transactions", "send_offsets_to_transaction", "commit_transaction")
-
-#: One output record: (topic, key, value, headers). key/value are bytes, str or None.
-OutRecord = tuple[str, object, object, list | None]
-
 
 @dataclass(frozen=True)
 class CommitResult:
@@ -572,21 +569,3 @@ def _group_metadata(settings: KafkaSettings, group_id: str):
         return consumer.consumer_group_metadata()
     finally:
         consumer.close()
-
-
-#: The names of :func:`dead_letter_headers`, in order: the last headers of every dead letter.
-DEAD_LETTER_HEADER_NAMES = ("kafka-eos.reason", "kafka-eos.source.topic", "kafka-eos.source.partition",
-                            "kafka-eos.source.offset")
-
-
-def is_dead_letter(headers) -> bool:
-    """A record produced as a dead letter (its last headers are :func:`dead_letter_headers`): a
-    side run without a dead-letter topic of its own writes them to its results topic."""
-    return bool(headers) and len(headers) >= 4 and \
-        tuple(name for name, _value in headers[-4:]) == DEAD_LETTER_HEADER_NAMES
-
-
-def dead_letter_headers(reason: str, topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:
-    """Headers a dead letter carries: the reason and its source coordinates."""
-    return list(zip(DEAD_LETTER_HEADER_NAMES, (reason.encode(), topic.encode(), str(partition).encode(),
-                                               str(offset).encode())))

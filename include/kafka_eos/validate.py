@@ -107,7 +107,7 @@ def _permissions(spec: PipelineSpec, settings: KafkaSettings, ref: str | None) -
 
 
 def _transaction_timeout(spec: PipelineSpec, settings: KafkaSettings) -> Check:
-    from kafka_eos.batch import check_transaction_timeout
+    from kafka_eos.sinks.kafka import check_transaction_timeout
 
     try:
         check_transaction_timeout(spec, settings)
@@ -137,7 +137,7 @@ def _checkpoints(spec: PipelineSpec, settings: KafkaSettings, sources) -> list[C
 def _database(spec: PipelineSpec) -> Check:
     from sqlalchemy import text
 
-    from kafka_eos.sinks.sql import default_url, make_engine
+    from kafka_eos.sinks.sql_store import default_url, make_engine
 
     url = spec.sink.url or default_url(spec)
     engine = make_engine(url)

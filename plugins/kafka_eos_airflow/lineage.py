@@ -97,7 +97,7 @@ def output_places(spec: PipelineSpec, settings: KafkaSettings) -> list[tuple[str
     if sink.kind == "kafka":
         places.append(("output", f"kafka://{server}", sink.topic, f"kafka://{server}/{sink.topic}"))
     else:
-        from kafka_eos.sinks.sql import default_url
+        from kafka_eos.sinks.sql_store import default_url
 
         url = sink.url or default_url(spec)  # no url: the default SQLite file, as the sink writes it
         places.append(("output", *_sql_place(url, sink.table)))

@@ -138,7 +138,7 @@ def step_aside_for_a_stream(spec: PipelineSpec, settings: KafkaSettings) -> None
     :raises AirflowSkipException: a stream owns the pipeline.
     """
     from kafka_eos.errors import PipelineBusy
-    from kafka_eos.stream.lease import refuse_if_streaming
+    from kafka_eos.lease import refuse_if_streaming
 
     try:
         refuse_if_streaming(spec, settings)

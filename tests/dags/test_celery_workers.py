@@ -131,7 +131,7 @@ def test_a_stream_whose_worker_is_killed_stops_and_resumes_on_the_other_worker(a
 
     from kafka_eos.sample_data import produce_orders
     from kafka_eos.spec import load_spec
-    from kafka_eos.stream.lease import stream_owner
+    from kafka_eos.lease import stream_owner
 
     airflow = airflow_deployment
     name = f"cstream_{unique.replace('-', '_')}"

@@ -302,7 +302,7 @@ def test_an_airflow_notifier_of_the_teams_gets_the_alerts_and_the_failures(run_d
 
 def test_lineage_names_sql_places_by_the_naming_spec_without_credentials():
     from kafka_eos.settings import KafkaSettings
-    from kafka_eos.sinks.sql import default_url
+    from kafka_eos.sinks.sql_store import default_url
     from kafka_eos_airflow.assets import sink_asset
     from kafka_eos_airflow.lineage import output_places
 

@@ -45,7 +45,7 @@ def test_spark_task_of_a_live_run_steps_aside_for_a_stream_that_started_after_it
     from airflow.sdk.exceptions import AirflowSkipException
 
     from kafka_eos.spec import spec_document
-    from kafka_eos.stream.lease import StreamLease
+    from kafka_eos.lease import StreamLease
     from kafka_eos_airflow.operators import KafkaEosSparkSubmitOperator
 
     topic = f"in-{unique}"

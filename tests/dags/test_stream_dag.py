@@ -20,7 +20,7 @@ from waiting import wait_until
 from kafka_eos import kafka_admin
 from kafka_eos.readers import read_committed
 from kafka_eos.spec import load_spec
-from kafka_eos.stream.lease import StreamLease
+from kafka_eos.lease import StreamLease
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 """Atomic scope in one pass: the transaction is open while Spark computes, rows reach the producer
 as Spark's tasks end, in the order of the Spark partitions, and a failure anywhere aborts the
-whole transaction (kafka_eos.sinks.kafka, kafka_eos.sinks.batches.computed)."""
+whole transaction (kafka_eos.sinks.atomic, kafka_eos.sinks.batches.computed)."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def test_a_commit_that_fails_mid_produce_cancels_its_spark_job_at_once(spark, ka
     from confluent_kafka import KafkaError, KafkaException
 
     from kafka_eos.errors import TransactionFailed
-    from kafka_eos.sinks.kafka import atomic_commit, write_atomic
+    from kafka_eos.sinks.atomic import atomic_commit, write_atomic
 
     module = __import__(transforms_from("slow_udfs", SLOW))
     from pyspark.sql import functions as F

@@ -156,7 +156,7 @@ def test_sql_sink_killed_before_the_kafka_mirror_is_repaired(spark, kafka_settin
 def test_attempts_in_different_commit_scopes_fence_each_other(kafka_settings, make_spec, older, newer):
     """A zombie of one scope and a retry of the same stored plan in the other scope: before the
     cross-scope fences, both passed the checkpoint check and every record was written twice."""
-    from kafka_eos.sinks.kafka import atomic_commit
+    from kafka_eos.sinks.atomic import atomic_commit
     from kafka_eos.sinks.per_partition import partition_commit
 
     spec = make_spec("identity", "kafka", "atomic", partitions=2)

@@ -100,12 +100,12 @@ def test_a_kafka_checkpoint_reset_fences_the_pipeline_lands_where_asked_and_is_a
 
 def test_a_sql_checkpoint_reset_moves_the_sink_and_its_mirror(kafka_settings, make_spec):
     from kafka_eos.plan import PartitionRange, Plan
-    from kafka_eos.sinks.sql import SqlSink
+    from kafka_eos.sinks.sql_store import SqlStore
 
     spec = make_spec(kind="sql", partitions=2, key_columns=["k"])
     topic = spec.source.topics[0]
     _produce_at(kafka_settings, topic, 0, [0, 1, 2, 3])
-    sink = SqlSink(spec)
+    sink = SqlStore(spec)
     sink.create_tables()
     sink.commit(Plan(spec.name, "run-1", (PartitionRange(topic, 0, 0, 4, None),)), None, None, iter(()))
     kafka_admin.alter_group_offsets(kafka_settings, spec.source.group_id, {(topic, 0): 4})  # its mirror
@@ -122,7 +122,7 @@ def test_a_reset_steps_aside_while_a_stream_owns_the_pipeline(kafka_settings, ma
     """A streaming pipeline's offsets are the stream's: a reset's transaction would fence its
     producer. Refused, naming the stream; nothing moves."""
     from kafka_eos.errors import PipelineBusy
-    from kafka_eos.stream.lease import StreamLease
+    from kafka_eos.lease import StreamLease
 
     spec = make_spec(partitions=1)
     topic = spec.source.topics[0]

@@ -111,12 +111,13 @@ def test_a_small_stream_batch_commits_its_partitions_from_the_driver_and_refuses
     rows are checked as a task checks them, and before anything commits: a transform that relabels
     partitions commits nothing."""
     from kafka_eos import kafka_admin
-    from kafka_eos.batch import BatchClients
     from kafka_eos.readers import read_committed
     from kafka_eos.sinks import per_partition
+    from kafka_eos.sinks.scope import sink_of
 
-    clients = BatchClients(keep_partition_commits=True)
     spec = make_spec("identity", "kafka", "per_partition")
+    sink = sink_of(spec, kafka_settings, keep=True)  # a stream's sink: its commits kept between batches
+    sink.start()
     src = spec.source.topics[0]
     committed = []
     for first, run_id, producers in ((0, "s1", {"built": 3}), (1000, "s2", {"kept": 3})):  # producers kept
@@ -124,7 +125,7 @@ def test_a_small_stream_batch_commits_its_partitions_from_the_driver_and_refuses
                                malformed_every=0, transactional_id=f"{run_id}-{spec.name}")
         plan = prepare_plan(spec, kafka_settings, run_id)
         assert sum(r.until - r.from_offset for r in plan.active) <= per_partition.DRIVER_BATCH_OFFSETS
-        summary = run_batch(spark, spec, plan, kafka_settings, clients)
+        summary = run_batch(spark, spec, plan, kafka_settings, sink)
         assert (summary.status, summary.records_out, summary.producers) == ("committed", len(truth.committed),
                                                                            producers)
         committed += [o["order_id"] for o in truth.committed]
@@ -137,9 +138,11 @@ def test_a_small_stream_batch_commits_its_partitions_from_the_driver_and_refuses
     relabel = make_spec(f"{transforms_module}:relabelled", "kafka", "per_partition")
     produce_orders(kafka_settings, src, 60, first_seq=2000, abort_every=0, malformed_every=0, transactional_id="r")
     plan = prepare_plan(relabel, kafka_settings, "s3")
+    sink = sink_of(relabel, kafka_settings, keep=True)
+    sink.start()
     assert plan.active and all(r.from_offset == ends[r.tp] for r in plan.active)
     with pytest.raises(SpecError, match=r"keeps topic and partition.*; no partition of this run was committed$"):
-        run_batch(spark, relabel, plan, kafka_settings, clients)
+        run_batch(spark, relabel, plan, kafka_settings, sink)
     assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, list(ends)) == ends
     assert len(read_committed(kafka_settings, spec.sink.topic)) == len(committed)
 

@@ -147,7 +147,7 @@ def test_sql_side_runs_write_a_table_of_their_own_never_the_live_one(spark, kafk
     from sqlalchemy import text
 
     from kafka_eos.backfill.side import promote_statement
-    from kafka_eos.sinks.sql import make_engine
+    from kafka_eos.sinks.sql_store import make_engine
 
     statement = promote_statement(spec, side)
     assert statement.startswith('INSERT INTO "revenue" (') and f"\"kafka_eos_range\" = '{key}'" in statement
@@ -301,7 +301,7 @@ def test_backfill_intervals_of_a_sql_sink_are_written_once_per_generation(spark,
     assert rows(1) == [1, 2, 1, 3, 1, 1] and rows(2) == [1, 3]  # generation 2: the interval 12:05-12:10
     from sqlalchemy import inspect
 
-    from kafka_eos.sinks.sql import make_engine
+    from kafka_eos.sinks.sql_store import make_engine
 
     assert not inspect(make_engine(spec.sink.url)).has_table("revenue")  # no live table was written
 

@@ -60,7 +60,7 @@ def test_a_row_the_database_refuses_is_a_dead_letter_not_a_stopped_pipeline(spar
 
     from kafka_eos import kafka_admin
     from kafka_eos.errors import RecordRefused
-    from kafka_eos.sinks.sql import BATCH_ROWS
+    from kafka_eos.sinks.sql_store import BATCH_ROWS
 
     table = f"names_{unique.replace('-', '_')}"[:60]
     with create_engine(postgres_url).begin() as conn:
@@ -196,7 +196,7 @@ def test_a_refresh_never_moves_a_sql_sinks_mirror_back_behind_a_concurrent_run(s
     import threading
 
     from kafka_eos import kafka_admin, pipeline
-    from kafka_eos.sinks import sql
+    from kafka_eos.sinks import sql_store as sql
 
     spec = make_spec("spark_apps.transforms.revenue:revenue_per_minute", "sql", "atomic",
                      key_columns=["minute", "category"], merge="add")
@@ -259,11 +259,11 @@ def test_rows_reach_postgresql_by_copy_value_for_value(spark, kafka_settings, ma
 
     from confluent_kafka import Producer
 
-    from kafka_eos.sinks.sql import SqlSink
+    from kafka_eos.sinks.sql_store import SqlStore
 
     row_by_row = []
-    real = SqlSink._upsert_refusing
-    monkeypatch.setattr(SqlSink, "_upsert_refusing", lambda self, conn, table, rows: row_by_row.append(len(rows))
+    real = SqlStore._upsert_refusing
+    monkeypatch.setattr(SqlStore, "_upsert_refusing", lambda self, conn, table, rows: row_by_row.append(len(rows))
                         or real(self, conn, table, rows))
     table = f"typed_{unique.replace('-', '_')}"[:60]
     spec = make_spec(transforms_from("typed_transform", TYPED) + ":typed", "sql", "atomic", partitions=2,
@@ -336,7 +336,7 @@ def test_a_key_a_run_gives_twice_is_summed_under_merge_add_and_refused_under_rep
 
     from kafka_eos import kafka_admin
     from kafka_eos.errors import SpecError
-    from kafka_eos.sinks.sql import ArrowSpool
+    from kafka_eos.sinks.sql_store import ArrowSpool
 
     if path == "rows":
         monkeypatch.setattr(ArrowSpool, "copyable", property(lambda self: False))
@@ -375,7 +375,7 @@ def test_rows_and_dead_letters_go_a_batch_per_insert(spark, kafka_settings, make
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
-    from kafka_eos.sinks.sql import BATCH_ROWS, ArrowSpool
+    from kafka_eos.sinks.sql_store import BATCH_ROWS, ArrowSpool
 
     monkeypatch.setattr(ArrowSpool, "copyable", property(lambda self: False))  # the rows' path
     table = f"batched_{unique.replace('-', '_')}"[:60]

@@ -27,7 +27,7 @@ from kafka_eos.readers import read_committed
 from kafka_eos.sample_data import produce_orders
 from kafka_eos.spec import spec_document
 from kafka_eos.stream.figures import parse_figures_line
-from kafka_eos.stream.lease import StreamLease, stream_owner
+from kafka_eos.lease import StreamLease, stream_owner
 from kafka_eos.stream.loop import STREAM_RUN_ID, StreamRunner
 from waiting import wait_until
 
@@ -267,7 +267,7 @@ def test_sigkill_mid_transaction_then_restart_is_exactly_once(kafka_settings, ma
 def test_two_streams_racing_for_the_lease_end_with_one_owner(kafka_settings, make_spec, monkeypatch):
     """Both looked before either joined: Kafka assigns the lease partition to one of them; the
     other lets go (at once when it never got it, or when it was taken from it and not given back)."""
-    from kafka_eos.stream import lease as lease_module
+    from kafka_eos import lease as lease_module
 
     spec = make_spec("identity", "kafka", "atomic")
     first = StreamLease(spec, kafka_settings)
@@ -315,7 +315,7 @@ def test_a_refresh_that_found_no_stream_never_fences_one_that_started_since(spar
     by the refresh's init_transactions() and stopped (ProducerFenced is not retried). Now the
     refresh holds the stream's lease while it commits; one that cannot take it steps aside."""
     from kafka_eos import pipeline
-    from kafka_eos.stream import lease
+    from kafka_eos import lease
 
     spec = make_spec("identity", "kafka", "atomic")
     topic = spec.source.topics[0]
@@ -339,7 +339,7 @@ def test_a_refresh_that_found_no_stream_never_fences_one_that_started_since(spar
             looks.append(1)
             return None if len(looks) == 1 else real(spec_, settings_)
 
-        monkeypatch.setattr(lease, "stream_owner", looked_before_it_started)
+        monkeypatch.setattr(pipeline, "stream_owner", looked_before_it_started)  # its own look
         done = pipeline.refresh_checkpoints(spec, kafka_settings, every=True)
         monkeypatch.undo()
         assert done.skipped and done.skipped.startswith("streaming (kafka-eos-stream:"), done

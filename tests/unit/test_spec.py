@@ -221,7 +221,7 @@ def test_side_run_places_parse():
 
 def test_a_side_run_of_a_sql_sink_keeps_the_live_database_and_keys_its_rows_by_range():
     from kafka_eos.backfill.side import Side, promote_sql, side_spec
-    from kafka_eos.sinks.sql import default_url
+    from kafka_eos.sinks.sql_store import default_url
 
     spec = parse_spec({**SQL, "sink": {**SQL["sink"], "backfill_table": "t_bf"}})
     side = side_spec(spec, Side("replay", "abc", 2))

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pytest
 
-from kafka_eos.sinks.sql import _CsvFeed
+from kafka_eos.sinks.sql_store import _CsvFeed
 
 
 def _batches() -> list[pa.RecordBatch]:

@@ -16,11 +16,12 @@ reset.
 from __future__ import annotations
 
 from kafka_eos.audit import write_audit
-from kafka_eos.kafka_admin import TP, alter_group_offsets
+from kafka_eos.kafka_admin import TP
 from kafka_eos.manifest import ManifestStore, checkpoint_record, now_iso
 from kafka_eos.pipeline import checkpoints
 from kafka_eos.plan import PartitionRange, Plan
 from kafka_eos.settings import KafkaSettings
+from kafka_eos.sinks.scope import sink_of
 from kafka_eos.spec import PipelineSpec
 
 
@@ -40,34 +41,15 @@ def reset_checkpoint(spec: PipelineSpec, settings: KafkaSettings, targets: dict[
     :raises PipelineBusy: a stream owns the pipeline (its offsets are the stream's: the reset's
         transaction would fence the stream's producer); nothing moved.
     """
-    from kafka_eos.stream.lease import refuse_if_streaming
+    from kafka_eos.lease import refuse_if_streaming
 
     refuse_if_streaming(spec, settings, "a checkpoint reset waits")
-    from kafka_eos.sinks.kafka import atomic_commit
-    from kafka_eos.sinks.per_partition import partition_commit
-
     before, _drift = checkpoints(spec, settings, sorted(targets))
     plan = Plan(spec.name, run_id, tuple(PartitionRange(t, p, offset, offset, before[(t, p)])
                                          for (t, p), offset in sorted(targets.items())))
     moving = plan.active
-    if spec.sink.kind == "kafka":
-        if spec.sink.commit == "atomic" and moving:
-            atomic_commit(spec, plan, settings).run([])
-        else:
-            for r in moving:  # one transaction per partition, each under its own id
-                partition_commit(spec, r, settings).run([])
-    elif moving:
-        from kafka_eos.sinks.sql import SqlSink
-
-        # A Kafka mirror behind the sink is repaired by the next plan; one ahead of it stops the
-        # pipeline. So the mirror goes back before the sink does, and forward after it.
-        back = {r.tp: r.until for r in moving if r.expected is not None and r.until < r.expected}
-        if back:
-            alter_group_offsets(settings, spec.source.group_id, back)
-        sink = SqlSink(spec)
-        sink.create_tables()
-        sink.commit(plan, None, None, iter(()))
-        alter_group_offsets(settings, spec.source.group_id, {r.tp: r.until for r in moving})
+    with sink_of(spec, settings) as sink:
+        sink.reset(plan)
 
     manifest = ManifestStore.of(spec, settings)
     manifest.ensure_topic()

@@ -92,7 +92,7 @@ def side_spec(spec: PipelineSpec, side: Side) -> PipelineSpec:
         sink = dataclasses.replace(sink, topic=sink.backfill_topic, dlq_topic=dlq, headers=(
             (RANGE_HEADER, side.key.encode()), (GENERATION_HEADER, str(side.generation).encode())))
     else:
-        from kafka_eos.sinks.sql import default_url
+        from kafka_eos.sinks.sql_store import default_url
 
         # The sink's own database (its default SQLite file is named after the live pipeline).
         sink = dataclasses.replace(
@@ -111,7 +111,7 @@ def promote_statement(spec: PipelineSpec, side: Side) -> str:
     read from there)."""
     from sqlalchemy import inspect
 
-    from kafka_eos.sinks.sql import make_engine
+    from kafka_eos.sinks.sql_store import make_engine
 
     engine = make_engine(side_spec(spec, side).sink.url)
     try:

@@ -31,7 +31,7 @@ from kafka_eos.paths import local_dir
 from kafka_eos.pipeline import prepare_plan
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import parse_spec
-from kafka_eos.sinks.kafka import atomic_commit
+from kafka_eos.sinks.atomic import atomic_commit
 
 #: A producer that opens a transaction on a partition and is killed: the pinned partition.
 _OPEN_AND_DIE = """

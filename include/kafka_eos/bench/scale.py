@@ -118,7 +118,7 @@ def build_folder(settings, folder: Path, pipelines: int) -> list:
     from kafka_eos.bench.overview import _summary
     from kafka_eos.kafka_admin import create_topics
     from kafka_eos.pipeline import prepare_plan
-    from kafka_eos.sinks.kafka import atomic_commit
+    from kafka_eos.sinks.atomic import atomic_commit
     from kafka_eos.spec import load_spec
 
     folder.mkdir(parents=True, exist_ok=True)

@@ -88,7 +88,7 @@ class Verifier(threading.Thread):
 
 def sql_writes(spec: PipelineSpec) -> Counter:
     """How often the SQL sink wrote each order id (its ``times`` column)."""
-    from kafka_eos.sinks.sql import make_engine
+    from kafka_eos.sinks.sql_store import make_engine
 
     with make_engine(spec.sink.url).connect() as conn:
         return Counter({row[0]: row[1] for row in conn.execute(text(f"SELECT order_id, times FROM {spec.sink.table}"))})

@@ -130,44 +130,6 @@ def decoded(df: "DataFrame", decoders: list[Decoder],
 _cached: list = []
 
 
-def with_dead_letters(results: "DataFrame | None", undecodable: "DataFrame") -> "DataFrame":
-    """A Kafka sink's output and the records that did not decode, as one DataFrame of the columns
-    it writes (an atomic run: one transaction, written from the driver)."""
-    from kafka_eos.sinks import batches
-
-    dead = _as_output(results, undecodable)
-    return dead if results is None else batches.prepared(results).unionByName(dead)
-
-
-def dead_letter_batches(results: "DataFrame | None", undecodable: "DataFrame") -> dict:
-    """The records that did not decode, per source partition, as Arrow batches of the columns the
-    sink writes: a per_partition run writes them in their partition's transaction (a union would
-    put a partition's rows in two Spark tasks)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from kafka_eos.sinks import batches
-
-    found = batches.fetched(_as_output(results, undecodable), list)  # not one job's result, if too large
-    if not found:
-        return {}
-    table = pa.Table.from_batches(found)
-    out: dict = {}
-    for t, p in {(t, p) for t, p in zip(table.column("topic").to_pylist(), table.column("partition").to_pylist())}:
-        part = table.filter(pc.and_(pc.equal(table.column("topic"), t), pc.equal(table.column("partition"), p)))
-        out[(t, p)] = part.to_batches()
-    return out
-
-
-def _as_output(results: "DataFrame | None", undecodable: "DataFrame") -> "DataFrame":
-    """The records that did not decode in the columns the sink writes, headers only where the
-    output has them."""
-    from kafka_eos.sinks import batches
-
-    dead = batches.prepared(undecodable)
-    return dead.drop("headers") if results is not None and "headers" not in results.columns else dead
-
-
 def release() -> None:
     """Unpersist what :func:`decoded` cached for a two-pass run."""
     while _cached:

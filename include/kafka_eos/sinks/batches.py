@@ -16,7 +16,7 @@ from kafka_eos.errors import DeadLetterWithoutTopic, ResultTooLarge, mentions
 from kafka_eos.sinks.limits import refusing
 from kafka_eos.spec import PipelineSpec
 from kafka_eos.transforms import DLQ_REASON
-from kafka_eos.txn import OutRecord, dead_letter_headers
+from kafka_eos.wire import OutRecord, dead_letter_headers
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa

@@ -1,34 +1,70 @@
-"""Kafka sink: results and dead letters written transactionally with the consumed offsets.
+"""What both commit scopes of a Kafka sink share: preparing the output (record limits, checks,
+encoders), placing the records that did not decode, and the manifest records written inside a
+transaction.
 
-``atomic`` (here): one transaction on the driver; rows stream to it as Arrow batches as Spark's
-tasks end (one job computes every task at once: :func:`kafka_eos.sinks.batches.computed`), never
-collected whole. ``per_partition`` (:mod:`kafka_eos.sinks.per_partition`): one transaction per
-source partition, on the executors, under that partition's own transactional.id. Rows reach
-Python as Arrow batches in both (:mod:`kafka_eos.sinks.batches`). The output checks and manifest
-records both scopes share are here.
+The scopes themselves: :mod:`kafka_eos.sinks.atomic` (one transaction on the driver) and
+:mod:`kafka_eos.sinks.per_partition` (one transaction per source partition, on the executors).
 """
 
 from __future__ import annotations
 
-import sys
-from collections import Counter
 from typing import TYPE_CHECKING, Iterable
 
-from kafka_eos.errors import SpecError, TransactionTimedOut
-from kafka_eos.manifest import COMMITTED, checkpoint_key, checkpoint_record, now_iso, run_key
+from kafka_eos import formats
+from kafka_eos.errors import SpecError
+from kafka_eos.kafka_admin import transaction_max_timeout_ms
+from kafka_eos.manifest import COMMITTED, checkpoint_key, checkpoint_record, now_iso
 from kafka_eos.plan import PartitionRange, Plan
 from kafka_eos.settings import KafkaSettings
+from kafka_eos.sinks import batches
+from kafka_eos.sinks.base import Output, Sink
+from kafka_eos.sinks.limits import with_record_limits
 from kafka_eos.spec import PipelineSpec
 from kafka_eos.transforms import DLQ_REASON
-from kafka_eos.sinks import batches
-from kafka_eos.sinks.limits import producer_batch_bytes
-from kafka_eos.txn import CommitResult, TransactionalCommit
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
 
 #: Columns a Kafka-sink transform must return (kafka_eos.transforms documents the contract).
 REQUIRED_COLUMNS = ("key", "value", "topic", "partition", "offset", DLQ_REASON)
+
+
+class KafkaSink(Sink):
+    """A Kafka sink in either scope: :meth:`start` and :meth:`prepare`; the scopes commit."""
+
+    def start(self) -> None:
+        """1. Before Spark starts: the transaction timeout is one the brokers accept, and the
+        largest record each written topic takes (a record too large is found before produce())."""
+        check_transaction_timeout(self.spec, self.settings)
+        self.spec = with_record_limits(self.spec, self.settings)
+
+    def prepare(self, output: Output) -> Output:
+        """2. The output's checks, and its key and value encoded (their schemas registered, or
+        refused, before anything is written).
+
+        :raises SpecError: a ``(results, dead_letters)`` transform, or an output column missing.
+        """
+        if output.dead_letters is not None:
+            raise SpecError(f"{self.spec.path}: transform: a Kafka sink needs one DataFrame with "
+                            f"{DLQ_REASON}, not (results, dead_letters)")
+        results = output.results
+        if results is not None:
+            check_output(results, self.spec)
+            results = formats.encoded(results, formats.sink_encoders(self.spec, self.settings, results))
+        return output._replace(results=results)
+
+
+def check_transaction_timeout(spec: PipelineSpec, settings: KafkaSettings) -> None:
+    """A Kafka sink's transaction timeout must be one the brokers accept: checked before Spark
+    starts, not found out at the first commit.
+
+    :raises SpecError: naming the field, its value and the brokers' limit.
+    """
+    limit_ms = transaction_max_timeout_ms(settings)
+    if spec.sink.transaction_timeout_s * 1000 > limit_ms:
+        raise SpecError(f"{spec.path}: sink.transaction_timeout_s: {spec.sink.transaction_timeout_s} is above the "
+                        f"brokers' transaction.max.timeout.ms ({limit_ms / 1000:g} s): lower it, or raise the "
+                        "brokers' limit")
 
 
 def check_output(df: "DataFrame", spec: PipelineSpec) -> None:
@@ -42,109 +78,37 @@ def check_output(df: "DataFrame", spec: PipelineSpec) -> None:
                         f"{', '.join(missing)} (see kafka_eos.transforms)")
 
 
-def atomic_commit(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
-                  partitions: Iterable[tuple[str, int]] | None = None, keep_open: bool = False) -> TransactionalCommit:
-    """The transaction of a whole plan, under the pipeline's group-level transactional.id; it
-    also fences the per-partition ids of the plan's partitions.
-
-    :param partitions: fence these partitions' ids instead (a long-lived commit: every source
-        partition, since later plans may hold partitions this one does not).
-    :param keep_open: one producer for many transactions (see :class:`TransactionalCommit`).
-    """
-    tps = [r.tp for r in plan.active] if partitions is None else list(partitions)
-    return TransactionalCommit(settings, spec.transactional_id(), spec.source.group_id, plan.active,
-                               spec.sink.dlq_topic, fences=[spec.transactional_id(t, p) for t, p in tps],
-                               timeout_ms=spec.sink.transaction_timeout_s * 1000, keep_open=keep_open,
-                               planned_ms=plan.planned_ms)
+def with_dead_letters(results: "DataFrame | None", undecodable: "DataFrame") -> "DataFrame":
+    """A Kafka sink's output and the records that did not decode, as one DataFrame of the columns
+    it writes (an atomic run: one transaction, written from the driver)."""
+    dead = _as_output(results, undecodable)
+    return dead if results is None else batches.prepared(results).unionByName(dead)
 
 
-def write_atomic(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
-                 summary: dict, tally: Counter | None = None,
-                 commit: TransactionalCommit | None = None) -> CommitResult:
-    """One transaction for the whole plan, on the driver.
+def dead_letter_batches(results: "DataFrame | None", undecodable: "DataFrame") -> dict:
+    """The records that did not decode, per source partition, as Arrow batches of the columns the
+    sink writes: a per_partition run writes them in their partition's transaction (a union would
+    put a partition's rows in two Spark tasks)."""
+    # pyarrow: loaded by Spark's Arrow path anyway, kept off the import of every process that plans.
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
-    :param tally: filled with per-source-partition counts (see :func:`kafka_eos.sinks.batches.records`).
-    :param commit: a long-lived commit set to the plan's ranges (stream mode); else a new one.
-    """
-    commit = commit or atomic_commit(spec, plan, settings)
-    if commit.batch_bytes is None:  # read when its producer is built (a stream's: at its first batch)
-        commit.batch_bytes = producer_batch_bytes(spec)
-
-    def manifest(out: int, dead: int):
-        return [(spec.manifest_topic, run_key(plan.pipeline, plan.run_id), {**summary, **committed_record(out, dead)}),
-                *checkpoint_records(spec, plan, plan.active)]
-
-    if df is None:
-        return commit.run(batches.records((), spec, tally), manifest)
-    df = batches.prepared(df, plan.offsets)
-    why = one_pass_unsafe(df)
-    if why is not None:  # two passes from the start
-        print(f"kafka-eos: {plan.pipeline}: {why}; computing the output first, then committing it",
-              file=sys.stderr, flush=True)
-        return write_cached(df, commit, spec, tally, manifest)
-    rows = batches.computed(df)
-    try:
-        # One pass: the transaction is open while Spark computes; rows go to the producer as
-        # each task ends (the job starts once the commit has fenced and checked its checkpoint).
-        return commit.run(batches.records(rows, spec, tally), manifest)
-    except Exception as exc:  # noqa: BLE001 - only the two below fall back; the rest is raised
-        why = one_pass_limit(exc)
-        if why is None:
-            raise
-    finally:
-        # The one-pass job never outlives its transaction: cancelled here, whatever ended it,
-        # not when the garbage collector gets to the generators (an exception's traceback keeps
-        # them alive; meanwhile the job's unread results block Spark's scheduler).
-        rows.close()
-    # Nothing of the aborted transaction is visible. Two passes: computed and cached first, the
-    # transaction open only while the cached rows stream to the producer.
-    print(f"kafka-eos: {plan.pipeline}: {why}; computing the output first, then committing it",
-          file=sys.stderr, flush=True)
-    if tally is not None:
-        tally.clear()
-    commit.close()
-    return write_cached(df, commit, spec, tally, manifest)
+    found = batches.fetched(_as_output(results, undecodable), list)  # not one job's result, if too large
+    if not found:
+        return {}
+    table = pa.Table.from_batches(found)
+    out: dict = {}
+    for t, p in {(t, p) for t, p in zip(table.column("topic").to_pylist(), table.column("partition").to_pylist())}:
+        part = table.filter(pc.and_(pc.equal(table.column("topic"), t), pc.equal(table.column("partition"), p)))
+        out[(t, p)] = part.to_batches()
+    return out
 
 
-def one_pass_unsafe(df: "DataFrame") -> str | None:
-    """Why one pass could run the driver out of memory, or None: its tasks' results wait on the
-    driver's heap while the producer takes them, up to ``spark.driver.maxResultSize``, which must
-    then be well below the heap (0, no limit, is not) for Spark's own limit to stop the job (and
-    the run to fall back to two passes) before the heap is full."""
-    from kafka_eos.spark_io import ONE_PASS_HEAP_SHARE, result_limits
-
-    limit, heap = result_limits(df.sparkSession)
-    if limit and limit <= ONE_PASS_HEAP_SHARE * heap:
-        return None
-    return (f"spark.driver.maxResultSize ({'no limit' if not limit else f'{limit >> 20} MiB'}) is more than "
-            f"{ONE_PASS_HEAP_SHARE:.0%} of the driver's heap ({heap >> 20} MiB): one pass could fill the heap")
-
-
-def one_pass_limit(exc: BaseException) -> str | None:
-    """What made a one-pass atomic run fail that two passes do not meet, or None: its transaction
-    outlasted the timeout while Spark computed, or its whole output was more than Spark lets one
-    job return to the driver (``spark.driver.maxResultSize``; two passes return a task per job)."""
-    if isinstance(exc, TransactionTimedOut):
-        return str(exc)
-    if batches.result_too_large(exc):
-        return "the output is larger than spark.driver.maxResultSize lets one Spark job return to the driver"
-    return None
-
-
-def write_cached(df: "DataFrame", commit: TransactionalCommit, spec: PipelineSpec, tally: Counter | None,
-                 manifest) -> CommitResult:
-    """Two passes: ``df`` computed and cached before the transaction opens, then its rows stream
-    from the cache to the producer one Spark task at a time (the executors pack the next while
-    the driver produces)."""
-    from pyspark import StorageLevel
-
-    df = df.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        df.count()
-        rows = df.mapInArrow(batches.pack, batches.PACKED_SCHEMA).toLocalIterator(prefetchPartitions=True)
-        return commit.run(batches.records(batches.unpack(rows), spec, tally), manifest)
-    finally:
-        df.unpersist()
+def _as_output(results: "DataFrame | None", undecodable: "DataFrame") -> "DataFrame":
+    """The records that did not decode in the columns the sink writes, headers only where the
+    output has them."""
+    dead = batches.prepared(undecodable)
+    return dead.drop("headers") if results is not None and "headers" not in results.columns else dead
 
 
 def committed_record(out: int, dead: int) -> dict:

@@ -26,7 +26,7 @@ from kafka_eos.errors import DeadLetterWithoutTopic, RecordRefused
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
 from kafka_eos.transforms import DLQ_REASON
-from kafka_eos.txn import dead_letter_headers
+from kafka_eos.wire import dead_letter_headers
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np

@@ -21,6 +21,10 @@ executors, under that partition's own transactional.id (docs/architecture.md, "C
    other tasks may have committed: each partition is its own unit of work).
 4. Offsets-only transactions, from the driver, for planned partitions no task held (empty ranges;
    in two passes also a task whose rows were all filtered out).
+5. The run's record (:meth:`PerPartitionSink.commit`): the counts each partition's transaction
+   wrote (an earlier attempt's from its partition records), checked against Spark's own count of
+   the rows it gave each task (:func:`kafka_eos.sinks.proof.check_rows`); a mismatch is recorded,
+   then fails the run (and :func:`kafka_eos.pipeline.verify`).
 
 A stream's small batch (``keep=True``, at most :data:`DRIVER_BATCH_OFFSETS` planned offsets, the
 tasks proven in step 1) takes step 2 on the driver instead (:func:`driver_commits`): its rows are
@@ -42,18 +46,20 @@ import json
 import logging
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from kafka_eos import faults
-from kafka_eos.errors import DeadLetterWithoutTopic, RecordRefused, SpecError
+from kafka_eos.errors import DeadLetterWithoutTopic, RangeMismatch, RecordRefused, SpecError
 from kafka_eos.kafka_admin import TP
-from kafka_eos.manifest import COMMITTED, NOOP, partition_key
+from kafka_eos.manifest import COMMITTED, NOOP, ManifestStore, now_iso, partition_key, run_key
 from kafka_eos.plan import PartitionRange, Plan
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.sinks import batches, proof
-from kafka_eos.sinks.kafka import checkpoint_records, committed_record
+from kafka_eos.sinks.base import Outcome, Output
+from kafka_eos.sinks.kafka import KafkaSink, checkpoint_records, committed_record, dead_letter_batches
 from kafka_eos.sinks.limits import producer_batch_bytes
 from kafka_eos.spark_io import is_connect, read_layout
 from kafka_eos.spec import PipelineSpec
@@ -65,6 +71,82 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
     from pyspark.sql import DataFrame
+
+class PerPartitionSink(KafkaSink):
+    """A Kafka sink in ``per_partition`` scope (the module's steps)."""
+
+    commits_on_driver = False
+
+    def commit(self, plan: Plan, output: Output, record: dict) -> Outcome:
+        """Steps 1–5."""
+        spec, settings = self.spec, self.settings
+        dead = dead_letter_batches(output.results, output.undecodable) if output.undecodable is not None else None
+        per, rows = write(output.results, spec, plan, settings, keep=self.keep, dead=dead)  # 1.–4.
+        producers = dict(Counter(r.producer for r in per.values() if r.producer))
+        counts = {tp: (r.records_out, r.dead_letters) for tp, r in per.items()}
+        out = sum(r.records_out for r in per.values())
+        dead_letters = sum(r.dead_letters for r in per.values())
+        status = NOOP if all(r.status == NOOP for r in per.values()) else COMMITTED
+        # 5. The run record counts what the executors committed and returned. Partitions an
+        # earlier, partly committed attempt of this run committed (noop now) count from their
+        # manifest records, written inside their transactions; one not found there leaves
+        # the run's counts marked incomplete rather than silently smaller.
+        run_out, run_dead = out, dead_letters
+        earlier = [tp for tp, r in per.items() if r.status == NOOP]
+        missing: list[str] = []
+        if earlier:
+            _run, parts = ManifestStore.of(spec, settings).run_records(plan.run_id)
+            for t, p in earlier:
+                rec = parts.get(f"{t}-{p}")
+                if rec is None:
+                    missing.append(f"{t}-{p}")
+                else:
+                    run_out += rec["records_out"]
+                    run_dead += rec["dead_letters"]
+                    counts[(t, p)] = (rec["records_out"], rec["dead_letters"])
+        record = {**record, "status": COMMITTED, "records_in": run_out + run_dead, "records_out": run_out,
+                  "dead_letters": run_dead, "committed_at": now_iso(), "read": "whole"}
+        if missing:
+            record["counts_missing_for"] = missing
+        # Verify: each partition's transaction wrote a record per row Spark gave it (a commit
+        # that missed rows is recorded, then fails the run: a retry finds it again).
+        mismatch = None
+        if output.results is not None and not (missing and isinstance(rows, int)):
+            written = {tp: c for tp, c in counts.items() if f"{tp[0]}-{tp[1]}" not in missing}
+            undecodable_rows = {tp: sum(len(b) for b in found) for tp, found in (dead or {}).items()}
+            try:
+                proof.check_rows(plan, rows, written, undecodable_rows)
+            except RangeMismatch as exc:
+                mismatch = exc
+                record["mismatch"] = str(exc)
+        ManifestStore.of(spec, settings).put(run_key(spec.name, plan.run_id), record)
+        if mismatch is not None:
+            raise mismatch
+        if status == NOOP:  # an earlier attempt committed: this one counted nothing
+            return Outcome(status, out + dead_letters, out, dead_letters, None, producers)
+        # The run's counts, the partitions an earlier attempt committed included.
+        return Outcome(status, run_out + run_dead, run_out, run_dead, counts, producers)
+
+    def refresh(self, plan: Plan) -> None:
+        """Offsets-only transactions, each under its partition's own id, several at a time."""
+        commit_rowless(self.spec, plan, self.settings, plan.ranges)
+
+    def reset(self, plan: Plan) -> None:
+        """One offsets-only transaction per moving partition, each under its own id."""
+        for r in plan.active:
+            partition_commit(self.spec, r, self.settings).run([])
+
+    def verify(self, plan: Plan) -> None:
+        """A partition's transaction that wrote fewer records than Spark gave it: its run recorded it.
+
+        :raises RangeMismatch: as the run recorded it.
+        """
+        if not plan.active:
+            return
+        record, _parts = ManifestStore.of(self.spec, self.settings).run_records(plan.run_id)
+        if record is not None and record.get("mismatch"):
+            raise RangeMismatch(record["mismatch"])
+
 
 #: Job descriptions of the per_partition jobs (Spark's UI and event log show them per job).
 SCAN_JOB = "kafka-eos: which source partition each task holds"

@@ -1,697 +1,192 @@
-"""SQL sink through SQLAlchemy, on the driver (docs/architecture.md, "SQL sink").
+"""The SQL sink's commit scope: one database transaction per run, on the driver, over the
+pipeline's :class:`~kafka_eos.sinks.sql_store.SqlStore` (docs/architecture.md, "SQL sink").
 
-One database transaction holds the result rows (upserted), the dead-letter rows and an offsets
-row per (pipeline, topic, partition) moved by compare-and-set. After the DB commit the
-checkpoint is mirrored to the Kafka group offsets; the planner repairs a mirror left behind.
+:meth:`SqlSink.commit` takes a run through these steps:
 
-Spark computes first, the database transaction comes after: the rows are spooled to a local
-temporary file, so the transaction never waits on Spark (PostgreSQL's idle-in-transaction
-timeout, SQLite's write lock) and lasts as long as the writes themselves.
-
-The results reach the driver as Arrow record batches (one Spark job, converted on the JVM: no
-``Row`` object per row) and are spooled as Arrow. PostgreSQL (psycopg2 or psycopg) takes them with
-``COPY`` (CSV written by Arrow), straight into the table, or, where a key is there already, into a
-staging table that one ``INSERT … SELECT … ON CONFLICT`` merges from; elsewhere, and whenever the database refuses the
-COPY's rows (a value too long, a constraint), multi-row ``INSERT``s a batch at a time find the
-refused rows. Timestamps are UTC (a ``timestamp`` column holds UTC wall-clock time).
+1. Before Spark starts: the offsets and dead-letter tables exist.
+2. The output split into results and dead letters (rows with ``dlq_reason``); a side run's
+   columns added.
+3. Spark first: the source counted (persisted, so Kafka is read once), the dead letters and the
+   results computed into local spools. The database transaction never waits on Spark
+   (PostgreSQL's idle-in-transaction timeout, SQLite's write lock).
+4. One database transaction: the offsets rows moved by compare-and-set (none moved: an earlier
+   attempt committed, a no-op), the dead letters, the results (rows the database refuses become
+   dead letters too).
+5. The checkpoints mirrored to the Kafka group offsets (the planner repairs a mirror left behind:
+   :meth:`SqlSink.checkpoints`, :meth:`SqlSink.repair`), then the run's manifest record.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import logging
-import pickle
-import sys
-import tempfile
 import time
-import uuid
-from dataclasses import dataclass
-from pathlib import Path
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING
 
-from sqlalchemy import (BigInteger, Boolean, Column, Date, DateTime, Float, Integer, LargeBinary,
-                        MetaData, Numeric, String, Table, Text, create_engine, event, func, inspect,
-                        select, update)
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DataError, IntegrityError, ProgrammingError
-
-from kafka_eos.errors import CheckpointConflict, RecordRefused, SpecError
+from kafka_eos.errors import CheckpointConflict
 from kafka_eos.faults import fault_point
+from kafka_eos.formats import dead_letter_bytes
 from kafka_eos.kafka_admin import TP, alter_group_offsets
-from kafka_eos.manifest import COMMITTED, NOOP, ManifestStore, now_iso, run_key
-from kafka_eos.paths import local_dir
+from kafka_eos.manifest import COMMITTED, ManifestStore, now_iso, run_key
 from kafka_eos.plan import Plan
 from kafka_eos.settings import KafkaSettings
+from kafka_eos.sinks.base import Drift, Outcome, Output, Sink
+from kafka_eos.sinks.batches import fetched
+from kafka_eos.sinks.sql_store import ArrowSpool, SqlStore, Spool, as_bytes
 from kafka_eos.spec import PipelineSpec
+from kafka_eos.transforms import DLQ_REASON
 
 if TYPE_CHECKING:  # pragma: no cover
-    import pyarrow as pa
     from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
 
-#: Rows per INSERT statement: large enough to amortise round trips, small enough for SQLite's
-#: limit on bound parameters (32766) with a dozen columns.
-BATCH_ROWS = 1000
 
-#: PostgreSQL drivers whose raw connection takes ``COPY … FROM STDIN`` (SQLAlchemy's driver names).
-COPY_DRIVERS = ("psycopg2", "psycopg")
-#: Bytes of CSV handed to the driver at a time in a ``COPY``.
-COPY_CHUNK_BYTES = 1 << 20
-#: PostgreSQL's error code of an ``ON CONFLICT DO UPDATE`` meeting one key twice in one statement.
-CARDINALITY_VIOLATION = "21000"
-#: PostgreSQL's error code of a key that is there already.
-UNIQUE_VIOLATION = "23505"
+class SqlSink(Sink):
+    """A SQL sink (the module's steps)."""
 
-OFFSETS_TABLE = "kafka_eos_offsets"
-DEAD_LETTERS_TABLE = "kafka_eos_dead_letters"
+    #: It reads its source more than once anyway (persisted): two passes from the start.
+    decodes_in_one_pass = False
 
-
-@dataclass(frozen=True)
-class SqlResult:
-    status: str
-    records_in: int
-    records_out: int
-    dead_letters: int
-
-
-def default_url(spec: PipelineSpec) -> str:
-    return f"sqlite:///{local_dir() / 'sql' / (spec.name + '.db')}"
-
-
-def make_engine(url: str) -> Engine:
-    """An engine; SQLite gets WAL mode and ``BEGIN IMMEDIATE`` (take the write lock up front,
-    so two writers serialise instead of failing at commit)."""
-    if not url.startswith("sqlite"):
-        return create_engine(url, pool_pre_ping=True)
-    engine = create_engine(url, connect_args={"timeout": 60})
-
-    @event.listens_for(engine, "connect")
-    def _connect(dbapi_conn, _record):
-        dbapi_conn.isolation_level = None  # let SQLAlchemy's begin event emit BEGIN itself
-        dbapi_conn.execute("PRAGMA journal_mode=WAL")
-
-    @event.listens_for(engine, "begin")
-    def _begin(conn):
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-    return engine
-
-
-def _sql_type(spark_type):
-    from pyspark.sql import types as T
-
-    if isinstance(spark_type, T.StringType):
-        return Text()
-    if isinstance(spark_type, (T.LongType,)):
-        return BigInteger()
-    if isinstance(spark_type, (T.IntegerType, T.ShortType, T.ByteType)):
-        return Integer()
-    if isinstance(spark_type, (T.DoubleType, T.FloatType)):
-        return Float()
-    if isinstance(spark_type, T.DecimalType):
-        return Numeric(spark_type.precision, spark_type.scale)
-    if isinstance(spark_type, (T.TimestampType, T.TimestampNTZType)):
-        return DateTime()
-    if isinstance(spark_type, T.DateType):
-        return Date()
-    if isinstance(spark_type, T.BooleanType):
-        return Boolean()
-    if isinstance(spark_type, T.BinaryType):
-        return LargeBinary()
-    raise SpecError(f"SQL sink: column type {spark_type.simpleString()} is not supported")
-
-
-class SqlSink:
-    """The SQL sink of one pipeline."""
-
-    def __init__(self, spec: PipelineSpec, url: str | None = None) -> None:
-        self.spec = spec
-        self.engine = make_engine(url or spec.sink.url or default_url(spec))
-        self.metadata = MetaData()
-        self.offsets = Table(
-            OFFSETS_TABLE, self.metadata,
-            Column("pipeline", String(255), primary_key=True),
-            Column("topic", String(255), primary_key=True),
-            Column("partition", Integer, primary_key=True),
-            Column("next_offset", BigInteger, nullable=False),
-            Column("run_id", String(255)),
-            Column("updated_at", String(64)),
-        )
-        self.dead_letters = Table(
-            spec.sink.dead_letters_table, self.metadata,
-            Column("pipeline", String(255), primary_key=True),
-            Column("topic", String(255), primary_key=True),
-            Column("partition", Integer, primary_key=True),
-            Column("offset", BigInteger, primary_key=True),
-            Column("key", LargeBinary),
-            Column("value", LargeBinary),
-            Column("reason", Text, nullable=False),
-            Column("run_id", String(255)),
-        )
-
-    def create_tables(self) -> None:
-        """Create the offsets and dead-letter tables (and a SQLite file's folder) when missing."""
-        if self.engine.dialect.name == "sqlite" and self.engine.url.database:
-            Path(self.engine.url.database).parent.mkdir(parents=True, exist_ok=True)
-        self.metadata.create_all(self.engine)
-
-    def forget(self) -> None:
-        """A deliberate fresh start (the demo's reset): drop the results table and the pipeline's
-        checkpoints and dead letters. Other pipelines' rows stay."""
-        with self.engine.begin() as conn:
-            present = inspect(conn)
-            if present.has_table(self.spec.sink.table):
-                Table(self.spec.sink.table, MetaData()).drop(conn)
-            for table in (self.offsets, self.dead_letters):
-                if present.has_table(table.name):
-                    conn.execute(table.delete().where(table.c.pipeline == self.spec.name))
-
-    def checkpoints(self, tps: Iterable[TP]) -> dict[TP, int | None]:
-        """The sink's checkpoint (next offset) per partition; None where it has none."""
-        tps = list(tps)
-        if self.engine.dialect.name == "sqlite" and self.engine.url.database \
-                and not Path(self.engine.url.database).exists():
-            return {tp: None for tp in tps}  # reading must not create the file
-        with self.engine.connect() as conn:
-            if not inspect(conn).has_table(OFFSETS_TABLE):
-                return {tp: None for tp in tps}  # never written: no checkpoints, nothing created
-            return self.checkpoints_in(conn, tps)
-
-    def results_table(self, df: "DataFrame") -> Table:
-        """The results table, created from the DataFrame's schema when missing."""
-        keys = set(self.spec.sink.key_columns)
-        missing = keys - set(df.columns)
-        if missing:
-            raise SpecError(f"{self.spec.path}: sink.key_columns: {', '.join(sorted(missing))} not in the "
-                            f"transform's output ({', '.join(df.columns)})")
-        table = self.metadata.tables.get(self.spec.sink.table)
-        if table is None:
-            table = Table(self.spec.sink.table, self.metadata,
-                          *[Column(f.name, _sql_type(f.dataType), primary_key=f.name in keys)
-                            for f in df.schema.fields])
-            table.create(self.engine, checkfirst=True)
-        return table
-
-    def _insert(self, conn):
-        """The dialect's ``insert`` construct (with ``on_conflict_*``)."""
-        if conn.dialect.name == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
-        elif conn.dialect.name == "sqlite":
-            from sqlalchemy.dialects.sqlite import insert
-        else:
-            raise SpecError(f"{self.spec.path}: sink.url: dialect {conn.dialect.name!r} is not supported "
-                            "(sqlite, postgresql)")
-        return insert
-
-    def _insert_dead(self, conn, rows: list[dict]) -> int:
-        """Dead-letter rows, one multi-row ``INSERT`` (a dead letter there already stays); returns
-        how many it wrote (the rows ``RETURNING`` gives back: one per source record).
-
-        ``RETURNING`` is what makes it one statement: SQLAlchemy (2.1) sends an ``ON CONFLICT``
-        insert without it row by row, a round trip each (24,000 dead letters: 4.2 s against 1.2 s
-        on PostgreSQL); ``DO NOTHING`` meets no row twice, so batching it is safe."""
-        stmt = self._insert(conn)(self.dead_letters).on_conflict_do_nothing()
-        return len(conn.execute(stmt.returning(self.dead_letters.c.offset), rows).all())
-
-    def _upsert(self, conn, table: Table, rows: list[dict], merge: str) -> None:
-        """``rows`` merged into ``table``: one multi-row ``INSERT … ON CONFLICT`` (``RETURNING``
-        makes SQLAlchemy batch it, see :meth:`_insert_dead`); where the rows hold a key twice,
-        which PostgreSQL merges once per statement, row by row, in their order."""
-        stmt = self._on_conflict(self._insert(conn)(table), table, merge)
-        keys = [table.c[k] for k in self.spec.sink.key_columns]
-        if keys:
-            try:
-                with conn.begin_nested():
-                    conn.execute(stmt.returning(*keys), rows)
-                return
-            except ProgrammingError as exc:
-                if _sqlstate(exc) != CARDINALITY_VIOLATION:
-                    raise
-        conn.execute(stmt, rows)
-
-    def _on_conflict(self, stmt, table: Table, merge: str):
-        """``stmt`` (an INSERT into ``table``) merging into the rows of the same key: adding the
-        values (``merge: add``) or replacing them; as it is without key columns."""
-        keys = list(self.spec.sink.key_columns)
-        if not keys:
-            return stmt
-        values = [c.name for c in table.columns if c.name not in keys]
-        if merge == "add":
-            sets = {c: table.c[c] + stmt.excluded[c] for c in values}
-        else:
-            sets = {c: stmt.excluded[c] for c in values}
-        return (stmt.on_conflict_do_update(index_elements=keys, set_=sets) if sets
-                else stmt.on_conflict_do_nothing(index_elements=keys))
-
-    def _copy(self, conn, table: Table, spool: "ArrowSpool") -> int:
-        """Write the spooled results with PostgreSQL's ``COPY`` (CSV, written by Arrow): straight
-        into ``table`` (new keys: a run of new source records); where a key is there already (an
-        aggregate's minute again, a replay), into a staging table (the target's columns and types,
-        dropped at commit) that one ``INSERT … SELECT … ON CONFLICT`` merges from. Returns the rows
-        written. Raises what the database refuses (the caller's savepoint undoes it)."""
-        quote = conn.dialect.identifier_preparer
-        target = quote.format_table(table)
-        if self.spec.sink.key_columns:
-            try:
-                with conn.begin_nested():
-                    return self._copy_into(conn, target, spool)
-            except (IntegrityError, conn.dialect.dbapi.IntegrityError) as exc:
-                if _sqlstate(exc) != UNIQUE_VIOLATION:
-                    raise
-            stage = f"kafka_eos_stage_{uuid.uuid4().hex[:12]}"
-            conn.exec_driver_sql(f"CREATE TEMPORARY TABLE {quote.quote(stage)} (LIKE {target} INCLUDING DEFAULTS) "
-                                 "ON COMMIT DROP")
-            written = self._copy_into(conn, quote.quote(stage), spool)
-            self._merge_staged(conn, table, Table(stage, MetaData(), *[Column(n) for n in spool.schema.names]))
-            return written
-        return self._copy_into(conn, target, spool)
-
-    @staticmethod
-    def _copy_into(conn, into: str, spool: "ArrowSpool") -> int:
-        """``COPY`` the spool's batches into the table ``into`` (quoted), in one statement: the
-        database parses a batch while the next is written as CSV. Returns the rows copied."""
-        columns = ", ".join(conn.dialect.identifier_preparer.quote(n) for n in spool.schema.names)
-        copy = f"COPY {into} ({columns}) FROM STDIN WITH (FORMAT csv)"
-        csv = _CsvFeed(spool.batches())
-        with conn.connection.driver_connection.cursor() as cursor:
-            if conn.dialect.driver == "psycopg2":
-                cursor.copy_expert(copy, csv, size=COPY_CHUNK_BYTES)
-            else:  # psycopg 3
-                with cursor.copy(copy) as feed:
-                    while chunk := csv.read(COPY_CHUNK_BYTES):
-                        feed.write(chunk)
-        return csv.rows
-
-    def _merge_staged(self, conn, table: Table, staged: Table) -> None:
-        """One ``INSERT … SELECT … ON CONFLICT`` from the staging table. PostgreSQL merges a key
-        once per statement: where the run's rows hold a key more than once, ``merge: add`` sums
-        them first (what merging them one by one gives); ``replace`` has no last row to keep."""
-        names, keys, merge = [c.name for c in staged.columns], list(self.spec.sink.key_columns), self.spec.sink.merge
-        insert = self._insert(conn)
-        try:
-            with conn.begin_nested():
-                stmt = insert(table).from_select(names, select(*staged.c))
-                conn.execute(self._on_conflict(stmt, table, merge))
-                return
-        except ProgrammingError as exc:
-            if _sqlstate(exc) != CARDINALITY_VIOLATION:
-                raise
-            if merge != "add":
-                raise SpecError(f"{self.spec.path}: sink.key_columns: the run's rows for table {table.name} hold a "
-                                f"key ({', '.join(keys)}) more than once, and merge: {merge} keeps one row per key: "
-                                "the transform must give one row per key (or merge: add)") from None
-        summed = select(*[staged.c[n] if n in keys else func.sum(staged.c[n]).label(n) for n in names]) \
-            .group_by(*[staged.c[k] for k in keys])
-        conn.execute(self._on_conflict(insert(table).from_select(names, summed), table, merge))
-
-    def _write_results(self, conn, table: Table, spool: "ArrowSpool") -> tuple[int, list[tuple[dict, Exception]]]:
-        """The spooled results into ``table``: by ``COPY`` where the database and the columns allow
-        it; else, or when the database refuses a row of the COPY, a batch of rows at a time, each
-        refused row found (:meth:`_upsert_refusing`). Returns (rows written, refused rows)."""
-        if conn.dialect.name == "postgresql" and conn.dialect.driver in COPY_DRIVERS and spool.copyable:
-            dbapi = conn.dialect.dbapi
-            try:
-                with conn.begin_nested():
-                    return self._copy(conn, table, spool), []
-            except (DataError, IntegrityError, dbapi.DataError, dbapi.IntegrityError) as exc:
-                log.info("%s: the database refused a row of the COPY (%s): finding it, a batch at a time",
-                         table.name, _first_line(exc))
-        written, refused = 0, []
-        for batch in _batches(spool.rows()):
-            these = self._upsert_refusing(conn, table, batch)
-            written += len(batch) - len(these)
-            refused += these
-        return written, refused
-
-    def _move_checkpoints(self, conn, plan: Plan) -> bool:
-        """Compare-and-set every active range's offsets row from expected to until.
-
-        :returns: False when all were already at ``until`` (an earlier attempt committed).
-        :raises CheckpointConflict: a row is neither expected nor the end.
-        """
-        o, now = self.offsets, now_iso()
-        current = self.checkpoints_in(conn, [r.tp for r in plan.active])
-        if all(current[r.tp] == r.until for r in plan.active):
-            return False
-        for r in plan.active:
-            where = (o.c.pipeline == self.spec.name) & (o.c.topic == r.topic) & (o.c.partition == r.partition)
-            if r.expected is None:
-                try:
-                    with conn.begin_nested():
-                        conn.execute(o.insert().values(pipeline=self.spec.name, topic=r.topic, partition=r.partition,
-                                                       next_offset=r.until, run_id=plan.run_id, updated_at=now))
-                    continue
-                except IntegrityError:
-                    pass  # someone else created it: reported below
-            else:
-                res = conn.execute(update(o).where(where & (o.c.next_offset == r.expected))
-                                   .values(next_offset=r.until, run_id=plan.run_id, updated_at=now))
-                if res.rowcount == 1:
-                    continue
-            raise CheckpointConflict(
-                f"{r.topic}-{r.partition}: SQL sink {self.spec.sink.table!r} is at {current[r.tp]}, the plan of "
-                f"run {plan.run_id!r} expected {r.expected} (ends at {r.until}): a concurrent or stale plan")
-        return True
-
-    def publish_checkpoints(self, settings: KafkaSettings, tps: list[TP], planned_ms: int | None = None) -> dict:
-        """Mirror the sink's checkpoints of ``tps`` to the Kafka group offsets, read and published
-        while the offsets rows are locked (SQLite: the write lock of ``BEGIN IMMEDIATE``;
-        PostgreSQL: ``FOR UPDATE``): a run that commits meanwhile waits, and publishes its own
-        after, so a value read before a run's commit never lands after that run's mirror (which
-        moved the mirror backwards). Returns what was published."""
-        if not tps:
-            return {}
-        with self.engine.begin() as conn:
-            if not inspect(conn).has_table(OFFSETS_TABLE):
-                return {}
-            current = {tp: offset for tp, offset in self.checkpoints_in(conn, list(tps), lock=True).items()
-                       if offset is not None}
-            if current:
-                alter_group_offsets(settings, self.spec.source.group_id, current, planned_ms)
-        return current
-
-    def checkpoints_in(self, conn, tps: list[TP], lock: bool = False) -> dict[TP, int | None]:
-        o = self.offsets
-        query = select(o.c.topic, o.c.partition, o.c.next_offset).where(o.c.pipeline == self.spec.name)
-        rows = conn.execute(query.with_for_update() if lock and conn.dialect.name == "postgresql" else query).all()
-        have = {(t, p): n for t, p, n in rows}
-        return {tp: have.get(tp) for tp in tps}
-
-    def commit(self, plan: Plan, results: "ArrowSpool | None", table: Table | None,
-               dead_letters: Iterator[dict]) -> tuple[str, int, int]:
-        """The database transaction: offsets CAS, dead letters, results. Returns (status, out, dead)."""
-        out = dead = 0
-        with self.engine.begin() as conn:
-            if not self._move_checkpoints(conn, plan):
-                return NOOP, 0, 0
-            for batch in _batches(dead_letters):
-                dead += self._insert_dead(conn, batch)
-            if results is not None:
-                out, refused = self._write_results(conn, table, results)
-                # Rows the database refused for their own sake: dead letters, in this transaction,
-                # one per source record (a transform may give a record several rows).
-                for batch in _batches(iter(self._refused_letters(table, refused, plan))):
-                    dead += self._insert_refused(conn, batch)
-            fault_point("before_sql_commit")
-        return COMMITTED, out, dead
-
-    def _upsert_refusing(self, conn, table: Table, rows: list[dict]) -> list[tuple[dict, Exception]]:
-        """Upsert ``rows``, each batch inside a savepoint; a batch the database refuses for a row's
-        own sake (a value too long for its column, a constraint: DataError, IntegrityError) is
-        rolled back to it and split until the refused rows are found. Returns them, with why;
-        every other row is written."""
-        try:
-            with conn.begin_nested():
-                self._upsert(conn, table, rows, self.spec.sink.merge)
-            return []
-        except (DataError, IntegrityError) as exc:
-            if len(rows) == 1:
-                return [(rows[0], exc)]
-        half = len(rows) // 2
-        return self._upsert_refusing(conn, table, rows[:half]) + self._upsert_refusing(conn, table, rows[half:])
-
-    def _insert_refused(self, conn, letters: list[dict]) -> int:
-        """The dead letters of refused rows: a record that has one already (the transform's own
-        dead letter of it, written first in this transaction) gets the refusal added to its reason,
-        not a second letter dropped against the table's key. Returns how many it wrote anew."""
-        d = self.dead_letters
-        coords = {(x["topic"], x["partition"], x["offset"]) for x in letters}
-        there = set()
-        for topic in {t for t, _p, _o in coords}:
-            offsets = [o for t, _p, o in coords if t == topic]
-            rows = conn.execute(select(d.c.topic, d.c.partition, d.c.offset).where(
-                (d.c.pipeline == self.spec.name) & (d.c.topic == topic) & d.c.offset.in_(offsets))).all()
-            there |= {(r.topic, r.partition, r.offset) for r in rows} & coords
-        for x in (x for x in letters if (x["topic"], x["partition"], x["offset"]) in there):
-            conn.execute(update(d).where((d.c.pipeline == self.spec.name) & (d.c.topic == x["topic"])
-                                         & (d.c.partition == x["partition"]) & (d.c.offset == x["offset"]))
-                         .values(reason=d.c.reason + "; and " + x["reason"]))
-        new = [x for x in letters if (x["topic"], x["partition"], x["offset"]) not in there]
-        return self._insert_dead(conn, new) if new else 0
-
-    def _refused_letters(self, table: Table, refused: list[tuple[dict, Exception]], plan: Plan) -> list[dict]:
-        """The dead letters of the rows the database refused, one per source record: a record whose
-        rows were refused more than once has them all in one dead letter (its value a JSON list),
-        not a first one kept and the others dropped against the dead-letter table's key."""
-        by_record: dict[tuple, list[tuple[dict, dict]]] = {}
-        for row, exc in refused:
-            letter = self._refused_row(table, row, exc, plan)
-            by_record.setdefault((letter["topic"], letter["partition"], letter["offset"]), []).append((row, letter))
-        letters = []
-        for group in by_record.values():
-            letter = dict(group[0][1])
-            if len(group) > 1:
-                letter["value"] = json.dumps([row for row, _ in group], default=str).encode()
-                letter["reason"] = (f"refused by the sink: {len(group)} rows of this record; the first: "
-                                    f"{group[0][1]['reason'].removeprefix('refused by the sink: ')}")
-            letters.append(letter)
-        return letters
-
-    def _refused_row(self, table: Table, row: dict, exc: Exception, plan: Plan) -> dict:
-        """The dead-letter row of a result row the database refused: the row itself (as JSON) with
-        the database's reason, under its source coordinates.
-
-        :raises RecordRefused: ``sink.on_refused_record: fail``, or a row without ``topic``,
-            ``partition`` and ``offset`` columns (an aggregate's: no record to dead-letter it by).
-        """
-        why = f"the database refused its row for table {table.name}: {_first_line(exc)}"
-        coords = all(row.get(c) is not None for c in ("topic", "partition", "offset"))
-        where = f"{row['topic']}-{row['partition']} offset {row['offset']}" if coords else \
-            f"the row of key {json.dumps({k: row.get(k) for k in self.spec.sink.key_columns}, default=str)}"
-        if self.spec.sink.on_refused_record == "fail" or not coords:
-            raise RecordRefused(f"{where}: {why}; " + (
-                "sink.on_refused_record: fail" if coords else "it carries no topic, partition and offset to "
-                "dead-letter it by") + " (nothing of the run is committed)")
-        return {"pipeline": self.spec.name, "topic": row["topic"], "partition": row["partition"],
-                "offset": row["offset"],
-                "key": json.dumps({k: row.get(k) for k in self.spec.sink.key_columns}, default=str).encode(),
-                "value": json.dumps(row, default=str).encode(), "reason": f"refused by the sink: {why}",
-                "run_id": plan.run_id}
-
-
-def _sqlstate(exc: Exception) -> str | None:
-    """PostgreSQL's error code of ``exc`` (SQLAlchemy's or the driver's own error): psycopg2 calls
-    it ``pgcode``, psycopg 3 ``sqlstate``."""
-    orig = getattr(exc, "orig", None) or exc
-    return getattr(orig, "pgcode", None) or getattr(orig, "sqlstate", None)
-
-
-def _first_line(exc: Exception) -> str:
-    """The database's own message (the driver's error, first line), not SQLAlchemy's wrapping."""
-    text = str(getattr(exc, "orig", None) or exc).strip()
-    return (text.splitlines() or [type(exc).__name__])[0]
-
-
-def _batches(rows: Iterator[dict]) -> Iterator[list[dict]]:
-    batch: list[dict] = []
-    for row in rows:
-        batch.append(row)
-        if len(batch) == BATCH_ROWS:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
-class _CsvFeed:
-    """Record batches as one CSV stream (no header), written by Arrow a batch at a time as the
-    reader asks for more: a file to read for a driver's ``COPY … FROM STDIN``."""
-
-    def __init__(self, batches: Iterable["pa.RecordBatch"]) -> None:
-        import pyarrow.csv as pcsv
-
-        self._csv, self._options = pcsv, pcsv.WriteOptions(include_header=False)
-        self._batches = iter(batches)
-        self._chunk, self._at = b"", 0
-        self.rows = 0  # of the batches written so far
-
-    def read(self, size: int = -1) -> bytes:
-        """Up to ``size`` bytes (all that is left, for a negative size); b"" at the end."""
-        parts, wanted = [], size if size >= 0 else sys.maxsize
-        while wanted > 0:
-            if self._at >= len(self._chunk):
-                batch = next(self._batches, None)
-                if batch is None:
-                    break
-                data = io.BytesIO()
-                self._csv.write_csv(batch, data, self._options)
-                self._chunk, self._at = data.getvalue(), 0
-                self.rows += batch.num_rows
-                continue
-            part = self._chunk[self._at:self._at + wanted]
-            self._at += len(part)
-            wanted -= len(part)
-            parts.append(part)
-        return b"".join(parts)
-
-
-class Spool:
-    """Rows written to a local temporary file in batches, read back as often as needed. Memory
-    holds one batch at a time, however large the run."""
-
-    def __init__(self, rows: Iterable[dict]) -> None:
-        self._file = tempfile.TemporaryFile(prefix="kafka-eos-sql-")
-        for batch in _batches(iter(rows)):
-            pickle.dump(batch, self._file, protocol=pickle.HIGHEST_PROTOCOL)
-
-    def rows(self) -> Iterator[dict]:
-        self._file.seek(0)
-        while True:
-            try:
-                yield from pickle.load(self._file)
-            except EOFError:
-                return
-
-    def close(self) -> None:
-        self._file.close()
-
-
-class ArrowSpool:
-    """Record batches written to a local temporary file (an Arrow IPC stream), read back as often
-    as needed, as batches or as rows. Memory holds one batch at a time, however large the run.
-    Timestamps stay as Spark sends them, in UTC with their zone: COPY's text carries the zone (a
-    ``timestamptz`` column takes the instant, a ``timestamp`` column its UTC wall-clock time); as
-    rows they are UTC without a zone (a driver would turn an aware one into the session's zone)."""
-
-    def __init__(self, batches: Iterable["pa.RecordBatch"]) -> None:
-        import pyarrow as pa
-
-        self._file = tempfile.TemporaryFile(prefix="kafka-eos-sql-")
-        self.schema: "pa.Schema | None" = None
-        writer = None
-        for batch in batches:
-            if not batch.num_rows:
-                continue
-            if writer is None:
-                self.schema = batch.schema
-                writer = pa.ipc.new_stream(self._file, batch.schema)
-            writer.write_batch(batch)
-        if writer is not None:
-            writer.close()
+    def __init__(self, spec: PipelineSpec, settings: KafkaSettings, keep: bool = False) -> None:
+        super().__init__(spec, settings, keep)
+        self._store: SqlStore | None = None
 
     @property
-    def copyable(self) -> bool:
-        """Whether Arrow's CSV writer writes every column as PostgreSQL's COPY reads it back (not
-        binary, nested or other types: those go as rows)."""
-        import pyarrow.types as t
+    def store(self) -> SqlStore:
+        """The pipeline's tables (an engine, built at first use)."""
+        if self._store is None:
+            self._store = SqlStore(self.spec)
+        return self._store
 
-        return self.schema is not None and all(
-            t.is_string(f.type) or t.is_large_string(f.type) or t.is_integer(f.type) or t.is_floating(f.type)
-            or t.is_decimal(f.type) or t.is_boolean(f.type) or t.is_timestamp(f.type) or t.is_date(f.type)
-            for f in self.schema)
+    def start(self) -> None:
+        """1. The offsets and dead-letter tables (and a SQLite file's folder)."""
+        self.store.create_tables()
 
-    def batches(self) -> Iterator["pa.RecordBatch"]:
-        import pyarrow as pa
+    def prepare(self, output: Output) -> Output:
+        """2. Results and dead letters apart; a side run's range and generation as columns."""
+        # pyspark: not at the top, where every process that plans (a DAG processor too) would load it.
+        from pyspark.sql import functions as F
 
-        if self.schema is None:
+        results, dead_letters = output.results, output.dead_letters
+        if results is not None and dead_letters is None and DLQ_REASON in results.columns:
+            dead_letters = results.where(F.col(DLQ_REASON).isNotNull())
+            results = results.where(F.col(DLQ_REASON).isNull()).drop(DLQ_REASON)
+        if results is not None:
+            for name, value in self.spec.sink.columns:  # a side run's range and generation
+                results = results.withColumn(name, F.lit(value))
+        return output._replace(results=results, dead_letters=dead_letters)
+
+    def commit(self, plan: Plan, output: Output, record: dict) -> Outcome:
+        """Steps 3–5."""
+        source = output.source
+        # An aggregating transform's output says nothing of its input size: count the source.
+        # Results, dead letters and the count each read it: persist it so Kafka is read once.
+        if source is not None:
+            source.persist()
+        try:
+            counting = time.monotonic()
+            records_in = source.count() if source is not None else 0
+            log.info("SQL sink %s: source read and counted in %.2f s", self.spec.sink.table, time.monotonic() - counting)
+            status, out, dead = self._commit(plan, output)
+        finally:
+            if source is not None:
+                source.unpersist()
+        fault_point("after_sql_commit")
+        # 5. The mirror: standard lag tools see progress; the planner repairs it if this is lost.
+        self.store.publish_checkpoints(self.settings, [r.tp for r in plan.active], plan.planned_ms)
+        if status == COMMITTED:
+            ManifestStore.of(self.spec, self.settings).put(
+                run_key(self.spec.name, plan.run_id),
+                {**record, "status": COMMITTED, "records_in": records_in, "records_out": out,
+                 "dead_letters": dead, "committed_at": now_iso(),
+                 "finished_at": datetime.now(timezone.utc).isoformat()})
+        return Outcome(status, records_in, out, dead)
+
+    def _commit(self, plan: Plan, output: Output) -> tuple[str, int, int]:
+        """Steps 3 (the spools) and 4 (the database transaction)."""
+        store = self.store
+        table = store.results_table(output.results) if output.results is not None else None
+        began = time.monotonic()
+        dead_spool = Spool(self._dead_rows(plan, output.dead_letters, output.undecodable))
+        spooled = time.monotonic()
+        result_spool = fetched(output.results, ArrowSpool) if output.results is not None else None
+        computed = time.monotonic()
+        try:
+            status, out, dead = store.commit(plan, result_spool, table, dead_spool.rows())
+            log.info("SQL sink %s: dead letters computed in %.2f s, results in %.2f s; database transaction %.2f s",
+                     self.spec.sink.table, spooled - began, computed - spooled, time.monotonic() - computed)
+        finally:
+            dead_spool.close()
+            if result_spool is not None:
+                result_spool.close()
+        return status, out, dead
+
+    def _dead_rows(self, plan: Plan, *frames: "DataFrame | None"):
+        """The dead-letter rows of ``frames`` (the transform's, then the undecodable records)."""
+        from pyspark.sql import functions as F
+
+        for frame in frames:
+            if frame is None:
+                continue
+            # A struct key or value (a decoded record) as its JSON text; a dead letter without one: null.
+            frame = frame.select(*(dead_letter_bytes(c, frame.schema[c].dataType).alias(c) if c in frame.columns
+                                   else F.lit(None).cast("binary").alias(c) for c in ("key", "value")),
+                                 "topic", "partition", "offset", DLQ_REASON)
+            # One job, every task at once, as Arrow (the results' way): not a job per task (unless the
+            # whole is over spark.driver.maxResultSize: batches.fetched).
+            spool = fetched(frame, ArrowSpool)
+            try:
+                for row in spool.rows():
+                    yield {"pipeline": self.spec.name, "topic": row["topic"], "partition": row["partition"],
+                           "offset": row["offset"], "key": as_bytes(row["key"]), "value": as_bytes(row["value"]),
+                           "reason": row[DLQ_REASON], "run_id": plan.run_id}
+            finally:
+                spool.close()
+
+    def checkpoints(self, tps: list[TP], group: dict[TP, int | None]) -> tuple[dict[TP, int | None], list[Drift]]:
+        """The sink's offsets table is the truth; its Kafka mirror (``group``) may lag behind (a
+        crash between the database commit and the mirror) but never lead.
+
+        :raises CheckpointConflict: the Kafka mirror is ahead of the sink.
+        """
+        sink = self.store.checkpoints(tps)
+        drift = []
+        for tp in tps:
+            s, k = sink.get(tp), group.get(tp)
+            if s == k:
+                continue
+            if k is not None and (s is None or k > s):
+                raise CheckpointConflict(
+                    f"{tp[0]}-{tp[1]}: group {self.spec.source.group_id!r} is at {k} but the SQL sink "
+                    f"{self.spec.sink.table!r} is at {s}: the Kafka checkpoint is ahead of the sink; "
+                    "reset the group to the sink's offsets")
+            drift.append(Drift(tp[0], tp[1], s, k))
+        return sink, drift
+
+    def repair(self, drift: list[Drift]) -> None:
+        """Republish the sink's checkpoints to the group, as they are now, not as the drift was
+        read (see :meth:`SqlStore.publish_checkpoints`)."""
+        self.store.publish_checkpoints(self.settings, [(d.topic, d.partition) for d in drift if d.sink is not None])
+
+    def refresh(self, plan: Plan) -> None:
+        """The sink's checkpoints as they are now, a run's commit held off meanwhile, to the group."""
+        self.store.publish_checkpoints(self.settings, [r.tp for r in plan.ranges], plan.planned_ms)
+
+    def reset(self, plan: Plan) -> None:
+        """The offsets rows moved in a database transaction of no rows. A Kafka mirror behind the
+        sink is repaired by the next plan; one ahead of it stops the pipeline. So the mirror goes
+        back before the sink does, and forward after it."""
+        moving = plan.active
+        if not moving:
             return
-        self._file.seek(0)
-        yield from pa.ipc.open_stream(self._file)
-
-    def rows(self) -> Iterator[dict]:
-        for batch in self.batches():
-            yield from _utc_naive(batch).to_pylist()
+        back = {r.tp: r.until for r in moving if r.expected is not None and r.until < r.expected}
+        if back:
+            alter_group_offsets(self.settings, self.spec.source.group_id, back)
+        self.store.create_tables()
+        self.store.commit(plan, None, None, iter(()))
+        alter_group_offsets(self.settings, self.spec.source.group_id, {r.tp: r.until for r in moving})
 
     def close(self) -> None:
-        self._file.close()
-
-
-def _utc_naive(batch: "pa.RecordBatch") -> "pa.RecordBatch":
-    """``batch`` with its zoned timestamps as UTC without a zone (what Spark sends is zoned)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    zoned = [i for i, f in enumerate(batch.schema) if pa.types.is_timestamp(f.type) and f.type.tz]
-    if not zoned:
-        return batch
-    columns = list(batch.columns)
-    for i in zoned:
-        columns[i] = pc.cast(columns[i], pa.timestamp(batch.schema[i].type.unit))
-    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
-
-
-def _bytes(v):
-    if v is None or isinstance(v, bytes):
-        return v
-    return bytes(v) if isinstance(v, bytearray) else str(v).encode()
-
-
-def write(results: "DataFrame | None", dead_letters: "DataFrame | None", spec: PipelineSpec, plan: Plan,
-          settings: KafkaSettings, summary: dict, records_in: int | None = None,
-          sink: SqlSink | None = None, undecodable: "DataFrame | None" = None) -> SqlResult:
-    """Commit a run to the SQL sink, then mirror the checkpoint to Kafka.
-
-    ``results`` may be a one-DataFrame transform output (rows with ``dlq_reason``) when
-    ``dead_letters`` is None.
-
-    :param sink: a long-lived sink whose tables exist (stream mode); else a new one.
-    :param undecodable: source records that did not decode (:mod:`kafka_eos.formats`): dead
-        letters too, in the same database transaction.
-    """
-    from pyspark.sql import functions as F
-
-    from kafka_eos.sinks.batches import fetched
-    from kafka_eos.transforms import DLQ_REASON
-
-    if sink is None:
-        sink = SqlSink(spec)
-        sink.create_tables()
-    if results is not None and dead_letters is None and DLQ_REASON in results.columns:
-        dead_letters = results.where(F.col(DLQ_REASON).isNotNull())
-        results = results.where(F.col(DLQ_REASON).isNull()).drop(DLQ_REASON)
-    if results is not None:
-        for name, value in spec.sink.columns:  # a side run's range and generation
-            results = results.withColumn(name, F.lit(value))
-    table = sink.results_table(results) if results is not None else None
-
-    def dead_rows():
-        for frame in (dead_letters, undecodable):
-            if frame is not None:
-                yield from dead_rows_of(frame)
-
-    def dead_rows_of(frame):
-        from kafka_eos.formats import dead_letter_bytes
-
-        # A struct key or value (a decoded record) as its JSON text; a dead letter without one: null.
-        frame = frame.select(*(dead_letter_bytes(c, frame.schema[c].dataType).alias(c) if c in frame.columns
-                               else F.lit(None).cast("binary").alias(c) for c in ("key", "value")),
-                             "topic", "partition", "offset", DLQ_REASON)
-        # One job, every task at once, as Arrow (the results' way): not a job per task (unless the
-        # whole is over spark.driver.maxResultSize: batches.fetched).
-        spool = fetched(frame, ArrowSpool)
-        try:
-            for row in spool.rows():
-                yield {"pipeline": spec.name, "topic": row["topic"], "partition": row["partition"],
-                       "offset": row["offset"], "key": _bytes(row["key"]), "value": _bytes(row["value"]),
-                       "reason": row[DLQ_REASON], "run_id": plan.run_id}
-        finally:
-            spool.close()
-
-    # Spark's work first (each DataFrame is computed once, into a local file), then one short
-    # database transaction.
-    began = time.monotonic()
-    dead_spool = Spool(dead_rows())
-    spooled = time.monotonic()
-    result_spool = fetched(results, ArrowSpool) if results is not None else None
-    computed = time.monotonic()
-    try:
-        status, out, dead = sink.commit(plan, result_spool, table, dead_spool.rows())
-        log.info("SQL sink %s: dead letters computed in %.2f s, results in %.2f s; database transaction %.2f s",
-                 spec.sink.table, spooled - began, computed - spooled, time.monotonic() - computed)
-    finally:
-        dead_spool.close()
-        if result_spool is not None:
-            result_spool.close()
-    fault_point("after_sql_commit")
-    # The mirror: standard lag tools see progress; the planner repairs it if this is lost.
-    sink.publish_checkpoints(settings, [r.tp for r in plan.active], plan.planned_ms)
-    if status == COMMITTED:
-        ManifestStore.of(spec, settings).put(
-            run_key(spec.name, plan.run_id),
-            {**summary, "status": COMMITTED, "records_in": records_in, "records_out": out,
-             "dead_letters": dead, "committed_at": now_iso(),
-             "finished_at": datetime.now(timezone.utc).isoformat()})
-    return SqlResult(status, records_in if records_in is not None else 0, out, dead)
+        if self._store is not None:
+            self._store.engine.dispose()

@@ -25,7 +25,7 @@ from kafka_eos.kafka_admin import TP, partition_offsets, partitions_of
 from kafka_eos.pipeline import checkpoint_rows, checkpoints
 from kafka_eos.readers import committed_messages
 from kafka_eos.soak.world import SOURCE, WATCHDOG_DAG, World
-from kafka_eos.txn import DEAD_LETTER_HEADER_NAMES
+from kafka_eos.wire import DEAD_LETTER_HEADER_NAMES
 
 #: The orders transform's validation, restated (spark_apps.transforms.orders): these fields, a
 #: positive amount with at most two decimals, a known currency, a zoned RFC 3339 time.

@@ -2,11 +2,12 @@
 SparkSession, through :func:`kafka_eos.batch.run_batch` (the batch step every run uses) and the
 same commit protocol. What makes it a stream is what it keeps between batches:
 
-- the lease (:mod:`kafka_eos.stream.lease`), polled between batches;
-- the clients: the atomic scope's transactional producer (fenced once, one epoch for every
-  transaction); in per_partition scope each partition's producer, kept in the Spark worker that
-  used it (:func:`kafka_eos.sinks.per_partition.kept_commit`); an admin client for offsets, the
-  SQL sink's engine;
+- the lease (:mod:`kafka_eos.lease`), polled between batches;
+- one sink (:func:`kafka_eos.sinks.scope.sink_of`, ``keep=True``) and its clients: the atomic
+  scope's transactional producer (fenced once, one epoch for every transaction); in per_partition
+  scope each partition's producer, kept in the Spark worker that used it
+  (:func:`kafka_eos.sinks.per_partition.kept_commit`); the SQL sink's engine; and an admin client
+  for offsets;
 - the checkpoints it committed, so a batch is planned from one offsets request (LSO, log start,
   high watermark) instead of the full planning round (topics, group offsets, the manifest's
   memory), which runs at the start, every :data:`FULL_PLAN_EVERY_S` and after a failed batch.
@@ -30,16 +31,18 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Callable
 
-from kafka_eos.batch import BatchClients, RunSummary, check_transaction_timeout, run_batch
+from kafka_eos import acls
+from kafka_eos.batch import RunSummary, run_batch
 from kafka_eos.errors import BrokerError, PipelineBusy, ProducerFenced, TransactionFailed
 from kafka_eos.kafka_admin import admin_client, offsets_retention_s, partition_offsets
 from kafka_eos.manifest import ManifestStore, now_iso
 from kafka_eos.pipeline import fresh_plan
 from kafka_eos.plan import Plan, plan_ranges
 from kafka_eos.settings import KafkaSettings
+from kafka_eos.sinks.scope import sink_of
 from kafka_eos.spec import PipelineSpec
 from kafka_eos.stream import DEFAULT_INTERVAL_S
-from kafka_eos.stream.lease import StreamLease, batch_in_flight
+from kafka_eos.lease import StreamLease, batch_in_flight
 from kafka_eos.stream.figures import batch_figures, failed_figures
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -128,9 +131,7 @@ class StreamRunner:
         self._stop_reason = ""
         self._lease = StreamLease(spec, settings)
         self._admin = None
-        self._clients = BatchClients(keep_partition_commits=spec.sink.kind == "kafka"
-                                     and spec.sink.commit == "per_partition")
-        self._fenced_tps: list = []
+        self._sink = sink_of(spec, settings, keep=True)
         self._checkpoints: dict | None = None
         self._last_full = 0.0
         self._full_every_s = FULL_PLAN_EVERY_S
@@ -164,35 +165,19 @@ class StreamRunner:
             plan = fresh_plan(self.spec, self.settings, STREAM_RUN_ID, may_fence=self._checkpoints is None)
             self._checkpoints = {r.tp: r.expected for r in plan.ranges}
             self._last_full = time.monotonic()
-            self._cover([r.tp for r in plan.ranges])
+            self._sink.cover([r.tp for r in plan.ranges])
             return plan
         offsets = partition_offsets(self.settings, list(self._checkpoints), admin=self._admin)
         return plan_ranges(self.spec, STREAM_RUN_ID, offsets, self._checkpoints)
-
-    def _cover(self, tps: list) -> None:
-        """The long-lived atomic commit fences every source partition's per_partition id: built
-        again (and fencing again) when partitions were added."""
-        if self.spec.sink.kind != "kafka" or self.spec.sink.commit != "atomic" or tps == self._fenced_tps:
-            return
-        from kafka_eos.sinks.kafka import atomic_commit
-
-        if self._clients.atomic is not None:
-            self._clients.atomic.close()
-        empty = Plan(self.spec.name, STREAM_RUN_ID, ())
-        self._clients.atomic = atomic_commit(self.spec, empty, self.settings, partitions=tps, keep_open=True)
-        self._fenced_tps = list(tps)
 
     def _forget(self) -> None:
         """After a failed batch: the next one plans in full, with a new producer (an unsettled
         commit is settled by its init_transactions())."""
         self._checkpoints = None
-        if self._clients.atomic is not None:
-            self._clients.atomic.close()
+        self._sink.forget()
 
     # -- the loop -------------------------------------------------------------------------
     def _setup(self) -> None:
-        from kafka_eos import acls
-
         acls.check(self.spec, self.settings)  # before anything is written
         if not self.force:
             window = self.spec.sink.transaction_timeout_s
@@ -207,13 +192,7 @@ class StreamRunner:
         self._admin = admin_client(self.settings)
         # Nothing else refreshes a streaming pipeline's idle checkpoints (a refresh steps aside).
         self._full_every_s = min(FULL_PLAN_EVERY_S, offsets_retention_s(self.settings) / 4)
-        if self.spec.sink.kind == "kafka":
-            check_transaction_timeout(self.spec, self.settings)
-        else:
-            from kafka_eos.sinks.sql import SqlSink
-
-            self._clients.sql = SqlSink(self.spec)
-            self._clients.sql.create_tables()
+        self._sink.start()
 
     def run(self) -> StreamStats:
         """Run batches until stopped.
@@ -227,8 +206,7 @@ class StreamRunner:
             self._loop()
         finally:
             self._lease.release()
-            if self._clients.atomic is not None:
-                self._clients.atomic.close()
+            self._sink.close()
         self.stats.stopped_by = self._stop_reason
         return self.stats
 
@@ -246,7 +224,7 @@ class StreamRunner:
                     self._stop.wait(self.interval_s)
                     continue
                 n = self.stats.batches + 1
-                summary = run_batch(self.spark, self.spec, plan, self.settings, self._clients,
+                summary = run_batch(self.spark, self.spec, plan, self.settings, self._sink,
                                     extra={"stream": self._progress(n)})
             except Exception as exc:  # noqa: BLE001 - decided below: retried, or raised
                 if self._stop.is_set():

@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 JARS   := .local/jars
 MVN    := mvn -q -B -s jvm/settings.xml -f jvm/pom.xml
 
-.PHONY: demo demo-avro test test-quick chaos soak bench bench-stream bench-page bench-scale wheel compat install jars postgres redis chromium compose-tool kafka-start kafka-stop cluster-up cluster-down airflow-up airflow-down clean
+.PHONY: demo demo-avro test test-quick chaos soak bench bench-stream bench-page bench-scale structure wheel compat install jars postgres redis chromium compose-tool kafka-start kafka-stop cluster-up cluster-down airflow-up airflow-down clean
 
 demo: install jars
 	$(VENV)/bin/kafka-eos demo
@@ -35,6 +35,11 @@ QUICK_WORKERS ?= 2
 test-quick: install jars
 	@echo "make test-quick: unit tests and quick integration tests (about a minute)"
 	$(VENV)/bin/pytest -n $(QUICK_WORKERS) -m "quick or not integration" tests/unit tests/integration $(PYTEST_ARGS)
+
+# The structure's measures (docs/architecture.md, "Structure"): import cycles, imports from a lower
+# layer to a higher one, imports inside functions, switches on a sink's kind or scope.
+structure:
+	python3 tests/structure.py
 
 # The SQL sink is tested on PostgreSQL too: Debian's server package (the tests start a
 # throwaway cluster of their own on 127.0.0.1).

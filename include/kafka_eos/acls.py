@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 
 from kafka_eos.audit import AUDIT_TOPIC
 from kafka_eos.errors import BrokerError, KafkaEosError
-from kafka_eos.kafka_admin import READER_GROUP_PREFIX
+from kafka_eos.kafka_admin import READER_GROUP_PREFIX, transaction_admin
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
 
@@ -67,7 +67,7 @@ def required_acls(spec: PipelineSpec, role: str = "pipeline") -> list[Acl]:
     if role not in ROLES:
         raise KafkaEosError(f"acls: role {role!r} is not one of {', '.join(ROLES)}")
     sink, group = spec.sink, spec.source.group_id
-    kafka = sink.kind == "kafka"
+    kafka = sink.about.transactional  # its commits are Kafka transactions, its output Kafka topics
     acls: list[Acl] = []
 
     def add(resource_type: str, name: str, operation: str, why: str, pattern: str = "LITERAL") -> None:
@@ -279,8 +279,6 @@ def _cluster_operations(admin) -> set[str]:
 def _describable_txids(settings: KafkaSettings, txids: list[str]) -> set[str]:
     """Those of ``txids`` the principal may describe (one kafka-python client for them all)."""
     from kafka.errors import TransactionalIdAuthorizationFailedError
-
-    from kafka_eos.health.attribute import admin as transaction_admin
 
     client = transaction_admin(settings)
     found = set()

@@ -451,7 +451,7 @@ def cmd_pipelines(args) -> int:
         except Exception as exc:  # noqa: BLE001 - a broken spec gets its own row, hides no other
             row["error"] = one_line(exc)
             continue
-        row.update(name=spec.name, sink=spec.sink.kind, target=spec.sink.topic if spec.sink.kind == "kafka" else spec.sink.table,
+        row.update(name=spec.name, sink=spec.sink.kind, target=spec.sink.target,
                    commit=spec.sink.commit)
     # What the operator page reads, in its batched reads (one offsets query for every partition of
     # every pipeline), with the newest run of each; and every stream's lease, in one request.

@@ -194,6 +194,15 @@ def topics_metadata(settings: KafkaSettings, topics: Iterable[str], timeout_s: f
     return retrying(once, timeout_s) if names else TopicsMetadata({}, {}, settings.bootstrap_servers)
 
 
+def transaction_admin(settings: KafkaSettings):
+    """A kafka-python admin client for ``settings`` (close it after use): the admin API of
+    transactions (list, describe; abort by the protocol), which confluent-kafka does not have."""
+    # kafka-python: only the transaction tools need it; every other client is confluent-kafka's.
+    from kafka import KafkaAdminClient
+
+    return KafkaAdminClient(**settings.kafka_python_config(), client_id="kafka-eos-health")
+
+
 def partitions_of(settings: KafkaSettings, topics: Iterable[str], role: str = "topic",
                   md: TopicsMetadata | None = None) -> dict[str, int]:
     """Number of partitions per topic.

@@ -38,17 +38,15 @@ def source_partitions(spec: PipelineSpec, settings: KafkaSettings, md: TopicsMet
     """
     md = md or topics_metadata(settings, needed_topics(spec))
     counts = partitions_of(settings, spec.source.topics, "source", md)
-    if spec.sink.kind == "kafka":
-        partitions_of(settings, [spec.sink.topic], "sink", md)
-    if spec.sink.dlq_topic:
-        partitions_of(settings, [spec.sink.dlq_topic], "dead-letter", md)
+    for topic, role in ((spec.sink.topic, "sink"), (spec.sink.dlq_topic, "dead-letter")):
+        if topic:
+            partitions_of(settings, [topic], role, md)
     return [(t, p) for t, n in counts.items() for p in range(n)]
 
 
 def needed_topics(spec: PipelineSpec) -> list[str]:
     """The topics a run of ``spec`` checks before it plans: its sources, its Kafka sink, its dead letters."""
-    return [*spec.source.topics, *([spec.sink.topic] if spec.sink.kind == "kafka" else []),
-            *([spec.sink.dlq_topic] if spec.sink.dlq_topic else [])]
+    return [*spec.source.topics, *spec.sink.topics]
 
 
 def checkpoints(spec: PipelineSpec, settings: KafkaSettings, tps: list[TP]) -> tuple[dict[TP, int | None], list[Drift]]:
@@ -99,7 +97,7 @@ def _plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str, cks, offsets
     history = starts = None
     if any(ck is None for ck in cks.values()):
         state = state or ManifestStore.of(spec, settings).state()
-        if spec.sink.kind == "kafka" and not state.complete and all(ck is None for ck in cks.values()):
+        if spec.sink.about.transactional and not state.complete and all(ck is None for ck in cks.values()):
             raise CheckpointLost(
                 f"group {spec.source.group_id!r} has no committed offsets, and the manifest {spec.manifest_topic!r} "
                 "holds records of earlier runs but its memory of their checkpoints is gone (retention): "
@@ -108,7 +106,7 @@ def _plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str, cks, offsets
         # start, whenever a partition without a checkpoint is planned.
         if spec.source.starting_offsets == "latest":
             starts = state.starts or {}
-        if spec.sink.kind == "kafka":
+        if spec.sink.about.transactional:  # the group's offsets are the checkpoints: the manifest remembers them
             history = state.checkpoints
     plan = plan_ranges(spec, run_id, offsets, cks, stale=stale, history=history, starts=starts)
     return plan, starts is not None and not starts and all(ck is None for ck in cks.values())
@@ -178,7 +176,7 @@ def refresh_checkpoints(spec: PipelineSpec, settings: KafkaSettings, *, every: b
     owner = stream_owner(spec, settings)
     if owner is not None:
         return _refresh_skipped(spec, owner.describe())
-    if spec.sink.kind == "sql":  # no transactional id a stream holds: nothing to fence
+    if not spec.sink.about.transactional:  # no transactional id a stream holds: nothing to fence
         return _refresh(spec, settings, every, next_in_s)
     lease = StreamLease(spec, settings, holder=REFRESH_PREFIX)
     try:
@@ -277,7 +275,7 @@ def past_killed_attempt(spec: PipelineSpec, settings: KafkaSettings, read: Calla
         cause = exc.__cause__
         timed_out = isinstance(cause, KafkaException) and cause.args[0].code() in (
             KafkaError._TIMED_OUT, KafkaError.UNSTABLE_OFFSET_COMMIT)
-        if not (may_fence and timed_out and spec.sink.kind == "kafka"):
+        if not (may_fence and timed_out and spec.sink.about.transactional):
             raise
     tps = source_partitions(spec, settings)
     log.warning("the offsets of group %s are held by an open transaction (an attempt killed before its "

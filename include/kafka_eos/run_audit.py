@@ -22,6 +22,7 @@ from kafka_eos.kafka_admin import partition_offsets
 from kafka_eos.manifest import COMMITTED, ManifestStore
 from kafka_eos.readers import count_committed
 from kafka_eos.settings import KafkaSettings
+from kafka_eos.sinks.scope import sink_of
 from kafka_eos.spec import PipelineSpec
 
 #: The verdict that makes ``kafka-eos audit`` exit non-zero.
@@ -75,7 +76,7 @@ def _audit_run(spec: PipelineSpec, settings: KafkaSettings, manifest: ManifestSt
               if r["until"] > r["from_offset"]}
     starts = {tp: o.log_start for tp, o in partition_offsets(settings, list(ranges)).items()} if ranges else {}
     readable = {tp: span for tp, span in ranges.items() if starts.get(tp, 0) <= span[0]}
-    if spec.sink.kind == "kafka" and spec.sink.commit == "per_partition":
+    if sink_of(spec, settings).partition_records:
         _run, parts = manifest.run_records(run_id)
         written = {tp: part.get("records_out", 0) + part.get("dead_letters", 0) for tp in ranges
                    if (part := parts.get(f"{tp[0]}-{tp[1]}")) is not None}

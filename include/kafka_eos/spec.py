@@ -113,6 +113,75 @@ class SinkSpec:
     #: compatibility rule refuses it); False: it must be registered already.
     auto_register: bool = True
 
+    @property
+    def about(self) -> "SinkKind":
+        """What this kind of sink is (:data:`SINK_KINDS`)."""
+        return SINK_KINDS[self.kind]
+
+    @property
+    def target(self) -> str:
+        """Where results go: the topic or the table."""
+        return getattr(self, self.about.target)
+
+    @property
+    def dead_letters(self) -> str | None:
+        """Where dead letters go: the dead-letter topic (None: a dead letter fails the run) or table."""
+        return getattr(self, self.about.dead_letters)
+
+    @property
+    def backfill_target(self) -> str | None:
+        """Where side runs' results go (None: side runs are refused)."""
+        return getattr(self, self.about.backfill)
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        """The Kafka topics a live run writes: its output and dead-letter topics, where set."""
+        return tuple(t for t in (self.topic, self.dlq_topic) if t)
+
+    def describe(self) -> str:
+        """The place, in words (a DAG's page)."""
+        return self.about.described.format(**{k: getattr(self, k) for k in (
+            "topic", "dlq_topic", "table", "merge", "dead_letters_table")})
+
+
+@dataclass(frozen=True)
+class SinkKind:
+    """What differs between the kinds of sink, as data: a place that must tell the kinds apart
+    reads it here (``spec.sink.about``) instead of comparing ``sink.kind``. How each kind commits
+    is its sink's type (:func:`kafka_eos.sinks.scope.sink_of`)."""
+
+    #: The spec's fields naming where results go, where dead letters go, where side runs' results go.
+    target: str
+    dead_letters: str
+    backfill: str
+    #: Commits are Kafka transactions under the pipeline's transactional ids and the checkpoints
+    #: are the group's offsets committed in them (the manifest remembers them); else the sink's
+    #: database holds its own checkpoints and the group mirrors them.
+    transactional: bool
+    #: A side run's rows are promoted into the live place by a SQL statement the run's note gives.
+    promoted_by_sql: bool
+    #: How a DAG's page names the place (``str.format`` over the sink's fields).
+    described: str
+    #: What ``kafka-eos validate`` checks of this kind beyond what every pipeline needs.
+    checks: tuple[str, ...]
+    #: Fields :func:`spec_document` always writes for this kind, and those it writes when not default.
+    fields: tuple[str, ...]
+    optional_fields: tuple[tuple[str, Any], ...] = ()
+
+
+SINK_KINDS: dict[str, SinkKind] = {
+    "kafka": SinkKind("topic", "dlq_topic", "backfill_topic", transactional=True, promoted_by_sql=False,
+                      described="Kafka topic `{topic}` (dead letters: topic `{dlq_topic}`)",
+                      checks=("transaction timeout", "output schemas"),
+                      fields=("transaction_timeout_s",),
+                      optional_fields=(("format", "json"), ("key_format", "raw"), ("subject_strategy", "topic_name"),
+                                       ("schema", None), ("key_schema", None), ("auto_register", True))),
+    "sql": SinkKind("table", "dead_letters_table", "backfill_table", transactional=False, promoted_by_sql=True,
+                    described="SQL table `{table}` (merge `{merge}`; dead letters: table `{dead_letters_table}`)",
+                    checks=("database",),
+                    fields=("key_columns", "merge")),
+}
+
 
 #: ``schedule: stream``: the pipeline's DAG runs whenever committed records wait beyond its
 #: checkpoint (an Airflow asset watched by a trigger), not on a clock.
@@ -159,17 +228,14 @@ def spec_document(spec: PipelineSpec) -> dict:
     for key in ("topic", "dlq_topic", "backfill_topic", "backfill_dlq_topic", "table", "backfill_table", "url"):
         if getattr(s, key) is not None:
             sink[key] = getattr(s, key)
-    if s.kind == "kafka":
-        sink["transaction_timeout_s"] = s.transaction_timeout_s
-    if s.kind == "sql":
-        sink.update(key_columns=list(s.key_columns), merge=s.merge)
+    for key in s.about.fields:
+        value = getattr(s, key)
+        sink[key] = list(value) if isinstance(value, tuple) else value
     if s.on_refused_record != "dead_letter":
         sink["on_refused_record"] = s.on_refused_record
-    if s.kind == "kafka":
-        for key, default in (("format", "json"), ("key_format", "raw"), ("subject_strategy", "topic_name"),
-                             ("schema", None), ("key_schema", None), ("auto_register", True)):
-            if getattr(s, key) != default:
-                sink[key] = getattr(s, key)
+    for key, default in s.about.optional_fields:
+        if getattr(s, key) != default:
+            sink[key] = getattr(s, key)
     src = spec.source
     doc = {"name": spec.name, "transform": spec.transform, "sink": sink, "manifest_topic": spec.manifest_topic,
            "source": {"topics": list(src.topics), "group_id": src.group_id,

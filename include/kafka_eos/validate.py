@@ -41,11 +41,11 @@ def validate(spec: PipelineSpec, settings: KafkaSettings, ref: str | None = None
         else:
             checks.append(Check(False, f"topic {plan.name}",
                                 f"{plan.role}: missing (`kafka-eos topics create {ref or spec.name} --yes` creates it)"))
-    if spec.sink.kind == "kafka":
+    if "transaction timeout" in spec.sink.about.checks:
         checks.append(_transaction_timeout(spec, settings))
     checks.append(_permissions(spec, settings, ref))
     checks += _checkpoints(spec, settings, [p for p in plans if p.role == "source" and not p.missing])
-    if spec.sink.kind == "sql":
+    if "database" in spec.sink.about.checks:
         checks.append(_database(spec))
     checks += _registry(spec, settings)
     return checks
@@ -70,7 +70,7 @@ def _registry(spec: PipelineSpec, settings: KafkaSettings) -> list[Check]:
         checks.append(Check(False, "source schemas", str(exc)))
     sink = spec.sink
     for column, fmt, schema_file in (("key", sink.key_format, sink.key_schema), ("value", sink.format, sink.schema)):
-        if sink.kind != "kafka" or fmt not in REGISTRY_FORMATS:
+        if "output schemas" not in sink.about.checks or fmt not in REGISTRY_FORMATS:
             continue
         try:
             registry = Registry.of(settings, f"{spec.path}: sink format {fmt}")

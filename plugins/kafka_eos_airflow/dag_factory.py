@@ -170,10 +170,7 @@ def _options(options: DagOptions | None, kwargs: dict[str, Any]) -> DagOptions:
 def _doc_md(spec: PipelineSpec) -> str:
     src = spec.source
     sink = spec.sink
-    if sink.kind == "kafka":
-        target = f"Kafka topic `{sink.topic}` (dead letters: topic `{sink.dlq_topic}`)"
-    else:
-        target = f"SQL table `{sink.table}` (merge `{sink.merge}`; dead letters: table `{sink.dead_letters_table}`)"
+    target = sink.describe()
     return "\n".join([
         f"### kafka-eos pipeline `{spec.name}`",
         "",

@@ -505,7 +505,7 @@ class KafkaEosVerifyOperator(_PipelineOperator):
                       summary["records_out"], summary["dead_letters"])
         if side is not None:
             summary["writes_to"] = side_writes_to(live_spec)
-            if live_spec.sink.kind == "sql":
+            if live_spec.sink.about.promoted_by_sql:
                 summary["promote_sql"] = promote_statement(live_spec, side_json)
                 from kafka_eos.backfill.places import promote_caveat
 

@@ -126,9 +126,8 @@ def _side_results(spec: PipelineSpec) -> str:
     """Where a replay's results go, for the form (never the live output, table or dead letters)."""
     from kafka_eos.backfill.places import writes_to
 
-    if (spec.sink.backfill_topic if spec.sink.kind == "kafka" else spec.sink.backfill_table) is None:
-        field = "sink.backfill_topic" if spec.sink.kind == "kafka" else "sink.backfill_table"
-        return f" Needs `{field}` in the spec: a replay never writes the live output."
+    if spec.sink.backfill_target is None:
+        return f" Needs `sink.{spec.sink.about.backfill}` in the spec: a replay never writes the live output."
     promote = (" The run's note gives the SQL statement that copies a checked replay into the live table."
-               if spec.sink.kind == "sql" else "")
+               if spec.sink.about.promoted_by_sql else "")
     return f" Results go to {writes_to(spec)}, never to the live output.{promote}"

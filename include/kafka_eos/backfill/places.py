@@ -20,18 +20,15 @@ RANGE_COLUMN, GENERATION_COLUMN = "kafka_eos_range", "kafka_eos_generation"
 def check_side_runs(spec: PipelineSpec, kind: str = "side run") -> None:
     """:raises SpecError: ``spec`` has no place of its own for side runs' results (a Kafka sink
         without ``sink.backfill_topic``, a SQL sink without ``sink.backfill_table``)."""
-    if spec.sink.kind == "kafka" and not spec.sink.backfill_topic:
-        raise SpecError(f"{spec.path}: sink.backfill_topic: required for a {kind} of a kafka sink (its "
-                        "results never go to the live output topic)")
-    if spec.sink.kind == "sql" and not spec.sink.backfill_table:
-        raise SpecError(f"{spec.path}: sink.backfill_table: required for a {kind} of a sql sink (its "
-                        "results never go to the live table)")
+    if not spec.sink.backfill_target:
+        raise SpecError(f"{spec.path}: sink.{spec.sink.about.backfill}: required for a {kind} of a {spec.sink.kind} "
+                        f"sink (its results never go to the live output {spec.sink.about.target})")
 
 
 def writes_to(spec: PipelineSpec) -> str:
     """Where side runs of ``spec`` write, in words (the trigger form, a run's summary)."""
     s = spec.sink
-    if s.kind == "kafka":
+    if not s.about.promoted_by_sql:
         dlq = f"; dead letters to `{s.backfill_dlq_topic or s.backfill_topic}`" if s.dlq_topic else ""
         return f"topic `{s.backfill_topic}` (headers {RANGE_HEADER}, {GENERATION_HEADER}){dlq}"
     return (f"table `{s.backfill_table}` in the sink's database (columns {RANGE_COLUMN}, {GENERATION_COLUMN}); "
@@ -40,7 +37,7 @@ def writes_to(spec: PipelineSpec) -> str:
 
 def promote_caveat(spec: PipelineSpec) -> str:
     """What a person must know before running :func:`promote_sql` of ``spec`` ("" when nothing)."""
-    if spec.sink.kind == "sql" and spec.sink.merge == "add":
+    if spec.sink.merge == "add":  # a sql sink's (a kafka sink has no merge)
         return ("merge: add: each key's live row is set to this range's total; promote ranges holding all of a "
                 "key's records")
     return ""

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kafka_eos.errors import RegistryError, mentions
+from kafka_eos.formats.columns import DECODED, REASON
 from kafka_eos.formats.registry import SCHEMA_TYPES, Registered, Registry
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import REGISTRY_FORMATS, PipelineSpec
@@ -36,9 +37,6 @@ from kafka_eos.transforms import DLQ_REASON
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import Column, DataFrame
 
-#: Prefix of the decoded columns while decoding (``_kafka_eos_value``) and of their reasons.
-DECODED = "_kafka_eos_"
-REASON = "_reason"
 #: The error a one-pass run's guard raises at the first record that does not decode.
 UNDECODABLE = "kafka-eos: a record does not decode: "
 

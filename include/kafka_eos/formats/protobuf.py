@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 from kafka_eos.errors import RegistryError
+from kafka_eos.formats.columns import DECODED, REASON
 
 
 @functools.lru_cache(maxsize=64)
@@ -200,8 +201,6 @@ def decoder(column: str, reader: str, writers: dict[int, str], subjects: str, ar
     letter, never decoded as the wrong message.
 
     :param writers: every schema the records may have been written with, by id."""
-    from kafka_eos.formats import DECODED, REASON
-
     def run(batches: Iterator) -> Iterator:
         import pyarrow as pa
         from google.protobuf.message import DecodeError

@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from typing import Iterable
 
 from kafka_eos.health.stall import Stall
+from kafka_eos.kafka_admin import transaction_admin as admin  # kafka-python's: it lists and describes transactions
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
 
@@ -28,13 +29,6 @@ log = logging.getLogger(__name__)
 HANGING, LONG_RUNNING, UNLISTED = "hanging", "long-running", "unlisted"
 #: Coordinator states of a transaction still in progress.
 _ACTIVE = {"Ongoing", "PrepareCommit", "PrepareAbort"}
-
-
-def admin(settings: KafkaSettings):
-    """A kafka-python admin client for ``settings`` (close it after use)."""
-    from kafka import KafkaAdminClient
-
-    return KafkaAdminClient(**settings.kafka_python_config(), client_id="kafka-eos-health")
 
 
 def pipeline_of(transactional_id: str | None, specs: Iterable[PipelineSpec]) -> str | None:

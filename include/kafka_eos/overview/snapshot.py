@@ -40,8 +40,7 @@ CACHE_TTL_S = 5.0
 def _sink(spec: PipelineSpec) -> dict:
     sink = spec.sink
     return {"kind": sink.kind, "commit": sink.commit,
-            "target": sink.topic if sink.kind == "kafka" else sink.table,
-            "dead_letters": sink.dlq_topic if sink.kind == "kafka" else "kafka_eos_dead_letters"}
+            "target": sink.target, "dead_letters": sink.dead_letters}
 
 
 def _run(rec: dict) -> dict:

@@ -80,6 +80,9 @@ class Sink(ABC):
     #: Whether a formatted source is decoded in one pass, a record that does not decode failing
     #: the job (then two passes); a sink that reads its source twice anyway decodes in two.
     decodes_in_one_pass = True
+    #: Whether each source partition's transaction writes a manifest record of its own (its range
+    #: and counts), beside the run's (``kafka-eos audit`` compares each with the source).
+    partition_records = False
 
     def __init__(self, spec: PipelineSpec, settings: KafkaSettings, keep: bool = False) -> None:
         self.spec = spec

@@ -76,6 +76,7 @@ class PerPartitionSink(KafkaSink):
     """A Kafka sink in ``per_partition`` scope (the module's steps)."""
 
     commits_on_driver = False
+    partition_records = True
 
     def commit(self, plan: Plan, output: Output, record: dict) -> Outcome:
         """Steps 1–5."""

@@ -102,6 +102,9 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c requirements.txt -r requirements-dev.txt -e ".[postgres,celery]"
+	@# The lab (include/kafka_eos_lab: benchmarks, fault matrix, soak, the fault probe) is the
+	@# repository's and never in the wheel: on this environment's path through a path file.
+	echo "$(CURDIR)/include" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kafka_eos_lab.pth"
 	touch $@
 
 jars: $(JARS)/kafka/.resolved $(JARS)/spark/.resolved $(JARS)/registry/.resolved $(JARS)/connect/.built
@@ -153,7 +156,7 @@ $(JARS)/registry/.resolved: jvm/registry/pom.xml
 # and through Spark Connect servers with and without kafka-eos's plugin, and a Spark executor (the
 # application's JVM) killed mid-read under spark-submit.
 chaos: install jars postgres redis
-	$(PY) -m kafka_eos.chaos $(CHAOS_ARGS)
+	$(PY) -m kafka_eos_lab.chaos $(CHAOS_ARGS)
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests/dags/test_celery_workers.py
 	$(VENV)/bin/pytest -q -p no:cacheprovider -m chaos tests/integration/test_read_faults.py \
 	  tests/integration/test_spark_connect.py
@@ -165,7 +168,7 @@ chaos: install jars postgres redis
 SOAK_MINUTES ?= 60
 
 soak: install jars postgres
-	SOAK_MINUTES=$(SOAK_MINUTES) SOAK_SEED=$(SOAK_SEED) $(PY) -m kafka_eos.soak
+	SOAK_MINUTES=$(SOAK_MINUTES) SOAK_SEED=$(SOAK_SEED) $(PY) -m kafka_eos_lab.soak
 
 # Throughput beside plain at-least-once Spark and Kafka's own perf tools, fixed costs, the planner
 # and memory (a table on stdout; .local/bench/throughput.json and throughput.png; about 30 minutes on 2 cores).
@@ -176,10 +179,10 @@ soak: install jars postgres
 bench: install jars $(JARS)/jdbc/.resolved postgres
 	$(PY) -m pip install -q -r requirements-bench.txt
 	failed=""; \
-	$(PY) -m kafka_eos.bench.throughput $(BENCH_ARGS) || failed="$$failed throughput"; \
-	$(PY) -m kafka_eos.bench.scale || failed="$$failed scale"; \
-	$(PY) -m kafka_eos.bench.stream_latency --forms continuous --rates 1000 --commit atomic || failed="$$failed stream-atomic"; \
-	$(PY) -m kafka_eos.bench.stream_latency --forms continuous --rates 1000 --commit per_partition || failed="$$failed stream-per_partition"; \
+	$(PY) -m kafka_eos_lab.bench.throughput $(BENCH_ARGS) || failed="$$failed throughput"; \
+	$(PY) -m kafka_eos_lab.bench.scale || failed="$$failed scale"; \
+	$(PY) -m kafka_eos_lab.bench.stream_latency --forms continuous --rates 1000 --commit atomic || failed="$$failed stream-atomic"; \
+	$(PY) -m kafka_eos_lab.bench.stream_latency --forms continuous --rates 1000 --commit per_partition || failed="$$failed stream-per_partition"; \
 	if [ -n "$$failed" ]; then echo "make bench: anomalies in:$$failed"; exit 1; fi
 
 # A big estate: 100 pipelines in one folder (the DAG file's parse as the dag-processor measures it,
@@ -187,17 +190,17 @@ bench: install jars $(JARS)/jdbc/.resolved postgres
 # and after 3,000 other topics (12,000 partitions) were created beside them. Figures against their
 # targets on stdout and in .local/bench/scale.json; about 4 minutes. SCALE_ARGS: e.g. --pipelines 20.
 bench-scale: install jars
-	$(PY) -m kafka_eos.bench.scale $(SCALE_ARGS)
+	$(PY) -m kafka_eos_lab.bench.scale $(SCALE_ARGS)
 
 # End-to-end latency and throughput of continuous mode and of event-driven runs (figures on stdout
 # and in .local/bench/stream_latency.json; about 15 minutes). BENCH_ARGS: e.g. --forms continuous --rates 1000.
 bench-stream: install jars
-	$(PY) -m kafka_eos.bench.stream_latency $(BENCH_ARGS)
+	$(PY) -m kafka_eos_lab.bench.stream_latency $(BENCH_ARGS)
 
 # How long the operator page's read of the cluster takes for 50 pipelines over 1,000 partitions
 # (about 6 minutes, most of it setting them up). BENCH_ARGS: e.g. --pipelines 10 --partitions 5.
 bench-page: install jars
-	$(PY) -m kafka_eos.bench.overview $(BENCH_ARGS)
+	$(PY) -m kafka_eos_lab.bench.overview $(BENCH_ARGS)
 
 kafka-start: install jars
 	$(VENV)/bin/kafka-eos kafka start

@@ -30,6 +30,10 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # Operators run in-process without a Kafka connection: the tests' broker stands in, as in the
 # local Airflow of `kafka-eos airflow start` (tests/unit/test_airflow_config.py turns it off).
 os.environ.setdefault("AIRFLOW__KAFKA_EOS__LOCAL_BROKER_FALLBACK", "True")
+# The fault probe on the commit path's points (kafka_eos.probes), in this process and, through the
+# environment, in every process the tests start: crash and pause tests arm it by its settings
+# (KAFKA_EOS_CRASH_AT, KAFKA_EOS_PAUSE_AT). The wheel has none: a deployment's points do nothing.
+import kafka_eos_lab.faults  # noqa: E402,F401 - installs the probe; sets KAFKA_EOS_PROBES for children
 
 
 ROOT = Path(__file__).resolve().parents[1]

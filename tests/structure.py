@@ -24,7 +24,7 @@ PACKAGES = {"kafka_eos": ROOT / "include" / "kafka_eos", "kafka_eos_lab": ROOT /
 #: The library's layers, low to high: a module's layer is the first whose prefix names it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("kafka_eos.errors", "kafka_eos.paths", "kafka_eos.settings", "kafka_eos.logs",
-              "kafka_eos.wire", "kafka_eos.transforms", "kafka_eos.oauth", "kafka_eos.probes", "kafka_eos.faults")),
+              "kafka_eos.wire", "kafka_eos.transforms", "kafka_eos.oauth", "kafka_eos.probes", "kafka_eos_lab.faults")),
     ("core", ("kafka_eos.console", "kafka_eos.spec", "kafka_eos.plan", "kafka_eos.kafka_admin", "kafka_eos.manifest", "kafka_eos.txn",
               "kafka_eos.readers", "kafka_eos.audit", "kafka_eos.topics", "kafka_eos.lease", "kafka_eos.acls",
               "kafka_eos.spark_io", "kafka_eos.formats", "kafka_eos.sample_data")),
@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                       "kafka_eos.demo", "kafka_eos.demo_avro")),
     ("entry", ("kafka_eos.cli", "kafka_eos.__main__")),
     ("provider", ("kafka_eos_airflow", "spark_apps")),
-    ("lab", ("kafka_eos_lab", "kafka_eos.bench", "kafka_eos.chaos", "kafka_eos.soak")),
+    ("lab", ("kafka_eos_lab", "kafka_eos_lab.bench", "kafka_eos_lab.chaos", "kafka_eos_lab.soak")),
 ]
 
 #: A comparison of a sink's kind or commit scope with a value: a place that chooses by scope.

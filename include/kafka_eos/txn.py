@@ -33,7 +33,7 @@ from typing import Callable, Iterable, Sequence
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from kafka_eos.errors import CheckpointConflict, CheckpointLost, ProducerFenced, TransactionFailed, TransactionTimedOut
-from kafka_eos.faults import armed, fault_point
+from kafka_eos.probes import armed, point
 from kafka_eos.kafka_admin import committed_offsets, group_client, offset_metadata
 from kafka_eos.plan import PartitionRange
 from kafka_eos.settings import KafkaSettings
@@ -261,15 +261,15 @@ class TransactionalCommit:
             # built again, and its init fences that one back. Nothing was read or written yet.
             self._producer, self.producer_was = None, "rebuilt"
         out, dead = self._produce_records(records)  # 3. produce, every record acknowledged
-        fault_point("before_offsets")
+        point("before_offsets")
         if not offsets_sent:
             self._send_offsets()  # 3b. the consumed offsets, into the same transaction
         for topic, key, record in manifest(out, dead):  # 3c. the manifest record(s), inside it too
             self._produce(topic, key, json.dumps(record, sort_keys=True), None)
         # 3d. Commit. A retriable failure here is retried by _call; commit is idempotent.
-        fault_point("before_commit")
+        point("before_commit")
         self._call("commit_transaction", lambda: self._producer.commit_transaction(CALL_TIMEOUT_S))
-        fault_point("after_commit")
+        point("after_commit")
         return CommitResult("committed", out, dead, self.producer_was)
 
     def _already_committed(self) -> bool:
@@ -314,7 +314,7 @@ class TransactionalCommit:
                     out += 1
                 if out + dead == 100 and armed("after_produce"):
                     self._producer.flush(CALL_TIMEOUT_S)  # part of the output is on the broker
-                    fault_point("after_produce")
+                    point("after_produce")
         except (KafkaException, SystemError) as exc:
             # Only the error is kept, never an exception: a traceback kept in this frame would
             # keep ``records`` (and a one-pass Spark job behind it) alive until a cyclic collection.

@@ -251,7 +251,7 @@ def airflow_deployment(kafka_settings, free_ports, postgres_url):
     once per session, stopped at its end.
 
     ``deployment.pause_dir``: the commits' pause points (``before_commit``, ``before_sql_commit``,
-    see :mod:`kafka_eos.faults`) are set for every task and armed only while this folder exists: a
+    see :mod:`kafka_eos_lab.faults`) are set for every task and armed only while this folder exists: a
     test makes it to hold one run's commit there (the worker-kill tests)."""
     from sqlalchemy import create_engine, text
 

@@ -24,8 +24,8 @@ SEED = 21
 
 @pytest.mark.timeout(1800)
 def test_a_five_minute_soak_under_faults_audits_to_zero(tmp_path, free_ports):
-    from kafka_eos.soak.faults import schedule
-    from kafka_eos.soak.run import run
+    from kafka_eos_lab.soak.faults import schedule
+    from kafka_eos_lab.soak.run import run
 
     assert [kind for _, kind in schedule(SEED, SOAK_MINUTES)] == ["broker_stop", "worker_kill"]
     result = run(tmp_path / "soak", SOAK_MINUTES, SEED, base_port=free_ports(12))

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from kafka_eos.chaos.__main__ import render
-from kafka_eos.chaos.scenarios import cells_of, run_matrix
+from kafka_eos_lab.chaos.__main__ import render
+from kafka_eos_lab.chaos.scenarios import cells_of, run_matrix
 from kafka_eos.kafka_admin import broker_config, cluster_metadata, create_topics
 from kafka_eos.local.kafka import LocalCluster
 from kafka_eos.settings import KafkaSettings

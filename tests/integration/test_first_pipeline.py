@@ -22,6 +22,7 @@ import pytest
 from kafka_eos import kafka_admin
 from kafka_eos.local.airflow import LocalAirflow
 from kafka_eos.readers import read_committed
+from kafka_eos_lab import faults
 from waiting import wait_until
 from wheel_build import build_wheel
 
@@ -75,7 +76,12 @@ def test_the_first_pipeline_guide_runs_as_written(tmp_path_factory, kafka_settin
     packages = {name.rsplit("/", 1)[0] for name in zipfile.ZipFile(wheel).namelist() if name.endswith(".py")}
     assert {"kafka_eos", "kafka_eos/local", "kafka_eos/health", "kafka_eos/stream", "kafka_eos/backfill",
             "kafka_eos/overview", "kafka_eos/sinks", "kafka_eos_airflow", "spark_apps", "spark_apps/transforms"} <= packages
-    assert not {"kafka_eos/bench", "kafka_eos/chaos", "kafka_eos/soak"} & packages  # the repository's, not the runtime's
+    # The lab is the repository's, not the runtime's: no benchmark, fault matrix, soak or fault probe.
+    assert not [p for p in packages if p.split("/")[0] == "kafka_eos_lab" or p.split("/")[-1] in ("bench", "chaos", "soak")]
+    with zipfile.ZipFile(wheel) as whl:
+        texts = {n: whl.read(n).decode() for n in whl.namelist() if n.endswith(".py")}
+    assert not [n for n, text in texts.items() if any(setting in text for setting in faults.SETTINGS)]
+    assert "kafka_eos/probes.py" in texts  # the points, which do nothing without a probe
     shutil.copy(wheel, project)
     shutil.copy(ROOT / "requirements.txt", project)
     _forget_the_guides_pipeline(kafka_settings)

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from kafka_eos import kafka_admin
-from kafka_eos.chaos.scenarios import SCENARIOS, run_matrix
+from kafka_eos_lab.chaos.scenarios import SCENARIOS, run_matrix
 from kafka_eos.readers import read_committed
 from kafka_eos.sample_data import produce_orders
 

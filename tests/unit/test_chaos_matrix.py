@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from kafka_eos.chaos.brokers import coordinator_partition, java_hash
-from kafka_eos.chaos.scenarios import QUICK, SCENARIOS, SINKS, STEPS, cells_of
+from kafka_eos_lab.chaos.brokers import coordinator_partition, java_hash
+from kafka_eos_lab.chaos.scenarios import QUICK, SCENARIOS, SINKS, STEPS, cells_of
 
 INCLUDE = Path(__file__).resolve().parents[2] / "include" / "kafka_eos"
 
@@ -30,7 +30,7 @@ def test_coordinator_partition_follows_kafkas_utils_abs():
 
 def test_every_step_is_a_fail_point_the_code_passes():
     source = "".join(p.read_text() for p in INCLUDE.rglob("*.py"))
-    passed = set(re.findall(r'fault_point\("(\w+)"\)', source))
+    passed = set(re.findall(r'\bpoint\("(\w+)"\)', source))
     named = {point for by_sink in STEPS.values() for point in by_sink.values() if point}
     assert named <= passed, named - passed
 

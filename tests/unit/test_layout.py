@@ -33,7 +33,7 @@ def test_spark_apps_import_only_the_library():
 
 #: The one writer that uses Spark's own (at-least-once) Kafka sink on purpose: ``make bench``'s
 #: baseline, what kafka-eos is measured against. It never writes a pipeline's results.
-AT_LEAST_ONCE_BASELINE = ROOT / "spark_apps" / "bench_baseline.py"
+AT_LEAST_ONCE_BASELINE = ROOT / "include" / "kafka_eos_lab" / "bench" / "baseline_app.py"
 
 
 def test_at_least_once_spark_kafka_sink_is_never_used():

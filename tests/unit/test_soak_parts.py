@@ -13,10 +13,10 @@ from types import SimpleNamespace
 
 from kafka_eos.health import watch_threshold_s
 from kafka_eos.sample_data import MALFORMED, order_record
-from kafka_eos.soak.audit import SourceRecord, eur_rates, revenue, valid_order
-from kafka_eos.soak.faults import KINDS, QUIET_S, schedule
-from kafka_eos.soak.lag import Sample, recovered_at
-from kafka_eos.soak.report import lag_svg, recovery_table
+from kafka_eos_lab.soak.audit import SourceRecord, eur_rates, revenue, valid_order
+from kafka_eos_lab.soak.faults import KINDS, QUIET_S, schedule
+from kafka_eos_lab.soak.lag import Sample, recovered_at
+from kafka_eos_lab.soak.report import lag_svg, recovery_table
 
 
 def test_the_schedule_is_the_seeds_quiet_at_both_ends_and_meets_every_kind_in_an_hour():
@@ -117,7 +117,7 @@ class FakeAirflow:
 
 
 def test_the_operator_runs_the_runbook_as_its_answers_lead_once_per_held_partition(monkeypatch):
-    from kafka_eos.soak import operator as op
+    from kafka_eos_lab.soak import operator as op
 
     monkeypatch.setattr(op.time, "sleep", lambda s: None)
     airflow = FakeAirflow()

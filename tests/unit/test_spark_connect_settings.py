@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kafka_eos import faults
+from kafka_eos_lab import faults
 from kafka_eos.errors import KafkaEosError
 from kafka_eos.local.airflow import LocalAirflow, connections_environ
 from kafka_eos.local.spark_connect import SERVER_CLASS, LocalSparkConnect
@@ -164,8 +164,17 @@ def test_fail_points_carried_to_another_process_apply_inside_the_block_only(monk
     with faults.applied({**carried, "KAFKA_EOS_CRASH_AT": "after_produce:1000000"}):
         assert faults.armed("after_produce") and faults.armed("before_commit")
         assert os.environ["KAFKA_EOS_PAUSE_DIR"] == str(tmp_path)
-        faults.fault_point("after_produce")  # counted, not yet the pass that kills
+        faults.point("after_produce")  # counted, not yet the pass that kills
     assert not faults.armed("after_produce") and not faults.armed("before_commit")
     assert "KAFKA_EOS_PAUSE_DIR" not in os.environ
     with faults.applied({}):  # nothing carried: the process keeps its own (a cluster's executors)
         assert not faults.armed("after_produce")
+
+
+def test_the_lab_installs_its_fault_probe_here_and_names_it_to_the_processes_it_starts():
+    import kafka_eos_lab
+    from kafka_eos import probes
+
+    assert kafka_eos_lab.PROBES_ENV == probes.PROBES_ENV
+    assert os.environ[probes.PROBES_ENV] == "kafka_eos_lab.faults"
+    assert probes._probe is faults

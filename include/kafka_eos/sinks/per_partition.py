@@ -51,7 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
-from kafka_eos import faults
+from kafka_eos import probes
 from kafka_eos.errors import DeadLetterWithoutTopic, RangeMismatch, RecordRefused, SpecError
 from kafka_eos.kafka_admin import TP
 from kafka_eos.manifest import COMMITTED, NOOP, ManifestStore, now_iso, partition_key, run_key
@@ -388,10 +388,10 @@ def _commit_task(spec: PipelineSpec, plan: Plan, settings: KafkaSettings, owner:
                  keep: bool, dead: dict):
     """Step 2: the ``mapInArrow`` function of the commit job; one transaction per task."""
     ranges = {r.tp: r for r in plan.active}
-    fail_points = faults.carried()  # the run's test settings reach a Connect server's workers too
+    fail_points = probes.carried()  # the run's test settings reach a Connect server's workers too
 
     def run(arrow_batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
-        with faults.applied(fail_points):
+        with probes.applied(fail_points):
             yield from _run(arrow_batches)
 
     def _run(arrow_batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:

@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from kafka_eos.errors import CheckpointConflict
-from kafka_eos.faults import fault_point
+from kafka_eos.probes import point
 from kafka_eos.formats import dead_letter_bytes
 from kafka_eos.kafka_admin import TP, alter_group_offsets
 from kafka_eos.manifest import COMMITTED, ManifestStore, now_iso, run_key
@@ -92,7 +92,7 @@ class SqlSink(Sink):
         finally:
             if source is not None:
                 source.unpersist()
-        fault_point("after_sql_commit")
+        point("after_sql_commit")
         # 5. The mirror: standard lag tools see progress; the planner repairs it if this is lost.
         self.store.publish_checkpoints(self.settings, [r.tp for r in plan.active], plan.planned_ms)
         if status == COMMITTED:

@@ -29,7 +29,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DataError, IntegrityError, ProgrammingError
 
 from kafka_eos.errors import CheckpointConflict, RecordRefused, SpecError
-from kafka_eos.faults import fault_point
+from kafka_eos.probes import point
 from kafka_eos.kafka_admin import TP, alter_group_offsets
 from kafka_eos.manifest import COMMITTED, NOOP, now_iso
 from kafka_eos.paths import local_dir
@@ -378,7 +378,7 @@ class SqlStore:
                 # one per source record (a transform may give a record several rows).
                 for batch in _batches(iter(self._refused_letters(table, refused, plan))):
                     dead += self._insert_refused(conn, batch)
-            fault_point("before_sql_commit")
+            point("before_sql_commit")
         return COMMITTED, out, dead
 
     def _upsert_refusing(self, conn, table: Table, rows: list[dict]) -> list[tuple[dict, Exception]]:

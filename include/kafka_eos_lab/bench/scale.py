@@ -1,6 +1,6 @@
 """How kafka-eos fares in a big estate: a hundred pipelines in one folder, a cluster of thousands of topics.
 
-    python -m kafka_eos.bench.scale [--pipelines 100] [--extra-topics 3000] [--extra-partitions 4]
+    python -m kafka_eos_lab.bench.scale [--pipelines 100] [--extra-topics 3000] [--extra-partitions 4]
 
 On a broker of its own (127.0.0.1, a free port, its data under the bench's folder, stopped at the
 end), so that "empty" is empty and the thousands of topics never reach the local broker:
@@ -115,7 +115,7 @@ def build_folder(settings, folder: Path, pipelines: int) -> list:
     broken spec). Returns the specs, loaded from their files."""
     from confluent_kafka import Producer
 
-    from kafka_eos.bench.overview import _summary
+    from kafka_eos_lab.bench.overview import _summary
     from kafka_eos.kafka_admin import create_topics
     from kafka_eos.pipeline import prepare_plan
     from kafka_eos.sinks.atomic import atomic_commit
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     from kafka_eos.local.kafka import LocalBroker
     from kafka_eos.paths import local_dir
 
-    parser = argparse.ArgumentParser(prog="python -m kafka_eos.bench.scale", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m kafka_eos_lab.bench.scale", description=__doc__.split("\n\n")[0])
     parser.add_argument("--pipelines", type=int, default=100)
     parser.add_argument("--extra-topics", type=int, default=3000)
     parser.add_argument("--extra-partitions", type=int, default=4)

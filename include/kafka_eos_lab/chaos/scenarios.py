@@ -2,7 +2,7 @@
 aborted, a ``kafka-eos run`` process that meets the fault, the retries a scheduler would make
 (same run id), then the checkers.
 
-Faults are placed with the fail points of :mod:`kafka_eos.faults`: the run pauses at a step of its
+Faults are placed with the fail points of :mod:`kafka_eos_lab.faults`: the run pauses at a step of its
 commit, the fault is injected (a broker hit, a newer attempt run to its end, time passing), the run
 goes on. Crashes kill the process at the step itself.
 """
@@ -22,8 +22,8 @@ from pathlib import Path
 import yaml
 
 from kafka_eos import kafka_admin
-from kafka_eos.chaos import brokers
-from kafka_eos.chaos.checks import Counts, Verifier, count, sql_writes, wait_settled
+from kafka_eos_lab.chaos import brokers
+from kafka_eos_lab.chaos.checks import Counts, Verifier, count, sql_writes, wait_settled
 from kafka_eos.local.kafka import LocalCluster
 from kafka_eos.sample_data import produce_orders
 from kafka_eos.settings import KafkaSettings
@@ -127,7 +127,7 @@ def spec_for(name: str, sink: str, folder: Path, transaction_timeout_s: int = 30
     """A pipeline over fresh topics for one cell of the matrix, its spec file written to ``folder``."""
     source = {"topics": [f"{name}.in"]}
     if sink == "sql":
-        doc = {"name": name, "source": source, "transform": "kafka_eos.chaos.transforms:times_per_id",
+        doc = {"name": name, "source": source, "transform": "kafka_eos_lab.chaos.transforms:times_per_id",
                "sink": {"kind": "sql", "table": "chaos_times", "key_columns": ["order_id"], "merge": "add",
                         "url": f"sqlite:///{folder / 'sink.db'}"}}
     else:

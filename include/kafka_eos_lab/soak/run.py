@@ -11,13 +11,13 @@ from pathlib import Path
 
 from kafka_eos.kafka_admin import partition_offsets, partitions_of
 from kafka_eos.pipeline import checkpoints
-from kafka_eos.soak import report
-from kafka_eos.soak.audit import Check, audit
-from kafka_eos.soak.faults import FaultDriver
-from kafka_eos.soak.lag import LagSampler
-from kafka_eos.soak.load import Load
-from kafka_eos.soak.operator import Operator
-from kafka_eos.soak.world import RUNBOOK_DAG, SOURCE, STREAM, STREAM_DAG, WATCHDOG_DAG, World, pipeline_dag
+from kafka_eos_lab.soak import report
+from kafka_eos_lab.soak.audit import Check, audit
+from kafka_eos_lab.soak.faults import FaultDriver
+from kafka_eos_lab.soak.lag import LagSampler
+from kafka_eos_lab.soak.load import Load
+from kafka_eos_lab.soak.operator import Operator
+from kafka_eos_lab.soak.world import RUNBOOK_DAG, SOURCE, STREAM, STREAM_DAG, WATCHDOG_DAG, World, pipeline_dag
 
 #: After the load stops: the minute's runs, a retry's delay, a stream's restart, a stranger's abort.
 CATCH_UP_S = 900.0

@@ -1,7 +1,7 @@
 """``make bench``: kafka-eos's throughput beside plain at-least-once Spark and the broker's own
 ceiling, its fixed costs, its planner, and its memory.
 
-    python -m kafka_eos.bench.throughput [--records 300000] [--sizes 1,4] [--repeat 3] [--skip airflow,postgres]
+    python -m kafka_eos_lab.bench.throughput [--records 300000] [--sizes 1,4] [--repeat 3] [--skip airflow,postgres]
 
 On the local broker (started if needed) unless ``KAFKA_BOOTSTRAP_SERVERS`` is set, one after
 another on the same generated orders (about 200-byte JSON values, 6 partitions, transactions of
@@ -287,7 +287,7 @@ def run_baseline(work: Path, settings: KafkaSettings, source: Input, remote: str
 
     spec = bench_spec(work, settings, source, "baseline")
     plan, _drift = compute_plan(spec, settings, "bench")
-    app, args = PROJECT_ROOT / "spark_apps" / "bench_baseline.py", ["--spec", spec.path, "--plan", str(_plan_file(work, plan))]
+    app, args = Path(__file__).with_name("baseline_app.py"), ["--spec", spec.path, "--plan", str(_plan_file(work, plan))]
     argv = [sys.executable, str(app), *args, "--spark-remote", remote] if remote else spark_submit(app, args)
     m = run_measured(argv, spark_env(settings, work), work / f"{spec.name}.log")
     if m.returncode != 0:
@@ -319,7 +319,7 @@ def run_jdbc_baseline(work: Path, settings: KafkaSettings, source: Input, url: s
     if not driver:
         raise RuntimeError(f"no PostgreSQL JDBC driver in {jars_dir('jdbc')}: make bench resolves it")
     plan, _drift = compute_plan(spec, settings, "bench")
-    app = PROJECT_ROOT / "spark_apps" / "bench_baseline.py"
+    app = Path(__file__).with_name("baseline_app.py")
     m = run_measured(spark_submit(app, ["--spec", spec.path, "--plan", str(_plan_file(work, plan)),
                                         "--table", spec.sink.table], jars=driver),
                      spark_env(settings, work), work / f"{spec.name}.log")

@@ -5,5 +5,5 @@ one committed, a producer stalled past its transaction timeout — and checkers 
 what exactly-once forbids: records lost or duplicated, aborted input visible, output left in open
 transactions, checkpoints that disagree with the output, SQL and Kafka checkpoints apart.
 
-``python -m kafka_eos.chaos`` (``make chaos``) prints the table and exits 1 on any anomaly.
+``python -m kafka_eos_lab.chaos`` (``make chaos``) prints the table and exits 1 on any anomaly.
 """

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 
 from kafka_eos.pipeline import checkpoint_rows
-from kafka_eos.soak.world import World
+from kafka_eos_lab.soak.world import World
 
 #: Often enough to see a minute's runs; cheap enough beside them (one offsets request per pipeline).
 SAMPLE_EVERY_S = 10.0

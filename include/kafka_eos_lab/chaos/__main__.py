@@ -1,4 +1,4 @@
-"""``python -m kafka_eos.chaos`` (``make chaos``): the fault matrix on the local three-node cluster.
+"""``python -m kafka_eos_lab.chaos`` (``make chaos``): the fault matrix on the local three-node cluster.
 
 Prints a row per scenario and sink as each ends, then the table; exits 1 on any anomaly (a
 checker above zero, a pipeline that did not get through its retries, a scenario that broke).
@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from kafka_eos.chaos.scenarios import SINKS, Outcome, cells_of, run_matrix
+from kafka_eos_lab.chaos.scenarios import SINKS, Outcome, cells_of, run_matrix
 from kafka_eos.console import table
 from kafka_eos.local.kafka import LocalCluster
 from kafka_eos.paths import local_dir
@@ -33,7 +33,7 @@ def render(outcomes: list[Outcome]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kafka_eos.chaos", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m kafka_eos_lab.chaos", description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", action="append", help="run the scenarios whose name contains this (repeatable)")
     parser.add_argument("--sink", action="append", choices=SINKS, help="only this sink (repeatable)")
     parser.add_argument("--quick", action="store_true", help="only the few scenarios `make test` runs")

@@ -24,7 +24,7 @@ from kafka_eos.backfill.side import (GENERATION_COLUMN, GENERATION_HEADER, RANGE
 from kafka_eos.kafka_admin import TP, partition_offsets, partitions_of
 from kafka_eos.pipeline import checkpoint_rows, checkpoints
 from kafka_eos.readers import committed_messages
-from kafka_eos.soak.world import SOURCE, WATCHDOG_DAG, World
+from kafka_eos_lab.soak.world import SOURCE, WATCHDOG_DAG, World
 from kafka_eos.wire import DEAD_LETTER_HEADER_NAMES
 
 #: The orders transform's validation, restated (spark_apps.transforms.orders): these fields, a

@@ -10,7 +10,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field
 
-from kafka_eos.soak.world import RUNBOOK_DAG, STREAM_DAG, World, pipeline_dag
+from kafka_eos_lab.soak.world import RUNBOOK_DAG, STREAM_DAG, World, pipeline_dag
 
 #: How often the operator looks at the alerts and the failed runs.
 LOOK_EVERY_S = 10.0

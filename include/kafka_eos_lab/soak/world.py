@@ -33,7 +33,7 @@ SOURCE = "orders"
 SOURCE_PARTITIONS = 3
 #: The third pipeline: the bundled orders pipeline as a stream, atomic scope, outputs of its own.
 STREAM = "orders_stream"
-#: The DAG runs' fail point (:mod:`kafka_eos.faults`): a process passing it while the token file is
+#: The DAG runs' fail point (:mod:`kafka_eos_lab.faults`): a process passing it while the token file is
 #: absent creates the file and is killed there. The fault driver arms it by removing the file.
 CRASH_POINT = "before_commit"
 #: The DAGs the soak drives, by the ids kafka-eos's DAG factory gives them (the REST API names DAGs by id).

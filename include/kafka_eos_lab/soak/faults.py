@@ -22,14 +22,14 @@ from pathlib import Path
 from confluent_kafka import Producer
 from confluent_kafka.admin import NewPartitions
 
-from kafka_eos.chaos import brokers
+from kafka_eos_lab.chaos import brokers
 from kafka_eos.errors import BrokerError
 from kafka_eos.health import watch_threshold_s
 from kafka_eos.kafka_admin import admin_client, admin_result, partition_offsets, partitions_of
 from kafka_eos.pipeline import checkpoints
 from kafka_eos.sample_data import make_order
-from kafka_eos.soak import load
-from kafka_eos.soak.world import SOURCE, STREAM, World, pipeline_dag
+from kafka_eos_lab.soak import load
+from kafka_eos_lab.soak.world import SOURCE, STREAM, World, pipeline_dag
 
 KINDS = ("broker_kill", "broker_term", "broker_stop", "task_kill", "scheduler_kill", "triggerer_kill",
          "worker_kill", "stream_restart", "stranger", "replay", "backfill", "add_partition")

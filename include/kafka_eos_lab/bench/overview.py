@@ -1,6 +1,6 @@
 """How long the operator page's read of the cluster takes at scale:
 
-    python -m kafka_eos.bench.overview [--pipelines 50] [--partitions 20]
+    python -m kafka_eos_lab.bench.overview [--pipelines 50] [--partitions 20]
 
 Creates ``--pipelines`` pipelines, each over a source topic of its own with ``--partitions``
 partitions (50 × 20 = 1,000 partitions by default): a few committed records in every partition, a
@@ -76,7 +76,7 @@ def _summary(spec, plan) -> list:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kafka_eos.bench.overview", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m kafka_eos_lab.bench.overview", description=__doc__.split("\n\n")[0])
     parser.add_argument("--pipelines", type=int, default=50)
     parser.add_argument("--partitions", type=int, default=20, help="source partitions per pipeline")
     args = parser.parse_args(argv)

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kafka_eos.console import table
-from kafka_eos.soak.lag import Sample, recovered_at
+from kafka_eos_lab.soak.lag import Sample, recovered_at
 
 #: Recovery's target: every pipeline back past the LSOs of a fault's end within this long of it.
 RECOVERY_TARGET_S = 120.0

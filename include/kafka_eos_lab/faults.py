@@ -1,4 +1,6 @@
-"""Fail points for the crash tests and the fault matrix. Unset, a fail point costs one comparison.
+"""The fault probe of the crash tests and the fault matrix: it acts at the commit path's points
+(:mod:`kafka_eos.probes`) as the environment asks. Importing it installs it; the tests and the lab
+name it in ``KAFKA_EOS_PROBES`` so that every process they start installs it too. Not in the wheel.
 
 ``KAFKA_EOS_CRASH_AT=<point>[:<n>]`` SIGKILLs this process the n-th time (default 1st) it passes
 ``<point>``. Points, in the order a commit passes them:
@@ -23,18 +25,21 @@ run to its end, a stall past the transaction timeout. While ``<dir>`` does not e
 a long-lived deployment can carry the setting and a test arm it for one run by making the folder.
 
 Where the process that commits does not inherit the run's environment (a Spark Connect server's
-Python workers), the task carries the run's settings (:func:`carried`) and applies them while it
-runs (:func:`applied`).
+Python workers), the task carries the run's settings (:func:`carried`, through
+:func:`kafka_eos.probes.carried`) and applies them while it runs (:func:`applied`).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+from kafka_eos import probes
 
 _SPEC = os.environ.get("KAFKA_EOS_CRASH_AT", "")
 _POINT, _, _N = _SPEC.partition(":")
@@ -87,7 +92,7 @@ def armed(point: str) -> bool:
     return point == _POINT or point in _PAUSE_AT.split(",")
 
 
-def fault_point(point: str) -> None:
+def point(point: str) -> None:
     """Pause here, or SIGKILL this process (or its executor), when the environment asks for it (tests only)."""
     if point in _PAUSE_AT.split(","):
         _pause(point)
@@ -133,3 +138,5 @@ def _executor_pid() -> int:
         # /proc/<pid>/stat: "pid (comm) state ppid ..."; comm may hold spaces, so split after ')'.
         pid = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
     raise RuntimeError(f"KAFKA_EOS_CRASH_KILL=executor: process {os.getpid()} does not run under a Spark executor")
+
+probes.install(sys.modules[__name__], __name__)

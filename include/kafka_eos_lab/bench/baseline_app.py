@@ -4,8 +4,8 @@ or, for a spec with a SQL sink, with Spark's own JDBC writer (``df.write.jdbc(mo
 results into ``--table``, dead letters into ``<table>_dead``; PostgreSQL's JDBC driver on
 ``--jars``).
 
-    spark-submit --jars <connector jars> spark_apps/bench_baseline.py --spec S --plan P
-    python spark_apps/bench_baseline.py --spec S --plan P --spark-remote sc://127.0.0.1:15002
+    spark-submit --jars <connector jars> include/kafka_eos_lab/bench/baseline_app.py --spec S --plan P
+    python include/kafka_eos_lab/bench/baseline_app.py --spec S --plan P --spark-remote sc://127.0.0.1:15002
 
 It reads the plan's ranges exactly as kafka-eos does (:func:`kafka_eos.spark_io.read_ranges`),
 applies the spec's transform, and writes results to the sink topic and dead letters to the
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     from kafka_eos.spec import load_spec
     from kafka_eos.transforms import DLQ_REASON
 
-    parser = argparse.ArgumentParser(prog="bench_baseline")
+    parser = argparse.ArgumentParser(prog="baseline_app")
     parser.add_argument("--spec", required=True)
     parser.add_argument("--plan", required=True)
     parser.add_argument("--spark-remote", help="run on this Spark Connect server (a plain Python process)")

@@ -1,4 +1,4 @@
-"""``python -m kafka_eos.soak`` (``make soak``): a soak of ``SOAK_MINUTES`` (default 60) with the
+"""``python -m kafka_eos_lab.soak`` (``make soak``): a soak of ``SOAK_MINUTES`` (default 60) with the
 faults of ``SOAK_SEED`` (default: a new seed, printed); exits 1 unless every audit number is zero.
 The report (tables and the lag chart) goes to ``.local/soak/<time>/report``."""
 
@@ -14,13 +14,13 @@ from kafka_eos.paths import local_dir
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kafka_eos.soak", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m kafka_eos_lab.soak", description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=float(os.environ.get("SOAK_MINUTES") or 60))
     parser.add_argument("--seed", type=int, default=int(os.environ.get("SOAK_SEED") or random.randrange(1, 10**6)))
     parser.add_argument("--port", type=int, default=int(os.environ.get("SOAK_PORT") or 19600),
                         help="the first of the ports it binds on 127.0.0.1 (11 ports from here)")
     args = parser.parse_args(argv)
-    from kafka_eos.soak.run import run
+    from kafka_eos_lab.soak.run import run
 
     home = local_dir() / "soak" / time.strftime("%Y%m%dT%H%M%S")
     print(f"soak: seed {args.seed} (SOAK_SEED={args.seed} repeats its faults), {args.minutes:g} min, under {home}",

@@ -1,7 +1,7 @@
 """Latency and throughput of continuous mode (``kafka-eos stream``) and of event-driven runs
 (``schedule: stream`` under a local Airflow deployment), end to end:
 
-    python -m kafka_eos.bench.stream_latency [--forms continuous,event] [--rates 1000,10000] [--seconds 60]
+    python -m kafka_eos_lab.bench.stream_latency [--forms continuous,event] [--rates 1000,10000] [--seconds 60]
 
 A producer commits records at a fixed rate (a transaction every 100 ms; every 4th tick one more
 transaction, aborted); each committed transaction's commit time is noted when ``commit_transaction()`` returns. A

@@ -1,7 +1,7 @@
 """Runbooks: DAGs an operator triggers from the UI to fix what an alert reported
 (``kafka_eos_runbook_abort_transaction``, ``kafka_eos_airflow.dag_factory.runbook_dag``).
 
-DAG wiring only: the operator lives in plugins/kafka_eos_airflow/runbook.py.
+DAG wiring only: the operator lives in plugins/kafka_eos_airflow/operators/runbook.py.
 """
 
 from __future__ import annotations

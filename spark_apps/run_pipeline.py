@@ -29,6 +29,7 @@ def _unshadow() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     _unshadow()
+    # Imported once the script's own folder no longer shadows the packages it imports.
     from kafka_eos.batch import run_batch
     from kafka_eos.errors import KafkaEosError
     from kafka_eos.plan import Plan

@@ -50,6 +50,8 @@ def pytest_configure(config):
     The workers, started after this, inherit both through the environment."""
     from kafka_eos.settings import BOOTSTRAP_ENV
 
+    if config.option.collectonly:
+        return  # collecting starts no JVM and no broker
     if "SPARK_SUBMIT_OPTS" not in os.environ:
         from kafka_eos.paths import local_dir
         from spark_startup import spark_submit_opts
@@ -129,9 +131,21 @@ def pytest_xdist_make_scheduler(config, log):
     return SharedResourceScheduling(config, log)
 
 
+#: The folders whose tests need the real stack: each of their tests is marked ``integration``
+#: (a ``pytestmark`` in a conftest.py is not read by pytest; a module's own still is).
+INTEGRATION_FOLDERS = ("integration", "dags")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``runs_first`` (the soak: minutes of one test) go first: a worker starts them at
-    the session's start, beside the short ones, instead of ending the session alone with them."""
+    """Every test of :data:`INTEGRATION_FOLDERS` is marked ``integration`` (``make test-quick``
+    selects by it). Tests marked ``runs_first`` (the soak: minutes of one test) go first: a worker
+    starts them at the session's start, beside the short ones, instead of ending the session
+    alone with them."""
+    for item in items:
+        path = Path(str(item.path))
+        parts = path.relative_to(ROOT).parts if path.is_relative_to(ROOT) else ()
+        if len(parts) > 1 and parts[0] == "tests" and parts[1] in INTEGRATION_FOLDERS:
+            item.add_marker(pytest.mark.integration)
     items.sort(key=lambda item: item.get_closest_marker("runs_first") is None)
 
 

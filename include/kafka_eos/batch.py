@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from kafka_eos import formats
-from kafka_eos.errors import SpecError
+from kafka_eos.errors import KafkaEosError, SpecError
 from kafka_eos.manifest import now_iso
 from kafka_eos.plan import Plan
 from kafka_eos.settings import KafkaSettings
@@ -101,7 +101,7 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
 
     Safe to call again with the same plan (an Airflow retry): committed work is a no-op.
 
-    :param sink: a long-lived sink to commit through (a stream's, started); None: this run's own.
+    :param sink: a long-lived sink of ``spec`` to commit through (a stream's); None: this run's own.
     :param extra: more fields for the run's manifest record (a stream's progress).
     """
     if plan.is_empty:
@@ -110,11 +110,12 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
     own = sink is None
     if own:
         sink = sink_of(spec, settings)
+    elif sink.spec.name != spec.name:
+        raise KafkaEosError(f"run {plan.run_id!r} of pipeline {spec.name!r} handed to the sink of {sink.spec.name!r}")
     try:
         # The source's schemas, before Spark starts: a registry that does not answer fails the run here.
         decoders = formats.source_decoders(spec, settings) if any(not r.empty for r in plan.active) else []
-        if own:
-            sink.start()  # the sink's checks, before Spark starts
+        sink.start()  # the sink's checks, before Spark starts (a long-lived sink's: done already)
         guard = bool(decoders) and sink.decodes_in_one_pass
         try:
             outcome = _handed_over(spark, spec, plan, settings, sink, extra, decoders, guard)

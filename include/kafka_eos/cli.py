@@ -19,6 +19,9 @@ import time
 from datetime import datetime, timezone
 from importlib import metadata
 
+# The modules each command runs are imported in its function, not here: every command, `--help`
+# and the quick ones (status, checkpoint, pipelines) included, would otherwise load them all,
+# SQLAlchemy and the local Airflow's and Spark's helpers among them (0.5 s a start instead of 0.15 s).
 from kafka_eos.console import Console, elapsed_since, seconds, table
 from kafka_eos.errors import KafkaEosError
 from kafka_eos.local.kafka import SUPER_USER, LocalBroker, LocalCluster

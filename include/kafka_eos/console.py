@@ -10,6 +10,8 @@ import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator, Sequence, TextIO
 
+from kafka_eos.spark_io import is_connect
+
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
@@ -35,8 +37,6 @@ class Console:
         if self.quiet:
             yield
             return
-        from kafka_eos.spark_io import is_connect
-
         if is_connect(spark):
             with self._connect_progress(spark, interval_s):
                 yield

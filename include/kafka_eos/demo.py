@@ -26,9 +26,11 @@ from kafka_eos.errors import BrokerError, BrokerUnreachable, KafkaEosError
 from kafka_eos.local.kafka import LocalBroker
 from kafka_eos.manifest import ManifestStore
 from kafka_eos.paths import PROJECT_ROOT, local_dir
+from kafka_eos.pipeline import checkpoints, source_partitions
 from kafka_eos.readers import read_committed
 from kafka_eos.sample_data import Produced, produce_orders
 from kafka_eos.settings import KafkaSettings
+from kafka_eos.sinks.sql_store import SqlStore
 from kafka_eos.spec import PipelineSpec, load_spec
 
 PIPELINES = ("orders_enriched", "revenue_per_minute")
@@ -134,7 +136,6 @@ def reset(settings: KafkaSettings, specs: list[PipelineSpec], topics: dict[str, 
         if spec.sink.url is None:
             (local_dir() / "sql" / f"{spec.name}.db").unlink(missing_ok=True)
         else:  # KAFKA_EOS_SQL_URL: the demo's own table and rows only
-            from kafka_eos.sinks.sql_store import SqlStore
 
             SqlStore(spec).forget()
 
@@ -179,8 +180,6 @@ def check_kafka_pipeline(report: Report, settings: KafkaSettings, spec: Pipeline
 def check_sql_pipeline(report: Report, spec: PipelineSpec, truth: Produced, enriched: list) -> None:
     from sqlalchemy import text
 
-    from kafka_eos.sinks.sql_store import SqlStore
-
     sink = SqlStore(spec)
     with sink.engine.connect() as conn:
         count, revenue = conn.execute(text(f"select sum(order_count), sum(revenue_eur) from {spec.sink.table}")).one()
@@ -199,8 +198,6 @@ def check_sql_pipeline(report: Report, spec: PipelineSpec, truth: Produced, enri
 
 
 def check_checkpoints(report: Report, settings: KafkaSettings, spec: PipelineSpec) -> None:
-    from kafka_eos.pipeline import checkpoints, source_partitions
-
     tps = source_partitions(spec, settings)
     cks, drift = checkpoints(spec, settings, tps)
     offs = kafka_admin.partition_offsets(settings, tps)

@@ -18,6 +18,7 @@ from kafka_eos import kafka_admin
 from kafka_eos.batch import run_batch
 from kafka_eos.demo import Report, reset
 from kafka_eos.errors import KafkaEosError
+from kafka_eos.formats.registry import Registry
 from kafka_eos.local.kafka import LocalBroker
 from kafka_eos.local.registry import LocalRegistry
 from kafka_eos.paths import PROJECT_ROOT
@@ -25,6 +26,7 @@ from kafka_eos.pipeline import prepare_plan
 from kafka_eos.readers import read_committed
 from kafka_eos.sample_data import produce_avro_orders
 from kafka_eos.settings import KafkaSettings, RegistrySettings
+from kafka_eos.spark_io import get_session
 from kafka_eos.spec import load_spec
 
 EXAMPLE = PROJECT_ROOT / "include" / "examples" / "orders_avro.yaml"
@@ -36,9 +38,6 @@ def run_avro_demo(bootstrap: str | None = None) -> int:
     from confluent_kafka import Producer
     from confluent_kafka.schema_registry.avro import AvroDeserializer
     from confluent_kafka.serialization import MessageField, SerializationContext
-
-    from kafka_eos.formats.registry import Registry
-    from kafka_eos.spark_io import get_session
 
     broker = LocalBroker.default()
     if bootstrap and bootstrap != broker.bootstrap:

@@ -27,6 +27,7 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from kafka_eos.errors import BrokerError, BrokerUnreachable, TopicMissing
+from kafka_eos.logs import last_client_error
 from kafka_eos.settings import CONNECT_TIMEOUT_ENV, KafkaSettings
 
 #: Bound of one admin call, and of the retries of one read. Calls on a healthy cluster answer
@@ -117,8 +118,6 @@ def check_reachable(settings: KafkaSettings) -> None:
 
     :raises BrokerUnreachable: naming the bootstrap servers, the wait and the last connection error.
     """
-    from kafka_eos.logs import last_client_error
-
     admin = admin_client(settings)
     with last_client_error() as seen:
         try:

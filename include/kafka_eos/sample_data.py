@@ -11,6 +11,7 @@ from datetime import datetime, timedelta, timezone
 
 from confluent_kafka import Producer
 
+from kafka_eos.formats.registry import Registry
 from kafka_eos.readers import settle
 from kafka_eos.settings import KafkaSettings
 
@@ -144,8 +145,6 @@ def produce_avro_orders(settings: KafkaSettings, topic: str, count: int, *, evol
     """
     from confluent_kafka.schema_registry.avro import AvroSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
-
-    from kafka_eos.formats.registry import Registry
 
     client = Registry.of(settings, f"producing Avro orders to {topic}").client
     serializers = [AvroSerializer(client, json.dumps(schema), conf={"auto.register.schemas": True})

@@ -165,6 +165,7 @@ class KafkaSettings:
                 conf[name] = self.extra[key]
         oauth = _oidc(self.extra)
         if oauth is not None:
+            # kafka-python's token provider: loaded only by a connection that logs in with OIDC.
             from kafka_eos.oauth import ClientCredentialsTokenProvider
 
             conf["sasl_oauth_token_provider"] = ClientCredentialsTokenProvider(**oauth)

@@ -17,6 +17,7 @@ import yaml
 
 from kafka_eos.errors import SpecError
 from kafka_eos.paths import pipelines_dir
+from kafka_eos.transforms import identity
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -287,8 +288,6 @@ def resolve_transform(ref: str, where: str = "<inline>") -> Callable:
     :raises SpecError: naming the file, the field and what failed to import.
     """
     if ref == "identity":
-        from kafka_eos.transforms import identity
-
         return identity
     module_name, _, func_name = ref.partition(":")
     if not module_name or not func_name:

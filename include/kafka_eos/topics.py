@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kafka_eos import kafka_admin
+from kafka_eos.audit import AUDIT_RETENTION_MS, AUDIT_TOPIC
+from kafka_eos.manifest import MANIFEST_RETENTION_MS, MANIFEST_SEGMENT_MS
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
 
@@ -44,9 +46,6 @@ def pipeline_topics(spec: PipelineSpec, settings: KafkaSettings,
                     partitions: int | None = None) -> list[TopicPlan]:
     """Every topic of ``spec``, read against the cluster: which exist (and with how many
     partitions), and what a missing one would be created with."""
-    from kafka_eos.audit import AUDIT_RETENTION_MS, AUDIT_TOPIC
-    from kafka_eos.manifest import MANIFEST_RETENTION_MS, MANIFEST_SEGMENT_MS
-
     sink = spec.sink
     names = [*spec.source.topics, sink.topic, sink.dlq_topic, sink.backfill_topic, sink.backfill_dlq_topic,
              spec.manifest_topic, AUDIT_TOPIC]

@@ -12,9 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kafka_eos import kafka_admin
-from kafka_eos.errors import SpecError
+from kafka_eos.acls import PermissionMissing, check, required_acls
+from kafka_eos.errors import RegistryError, SpecError
+from kafka_eos.formats import sink_subject, source_decoders
+from kafka_eos.formats.registry import Registry, SCHEMA_TYPES
 from kafka_eos.settings import KafkaSettings
-from kafka_eos.spec import PipelineSpec
+from kafka_eos.sinks.kafka import check_transaction_timeout
+from kafka_eos.sinks.sql_store import default_url, make_engine
+from kafka_eos.spec import PipelineSpec, REGISTRY_FORMATS
 from kafka_eos.topics import pipeline_topics
 
 #: Topics kafka-eos creates itself when it first writes them.
@@ -54,11 +59,6 @@ def validate(spec: PipelineSpec, settings: KafkaSettings, ref: str | None = None
 def _registry(spec: PipelineSpec, settings: KafkaSettings) -> list[Check]:
     """A formatted pipeline's Schema Registry: it answers, the source's subjects hold schemas of
     the format, and a sink's schema file is one its subject's compatibility rule takes."""
-    from kafka_eos.errors import RegistryError
-    from kafka_eos.formats import sink_subject, source_decoders
-    from kafka_eos.formats.registry import SCHEMA_TYPES, Registry
-    from kafka_eos.spec import REGISTRY_FORMATS
-
     checks = []
     try:
         for d in source_decoders(spec, settings):
@@ -96,8 +96,6 @@ def _registry(spec: PipelineSpec, settings: KafkaSettings) -> list[Check]:
 
 
 def _permissions(spec: PipelineSpec, settings: KafkaSettings, ref: str | None) -> Check:
-    from kafka_eos.acls import PermissionMissing, check, required_acls
-
     try:
         check(spec, settings, spec_ref=ref)
     except PermissionMissing as e:
@@ -107,8 +105,6 @@ def _permissions(spec: PipelineSpec, settings: KafkaSettings, ref: str | None) -
 
 
 def _transaction_timeout(spec: PipelineSpec, settings: KafkaSettings) -> Check:
-    from kafka_eos.sinks.kafka import check_transaction_timeout
-
     try:
         check_transaction_timeout(spec, settings)
     except SpecError as e:
@@ -136,8 +132,6 @@ def _checkpoints(spec: PipelineSpec, settings: KafkaSettings, sources) -> list[C
 
 def _database(spec: PipelineSpec) -> Check:
     from sqlalchemy import text
-
-    from kafka_eos.sinks.sql_store import default_url, make_engine
 
     url = spec.sink.url or default_url(spec)
     engine = make_engine(url)

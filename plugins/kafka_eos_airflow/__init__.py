@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from kafka_eos import __version__
+from kafka_eos_airflow.config import PROVIDER_CONFIG
+
 
 def get_provider_info() -> dict[str, Any]:
     """The provider's description for Airflow's ProvidersManager (read without importing Airflow)."""
-    from kafka_eos import __version__
-    from kafka_eos_airflow.config import PROVIDER_CONFIG
-
     return {
         "package-name": "kafka-eos",
         "name": "kafka-eos",
@@ -29,16 +29,16 @@ def get_provider_info() -> dict[str, Any]:
             "tags": ["apache"],
         }],
         "operators": [{"integration-name": "kafka-eos", "python-modules": [
-            "kafka_eos_airflow.operators", "kafka_eos_airflow.checks", "kafka_eos_airflow.runbook",
-            "kafka_eos_airflow.stream"]}],
-        "sensors": [{"integration-name": "kafka-eos", "python-modules": ["kafka_eos_airflow.sensors"]}],
-        "hooks": [{"integration-name": "kafka-eos", "python-modules": ["kafka_eos_airflow.hooks"]}],
-        "triggers": [{"integration-name": "kafka-eos", "python-modules": ["kafka_eos_airflow.triggers"]}],
+            "kafka_eos_airflow.operators.pipeline", "kafka_eos_airflow.operators.checks", "kafka_eos_airflow.operators.runbook",
+            "kafka_eos_airflow.operators.stream"]}],
+        "sensors": [{"integration-name": "kafka-eos", "python-modules": ["kafka_eos_airflow.sensors.kafka"]}],
+        "hooks": [{"integration-name": "kafka-eos", "python-modules": ["kafka_eos_airflow.hooks.kafka"]}],
+        "triggers": [{"integration-name": "kafka-eos", "python-modules": ["kafka_eos_airflow.triggers.kafka"]}],
         # The connections are of the types their providers register (kafka: apache-kafka, spark:
         # apache-spark, http, smtp); kafka-eos adds none of its own.
-        "notifications": ["kafka_eos_airflow.notifiers.KafkaEosWebhookNotifier",
-                          "kafka_eos_airflow.notifiers.KafkaEosEmailNotifier"],
-        "plugins": [{"name": "kafka_eos", "plugin-class": "kafka_eos_airflow.plugin.KafkaEosPlugin"}],
+        "notifications": ["kafka_eos_airflow.notifications.alerts.KafkaEosWebhookNotifier",
+                          "kafka_eos_airflow.notifications.alerts.KafkaEosEmailNotifier"],
+        "plugins": [{"name": "kafka_eos", "plugin-class": "kafka_eos_airflow.plugins.plugin.KafkaEosPlugin"}],
         # [kafka_eos]: `airflow config list` shows it, AIRFLOW__KAFKA_EOS__* sets it.
         "config": PROVIDER_CONFIG,
     }

@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kafka_eos.paths import pipelines_dir
+
 SECTION = "kafka_eos"
 
 #: The section's options, as Airflow's provider config schema wants them (string defaults).
@@ -77,8 +79,6 @@ def _get(option: str) -> str:
 def pipelines_folder() -> Path:
     """``[kafka_eos] pipelines_folder``; empty: :func:`kafka_eos.paths.pipelines_dir` (its
     environment variable, else ./pipelines)."""
-    from kafka_eos.paths import pipelines_dir
-
     return Path(_get("pipelines_folder").strip() or pipelines_dir())
 
 

@@ -40,17 +40,17 @@ from kafka_eos.errors import SpecError
 from kafka_eos.spec import STREAM_SCHEDULE, YAML_LOADER, PipelineSpec, check_owners, parse_spec, spec_paths
 from kafka_eos.stream import DEFAULT_INTERVAL_S
 from kafka_eos_airflow import config
-from kafka_eos_airflow.assets import sink_alias, source_asset
-from kafka_eos_airflow.checks import CheckpointRefreshOperator, FreshnessCheckOperator
-from kafka_eos_airflow.notifiers import (PIPELINE_DAG_PREFIX, RUNBOOK_DAG_ID, WATCHDOG_DAG_ID, KafkaEosAlertRouter,
+from kafka_eos_airflow.assets.kafka import sink_alias, source_asset
+from kafka_eos_airflow.operators.checks import CheckpointRefreshOperator, FreshnessCheckOperator
+from kafka_eos_airflow.notifications.alerts import (PIPELINE_DAG_PREFIX, RUNBOOK_DAG_ID, WATCHDOG_DAG_ID, KafkaEosAlertRouter,
                                          deadline_missed, failure_notifiers)
-from kafka_eos_airflow.operators import (KafkaEosPlanOperator, KafkaEosSparkSubmitOperator,
+from kafka_eos_airflow.operators.pipeline import (KafkaEosPlanOperator, KafkaEosSparkSubmitOperator,
                                          KafkaEosVerifyOperator)
 from kafka_eos_airflow.params import pipeline_params
-from kafka_eos_airflow.runbook import PARAMS as RUNBOOK_PARAMS
-from kafka_eos_airflow.runbook import AbortApprovalOperator, AbortTransactionOperator, InspectTransactionOperator
-from kafka_eos_airflow.sensors import HungTransactionSensor
-from kafka_eos_airflow.stream import KafkaEosStreamOperator
+from kafka_eos_airflow.operators.runbook import PARAMS as RUNBOOK_PARAMS
+from kafka_eos_airflow.operators.runbook import AbortApprovalOperator, AbortTransactionOperator, InspectTransactionOperator
+from kafka_eos_airflow.sensors.kafka import HungTransactionSensor
+from kafka_eos_airflow.operators.stream import KafkaEosStreamOperator
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@
   OpenLineage RUNNING event of its run: the period's batches, counts and ranges, :func:`stream_facet`)
   and over its whole life (:func:`stream_lineage`, its COMPLETE event).
 - **Assets**: :func:`output_places` gives each place's asset URI too, by the URI schemes of Airflow's
-  providers (:func:`kafka_eos_airflow.assets.sink_asset`).
+  providers (:func:`kafka_eos_airflow.assets.kafka.sink_asset`).
 
 Imported by the tasks only: OpenLineage's client takes most of a second to import, which a DAG file's
 parse must not pay.
@@ -29,6 +29,11 @@ from airflow.providers.common.compat.openlineage.facet import (InputDataset, Out
 
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
+
+# Imported inside the functions that use them, not here: the Kafka clients (kafka_admin, the
+# manifest, pipeline, health), Spark (batch, spark_io), the OpenLineage client (lineage) and
+# Airflow's metrics. The DAG processor imports this module whenever it parses the DAG files,
+# and none of them may load there (tests/dags/test_dagbag.py).
 
 if TYPE_CHECKING:  # pragma: no cover
     from kafka_eos.plan import Plan

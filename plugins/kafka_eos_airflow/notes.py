@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 from kafka_eos.local.airflow import API_CONN_ID
 
-from kafka_eos_airflow.notifiers import connection_or_none
+from kafka_eos_airflow.notifications.alerts import connection_or_none
 
 if TYPE_CHECKING:  # pragma: no cover
     from airflow.sdk import Context

@@ -13,6 +13,7 @@ from typing import Any
 
 from airflow.sdk import Param
 
+from kafka_eos.backfill.places import writes_to
 from kafka_eos.errors import SpecError
 from kafka_eos.spec import PipelineSpec
 
@@ -124,8 +125,6 @@ def _flag(params: Mapping[str, Any], name: str) -> bool:
 
 def _side_results(spec: PipelineSpec) -> str:
     """Where a replay's results go, for the form (never the live output, table or dead letters)."""
-    from kafka_eos.backfill.places import writes_to
-
     if spec.sink.backfill_target is None:
         return f" Needs `sink.{spec.sink.about.backfill}` in the spec: a replay never writes the live output."
     promote = (" The run's note gives the SQL statement that copies a checked replay into the live table."

@@ -64,7 +64,7 @@ def _first_event(trigger) -> dict:
 
 def test_the_committed_data_trigger_fires_on_committed_records_only(kafka_settings, kafka_connection, pipeline,
                                                                      unique):
-    from kafka_eos_airflow.triggers import CommittedDataTrigger
+    from kafka_eos_airflow.triggers.kafka import CommittedDataTrigger
 
     path = pipeline()
     topic = f"in-{unique}"
@@ -90,7 +90,7 @@ GATE_DAG = '''
 from datetime import datetime
 from airflow.sdk import DAG
 from airflow.providers.standard.operators.empty import EmptyOperator
-from kafka_eos_airflow.sensors import CommittedDataSensor
+from kafka_eos_airflow.sensors.kafka import CommittedDataSensor
 
 with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), catchup=False, tags=["test"]) as dag:
     CommittedDataSensor(task_id="wait", pipeline={pipeline!r}, poll_interval_s=1, timeout=3, soft_fail=True,
@@ -116,8 +116,8 @@ def test_the_committed_data_sensor_gates_a_run(run_dag, kafka_settings, kafka_co
 FRESHNESS_DAG = '''
 from datetime import datetime
 from airflow.sdk import DAG
-from kafka_eos_airflow.checks import FreshnessCheckOperator
-from kafka_eos_airflow.notifiers import failure_notifiers
+from kafka_eos_airflow.operators.checks import FreshnessCheckOperator
+from kafka_eos_airflow.notifications.alerts import failure_notifiers
 
 with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), catchup=False, tags=["test"]) as dag:
     FreshnessCheckOperator(task_id="freshness", pipelines={pipelines!r}, retries=0,
@@ -168,7 +168,7 @@ def test_the_freshness_check_alerts_on_old_unprocessed_records(run_dag, kafka_se
 PLAN_DAG = '''
 from datetime import datetime
 from airflow.sdk import DAG
-from kafka_eos_airflow.operators import KafkaEosPlanOperator
+from kafka_eos_airflow.operators.pipeline import KafkaEosPlanOperator
 
 with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), catchup=False, tags=["test"]) as dag:
     KafkaEosPlanOperator(task_id="plan", pipeline={pipeline!r}, retries=0)
@@ -235,7 +235,7 @@ def test_the_asset_watcher_fires_on_committed_records_only_once_per_new_lso(kafk
                                                                             pipeline, unique, killed_transaction):
     from airflow.triggers.base import BaseEventTrigger
 
-    from kafka_eos_airflow.triggers import CommittedDataEventTrigger
+    from kafka_eos_airflow.triggers.kafka import CommittedDataEventTrigger
 
     path = pipeline()
     topic = f"in-{unique}"
@@ -272,7 +272,7 @@ def test_the_asset_watcher_fires_on_committed_records_only_once_per_new_lso(kafk
 REFRESH_DAG = '''
 from datetime import datetime
 from airflow.sdk import DAG
-from kafka_eos_airflow.checks import CheckpointRefreshOperator
+from kafka_eos_airflow.operators.checks import CheckpointRefreshOperator
 
 with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), catchup=False, tags=["test"]) as dag:
     CheckpointRefreshOperator(task_id="refresh_checkpoints", pipelines={pipelines!r}, next_in_s=600, retries=0)

@@ -79,7 +79,7 @@ def test_the_replay_field_says_where_results_go_never_the_live_place(dagbag):
 
 def test_the_watchdog_watches_every_pipeline_and_alerts(dagbag):
     from kafka_eos.spec import spec_paths
-    from kafka_eos_airflow.notifiers import KafkaEosEmailNotifier, KafkaEosWebhookNotifier
+    from kafka_eos_airflow.notifications.alerts import KafkaEosEmailNotifier, KafkaEosWebhookNotifier
 
     dag = dagbag.dags["kafka_eos_watchdog"]
     assert dag.doc_md and "kafka-eos" in dag.tags and dag.max_active_runs == 1 and dag.catchup is False
@@ -156,7 +156,7 @@ def test_a_stream_spec_is_scheduled_on_its_source_asset_watched_by_a_read_only_t
     from airflow.sdk.definitions.timetables.assets import AssetTriggeredTimetable
 
     from kafka_eos.spec import parse_spec
-    from kafka_eos_airflow.triggers import CommittedDataEventTrigger
+    from kafka_eos_airflow.triggers.kafka import CommittedDataEventTrigger
 
     spec = parse_spec({"name": "ev", "source": {"topics": ["t"]}, "sink": {"kind": "kafka", "topic": "o"},
                        "schedule": "stream"}, str(tmp_path / "ev.yaml"))
@@ -166,14 +166,14 @@ def test_a_stream_spec_is_scheduled_on_its_source_asset_watched_by_a_read_only_t
     assert (asset.name, asset.uri) == ("kafka-eos.ev.source", "kafka-eos://ev/source")
     (watcher,) = asset.watchers
     assert isinstance(watcher.trigger, CommittedDataEventTrigger)
-    assert watcher.trigger.serialize() == ("kafka_eos_airflow.triggers.CommittedDataEventTrigger", {
+    assert watcher.trigger.serialize() == ("kafka_eos_airflow.triggers.kafka.CommittedDataEventTrigger", {
         "pipeline": str(tmp_path / "ev.yaml"), "kafka_conn_id": "kafka_eos_kafka", "poll_interval_s": 5.0,
         "refire_after_s": 300.0})
     assert [t.task_id for t in dag.topological_sort()] == ["plan", "spark", "verify"]
 
 
 def test_every_pipeline_has_a_stream_dag_that_restarts_and_alerts(dagbag):
-    from kafka_eos_airflow.stream import KafkaEosStreamOperator
+    from kafka_eos_airflow.operators.stream import KafkaEosStreamOperator
 
     dag = dagbag.dags["kafka_eos_stream__orders_enriched"]
     assert dag.schedule is None and dag.max_active_runs == 1 and "stream" in dag.tags and dag.doc_md
@@ -186,7 +186,7 @@ def test_every_pipeline_has_a_stream_dag_that_restarts_and_alerts(dagbag):
 
 def _hook_with(monkeypatch, conn, registry=None):
     """A hook whose Kafka connection is ``conn`` and registry connection ``registry`` (None: not defined)."""
-    from kafka_eos_airflow.hooks import KafkaEosHook
+    from kafka_eos_airflow.hooks.kafka import KafkaEosHook
 
     hook = KafkaEosHook("some_kafka")
 

@@ -31,7 +31,7 @@ def test_the_factory_options_shape_every_dag_and_two_folders_never_collide(tmp_p
     from airflow.providers.smtp.notifications.smtp import SmtpNotifier
 
     from kafka_eos_airflow.dag_factory import kafka_eos_dags
-    from kafka_eos_airflow.notifiers import KafkaEosAlertRouter, KafkaEosEmailNotifier, KafkaEosWebhookNotifier
+    from kafka_eos_airflow.notifications.alerts import KafkaEosAlertRouter, KafkaEosEmailNotifier, KafkaEosWebhookNotifier
 
     theirs = SmtpNotifier(to="payments-oncall@example.com", subject="{{ ti.dag_id }} failed")
     pay = _folder(tmp_path / "payments", charges={}, refunds={})
@@ -94,7 +94,7 @@ def test_a_freshness_limit_gives_the_pipeline_dag_a_deadline_alerting_through_th
                           deadline_notifiers=[(HttpNotifier, {"http_conn_id": "hooks", "endpoint": "/x"})])
     (deadline,) = dags["kafka_eos__late"].deadline
     assert (type(deadline.reference).__name__, deadline.interval) == ("DagRunQueuedAtDeadline", timedelta(seconds=600))
-    assert deadline.callback.path == "kafka_eos_airflow.notifiers.deadline_missed"
+    assert deadline.callback.path == "kafka_eos_airflow.notifications.alerts.deadline_missed"
     assert deadline.callback.kwargs == {"pipeline": "late", "limit_s": 600, "notifiers": [
         {"classpath": "airflow.providers.http.notifications.http.HttpNotifier",
          "kwargs": {"http_conn_id": "hooks", "endpoint": "/x"}}]}
@@ -112,7 +112,7 @@ def test_the_configuration_section_is_the_providers_and_is_read_from_airflows_co
 
     from kafka_eos_airflow import config, get_provider_info
     from kafka_eos_airflow.dag_factory import kafka_eos_dags
-    from kafka_eos_airflow.hooks import KafkaEosHook
+    from kafka_eos_airflow.hooks.kafka import KafkaEosHook
 
     options = get_provider_info()["config"]["kafka_eos"]["options"]
     assert {"pipelines_folder", "kafka_conn_id", "spark_conn_id", "local_broker_fallback",
@@ -133,8 +133,8 @@ def test_the_configuration_section_is_the_providers_and_is_read_from_airflows_co
     assert (spark._conn_id, spark.kafka_conn_id) == ("spark_yarn", "kafka_default")
     assert dags["kafka_eos_stream__configured"].get_task("stream").spark_conn_id == "spark_yarn"
     # The operator page and the runbook read the same setting.
-    from kafka_eos_airflow.operator_page import _load  # noqa: F401 - importable where the API server runs
-    from kafka_eos_airflow.runbook import AbortTransactionOperator
+    from kafka_eos_airflow.plugins.operator_page import _load  # noqa: F401 - importable where the API server runs
+    from kafka_eos_airflow.operators.runbook import AbortTransactionOperator
 
     assert AbortTransactionOperator(task_id="abort").kafka_conn_id == "kafka_default"
 
@@ -153,7 +153,7 @@ def test_the_configuration_section_is_the_providers_and_is_read_from_airflows_co
 def test_a_named_connection_that_does_not_exist_is_an_error_naming_it(monkeypatch):
     from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
-    from kafka_eos_airflow.hooks import KafkaEosHook
+    from kafka_eos_airflow.hooks.kafka import KafkaEosHook
 
     monkeypatch.setenv("AIRFLOW__KAFKA_EOS__LOCAL_BROKER_FALLBACK", "False")
     monkeypatch.delenv("AIRFLOW_CONN_KAFKA_PROD", raising=False)
@@ -177,7 +177,7 @@ def test_one_kafka_connection_serves_both_kafka_providers(kafka_settings, monkey
 
     from kafka_eos import kafka_admin
     from kafka_eos.readers import read_committed
-    from kafka_eos_airflow.hooks import KafkaEosHook, settings_from_connection
+    from kafka_eos_airflow.hooks.kafka import KafkaEosHook, settings_from_connection
 
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps({"conn_type": "kafka", "extra": {
         "bootstrap.servers": kafka_settings.bootstrap_servers, "group.id": "their-app", "enable.auto.commit": True,
@@ -209,7 +209,7 @@ def test_a_specs_spark_section_reaches_spark_submit(tmp_path, monkeypatch):
 
     from kafka_eos.settings import KafkaSettings
     from kafka_eos.spark_io import connector_conf
-    from kafka_eos_airflow.operators import KafkaEosSparkSubmitOperator
+    from kafka_eos_airflow.operators.pipeline import KafkaEosSparkSubmitOperator
 
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_TEAM", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     spec = parse_spec({**ORDERS, "name": "sized", "spark": {
@@ -241,7 +241,7 @@ from datetime import datetime
 from airflow.providers.http.notifications.http import HttpNotifier
 from airflow.sdk import DAG, task
 from kafka_eos_airflow.dag_factory import DagOptions
-from kafka_eos_airflow.operators import KafkaEosPlanOperator
+from kafka_eos_airflow.operators.pipeline import KafkaEosPlanOperator
 
 # An Airflow notifier of the HTTP provider's own, templated: the only channel of these DAGs.
 options = DagOptions(bundled_notifiers=False, notifiers=[HttpNotifier(
@@ -303,7 +303,7 @@ def test_an_airflow_notifier_of_the_teams_gets_the_alerts_and_the_failures(run_d
 def test_lineage_names_sql_places_by_the_naming_spec_without_credentials():
     from kafka_eos.settings import KafkaSettings
     from kafka_eos.sinks.sql_store import default_url
-    from kafka_eos_airflow.assets import sink_asset
+    from kafka_eos_airflow.assets.kafka import sink_asset
     from kafka_eos_airflow.lineage import output_places
 
     settings = KafkaSettings("broker-1:9092,broker-2:9092")

@@ -126,9 +126,9 @@ def test_a_broken_spec_and_an_unreachable_database_each_get_a_row_and_the_rest_s
     monkeypatch.setenv("KAFKA_EOS_PIPELINES_DIR", str(specs_dir))
 
     # The operator page's read: the plugin's loader and the snapshot.
-    from kafka_eos_airflow import operator_page
+    from kafka_eos_airflow.plugins import operator_page
 
-    monkeypatch.setattr("kafka_eos_airflow.hooks.KafkaEosHook.get_checked_settings", lambda self: kafka_settings)
+    monkeypatch.setattr("kafka_eos_airflow.hooks.kafka.KafkaEosHook.get_checked_settings", lambda self: kafka_settings)
     monkeypatch.setattr(operator_page, "_cache", None)
     page = operator_page.overview()
     by_name = {e["pipeline"]: e for e in page["pipelines"]}
@@ -154,7 +154,7 @@ def test_a_broken_spec_and_an_unreachable_database_each_get_a_row_and_the_rest_s
 def test_every_route_of_the_page_refuses_an_anonymous_request(airflow_deployment):
     from fastapi.routing import APIRoute
 
-    from kafka_eos_airflow.operator_page import URL_PREFIX, app
+    from kafka_eos_airflow.plugins.operator_page import URL_PREFIX, app
 
     routes = [r.path.replace("{name}", "anything") for r in app.routes]
     # What the app serves: the page and its API; FastAPI's schema and docs pages are not served.

@@ -121,7 +121,7 @@ def test_on_yarn_no_secret_reaches_the_spark_submit_command(monkeypatch, tmp_pat
     on Kubernetes, whose hook needs the cncf.kubernetes provider, not installed here): what the
     Spark task gives it must hold no secret."""
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-    from kafka_eos_airflow.operators import KafkaEosSparkSubmitOperator
+    from kafka_eos_airflow.operators.pipeline import KafkaEosSparkSubmitOperator
 
     password = f"pw-{uuid.uuid4().hex}"
     settings = KafkaSettings("b:9092", extra={"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",

@@ -26,7 +26,7 @@ def _events(trigger) -> list:
 
 
 def test_the_trigger_serializes_and_only_reads(kafka_settings, kafka_connection, killed_transaction, unique):
-    from kafka_eos_airflow.triggers import HungTransactionTrigger
+    from kafka_eos_airflow.triggers.kafka import HungTransactionTrigger
 
     topic = f"held-{unique}"
     kafka_admin.create_topics(kafka_settings, {topic: 1})
@@ -48,8 +48,8 @@ def test_the_trigger_serializes_and_only_reads(kafka_settings, kafka_connection,
 SENSOR_DAG = '''
 from datetime import datetime
 from airflow.sdk import DAG
-from kafka_eos_airflow.notifiers import failure_notifiers
-from kafka_eos_airflow.sensors import HungTransactionSensor
+from kafka_eos_airflow.notifications.alerts import failure_notifiers
+from kafka_eos_airflow.sensors.kafka import HungTransactionSensor
 
 with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), catchup=False, tags=["test"]) as dag:
     HungTransactionSensor(task_id="watch", topics={topics!r}, older_than_s={older_than_s}, healthy_for_s=3,
@@ -115,7 +115,7 @@ def test_the_watchdogs_threshold_follows_the_longest_transaction_timeout_of_its_
     import yaml
     from airflow.sdk.exceptions import TaskDeferred
 
-    from kafka_eos_airflow.sensors import HungTransactionSensor
+    from kafka_eos_airflow.sensors.kafka import HungTransactionSensor
 
     paths = []
     for timeout_s in (300, 900):
@@ -143,8 +143,8 @@ def test_the_watchdog_over_a_pipeline_that_never_ran_watches_what_exists(tmp_pat
     from airflow.sdk.exceptions import TaskDeferred
 
     from kafka_eos.errors import BrokerError
-    from kafka_eos_airflow.notifiers import HungTransactionsFound
-    from kafka_eos_airflow.sensors import HungTransactionSensor
+    from kafka_eos_airflow.notifications.alerts import HungTransactionsFound
+    from kafka_eos_airflow.sensors.kafka import HungTransactionSensor
 
     source, out = f"in-{unique}", f"out-{unique}"
     kafka_admin.create_topics(kafka_settings, {source: 1, out: 1})
@@ -191,7 +191,7 @@ def test_a_look_the_cluster_does_not_answer_is_tried_again_then_reported(kafka_s
 
     from kafka_eos.errors import BrokerError
     from kafka_eos.health import detect
-    from kafka_eos_airflow.triggers import HungTransactionTrigger, cluster_away
+    from kafka_eos_airflow.triggers.kafka import HungTransactionTrigger, cluster_away
 
     topic = f"watched-{unique}"
     kafka_admin.create_topics(kafka_settings, {topic: 1})
@@ -207,7 +207,7 @@ def test_a_look_the_cluster_does_not_answer_is_tried_again_then_reported(kafka_s
     assert event["status"] == "unreachable" and event["failing_s"] >= 3, event
     assert "transport" in event["error"].lower() or "timed out" in event["error"].lower(), event
 
-    from kafka_eos_airflow.sensors import HungTransactionSensor
+    from kafka_eos_airflow.sensors.kafka import HungTransactionSensor
 
     sensor = HungTransactionSensor(task_id="hung_transactions", topics=[topic], kafka_conn_id=kafka_connection)
     with pytest.raises(Exception, match=r"(?i)^hung_transactions: the cluster of connection 'kafka_eos_kafka' did not "

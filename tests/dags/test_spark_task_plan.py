@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 def test_spark_task_replans_after_retention_deleted_part_of_the_stored_range(kafka_settings, unique, tmp_path):
     """Before: the Spark task ran the stored plan as it was, and Spark's reader (failOnDataLoss)
     failed on the deleted records on every retry, whatever on_data_loss said."""
-    from kafka_eos_airflow.operators import KafkaEosSparkSubmitOperator
+    from kafka_eos_airflow.operators.pipeline import KafkaEosSparkSubmitOperator
 
     topic = f"in-{unique}"
     kafka_admin.create_topics(kafka_settings, {topic: 1, f"out-{unique}": 1})
@@ -46,7 +46,7 @@ def test_spark_task_of_a_live_run_steps_aside_for_a_stream_that_started_after_it
 
     from kafka_eos.spec import spec_document
     from kafka_eos.lease import StreamLease
-    from kafka_eos_airflow.operators import KafkaEosSparkSubmitOperator
+    from kafka_eos_airflow.operators.pipeline import KafkaEosSparkSubmitOperator
 
     topic = f"in-{unique}"
     kafka_admin.create_topics(kafka_settings, {topic: 1, f"out-{unique}": 1})

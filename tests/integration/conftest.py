@@ -9,9 +9,6 @@ import pytest
 from kafka_eos import kafka_admin
 from kafka_eos.spec import PipelineSpec, parse_spec
 
-pytestmark = pytest.mark.integration
-
-
 @pytest.fixture
 def admin(kafka_settings):
     return kafka_admin.admin_client(kafka_settings)

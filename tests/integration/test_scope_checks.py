@@ -117,7 +117,6 @@ def test_a_small_stream_batch_commits_its_partitions_from_the_driver_and_refuses
 
     spec = make_spec("identity", "kafka", "per_partition")
     sink = sink_of(spec, kafka_settings, keep=True)  # a stream's sink: its commits kept between batches
-    sink.start()
     src = spec.source.topics[0]
     committed = []
     for first, run_id, producers in ((0, "s1", {"built": 3}), (1000, "s2", {"kept": 3})):  # producers kept
@@ -139,7 +138,6 @@ def test_a_small_stream_batch_commits_its_partitions_from_the_driver_and_refuses
     produce_orders(kafka_settings, src, 60, first_seq=2000, abort_every=0, malformed_every=0, transactional_id="r")
     plan = prepare_plan(relabel, kafka_settings, "s3")
     sink = sink_of(relabel, kafka_settings, keep=True)
-    sink.start()
     assert plan.active and all(r.from_offset == ends[r.tp] for r in plan.active)
     with pytest.raises(SpecError, match=r"keeps topic and partition.*; no partition of this run was committed$"):
         run_batch(spark, relabel, plan, kafka_settings, sink)

@@ -42,7 +42,7 @@ def _refresh_by_hand(spec_file: Path, bootstrap: str) -> str:
 
 def test_refreshes_step_aside_for_running_streams_which_keep_their_idle_checkpoints(private_broker, tmp_path,
                                                                                   monkeypatch):
-    from kafka_eos_airflow.checks import CheckpointRefreshOperator
+    from kafka_eos_airflow.operators.checks import CheckpointRefreshOperator
 
     broker = private_broker(offsets_retention_minutes=RETENTION_S // 60, offsets_retention_check_interval_ms=1000)
     settings = KafkaSettings(broker.bootstrap)

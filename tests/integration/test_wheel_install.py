@@ -79,8 +79,8 @@ def test_the_wheel_runs_a_pipeline_in_an_airflow_only_environment(airflow_only, 
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
     })
 
-    _run([str(bin_dir / "python"), "-c", "import kafka_eos_airflow.notifiers, kafka_eos_airflow.dag_factory, "
-          "kafka_eos_airflow.operator_page, kafka_eos_airflow.stream"], env, work)
+    _run([str(bin_dir / "python"), "-c", "import kafka_eos_airflow.notifications.alerts, kafka_eos_airflow.dag_factory, "
+          "kafka_eos_airflow.plugins.operator_page, kafka_eos_airflow.operators.stream"], env, work)
     providers = _json_out(_run([str(bin_dir / "airflow"), "providers", "list", "-o", "json"], env, work))
     assert "kafka-eos" in {p["package_name"] for p in providers}
     section = _run([str(bin_dir / "airflow"), "config", "list", "--section", "kafka_eos", "--show-values"], env, work)

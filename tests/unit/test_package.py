@@ -38,3 +38,30 @@ def test_the_provider_is_the_packages_entry_point():
     assert plugin.load().name == "kafka_eos"
     scripts = {e.name: e.value for e in metadata.entry_points(group="console_scripts") if e.dist.name == "kafka-eos"}
     assert scripts == {"kafka-eos": "kafka_eos.cli:main"}
+
+
+def test_the_old_import_paths_work_for_one_release_with_a_deprecation_warning():
+    """The provider took Airflow's layout (hooks/, operators/, ...): every name of the old
+    modules is still found there, with a warning naming where it lives now."""
+    import warnings
+
+    from airflow.exceptions import AirflowProviderDeprecationWarning
+
+    moved = {"hooks": ("KafkaEosHook", "kafka_eos_airflow.hooks.kafka"),
+             "operators": ("KafkaEosPlanOperator", "kafka_eos_airflow.operators.pipeline"),
+             "sensors": ("HungTransactionSensor", "kafka_eos_airflow.sensors.kafka"),
+             "triggers": ("CommittedDataTrigger", "kafka_eos_airflow.triggers.kafka"),
+             "assets": ("sink_alias", "kafka_eos_airflow.assets.kafka"),
+             "checks": ("FreshnessCheckOperator", "kafka_eos_airflow.operators.checks"),
+             "runbook": ("AbortTransactionOperator", "kafka_eos_airflow.operators.runbook"),
+             "stream": ("KafkaEosStreamOperator", "kafka_eos_airflow.operators.stream"),
+             "notifiers": ("KafkaEosWebhookNotifier", "kafka_eos_airflow.notifications.alerts"),
+             "operator_page": ("render", "kafka_eos_airflow.plugins.operator_page"),
+             "plugin": ("KafkaEosPlugin", "kafka_eos_airflow.plugins.plugin")}
+    for old, (name, new) in moved.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            value = getattr(importlib.import_module(f"kafka_eos_airflow.{old}"), name)
+        assert value is getattr(importlib.import_module(new), name)
+        assert [(w.category, str(w.message).split(":")[0]) for w in caught] == [
+            (AirflowProviderDeprecationWarning, f"kafka_eos_airflow.{old}.{name} is deprecated")], old

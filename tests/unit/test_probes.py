@@ -24,3 +24,11 @@ def test_with_the_labs_probe_named_the_same_point_kills_the_process():
     env = {**os.environ, "KAFKA_EOS_PROBES": "kafka_eos_lab.faults", "KAFKA_EOS_CRASH_AT": "before_commit"}
     done = _run(env)
     assert done.returncode == -9, (done.returncode, done.stderr)  # SIGKILL at the point
+
+
+def test_a_probe_module_that_is_not_there_leaves_the_points_inert_and_says_so():
+    env = {**os.environ, "KAFKA_EOS_PROBES": "kafka_eos_lab_absent.faults", "KAFKA_EOS_CRASH_AT": "before_commit"}
+    done = _run(env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "False", "{}"]
+    assert "KAFKA_EOS_PROBES=kafka_eos_lab_absent.faults: no probe installed" in done.stderr

@@ -58,7 +58,7 @@ def test_a_registry_connection_is_an_http_connection():
     from airflow.sdk import Connection
     from airflow.sdk.exceptions import AirflowException
 
-    from kafka_eos_airflow.hooks import registry_from_connection
+    from kafka_eos_airflow.hooks.kafka import registry_from_connection
 
     tls = registry_from_connection(Connection(conn_id="sr", conn_type="http", host="registry.example", port=8081,
                                               schema="https", login="u", password=SECRET,

@@ -42,3 +42,29 @@ def test_the_measure_sees_a_switch_an_import_inside_a_function_and_a_cycle(tmp_p
     assert structure.cycles(found) == [["kafka_eos.batch", "kafka_eos.spec"]]
     assert structure.upward(found) == [("kafka_eos.spec", "kafka_eos.batch")]
     assert structure.switches(found) == ["kafka_eos/batch.py:3"]
+
+
+def test_collecting_the_real_stacks_tests_marks_them_all_and_starts_no_jvm(tmp_path):
+    """``-m "not integration"`` leaves out every test of tests/integration and tests/dags (their
+    marker comes from tests/conftest.py), and collecting them runs no Java: a stub ``java`` on
+    JAVA_HOME and PATH records any call."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    called = tmp_path / "java-called"
+    java = tmp_path / "jdk" / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_text(f"#!/bin/sh\necho \"$@\" >> {called}\nexit 1\n")
+    java.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_SUBMIT_OPTS", "PYTEST_XDIST_WORKER",
+                                                            "PYTEST_ADDOPTS")}
+    env.update(JAVA_HOME=str(java.parent.parent), PATH=f"{java.parent}{os.pathsep}{env['PATH']}")
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "-m", "not integration", "tests/integration", "tests/dags"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 5, done.stdout[-2000:] + done.stderr[-2000:]  # 5: no test selected
+    assert "deselected" in done.stdout.splitlines()[-1]
+    assert not called.exists(), called.read_text()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from kafka_eos.audit import write_audit
 from kafka_eos.kafka_admin import TP
+from kafka_eos.lease import refuse_if_streaming
 from kafka_eos.manifest import ManifestStore, checkpoint_record, now_iso
 from kafka_eos.pipeline import checkpoints
 from kafka_eos.plan import PartitionRange, Plan
@@ -41,8 +42,6 @@ def reset_checkpoint(spec: PipelineSpec, settings: KafkaSettings, targets: dict[
     :raises PipelineBusy: a stream owns the pipeline (its offsets are the stream's: the reset's
         transaction would fence the stream's producer); nothing moved.
     """
-    from kafka_eos.lease import refuse_if_streaming
-
     refuse_if_streaming(spec, settings, "a checkpoint reset waits")
     before, _drift = checkpoints(spec, settings, sorted(targets))
     plan = Plan(spec.name, run_id, tuple(PartitionRange(t, p, offset, offset, before[(t, p)])

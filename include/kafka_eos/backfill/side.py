@@ -35,12 +35,14 @@ from typing import Callable
 
 from kafka_eos.backfill.places import (GENERATION_COLUMN, GENERATION_HEADER, RANGE_COLUMN, RANGE_HEADER,  # noqa: F401
                                        check_side_runs, promote_sql, writes_to)
-from kafka_eos.errors import CheckpointConflict, DataLossError
+from kafka_eos.backfill.positions import PositionError, ensure_end_known, resolve, timed_positions
+from kafka_eos.errors import CheckpointConflict, DataLossError, PlanError
 from kafka_eos.kafka_admin import TP
 from kafka_eos.manifest import ManifestStore, now_iso
 from kafka_eos.pipeline import checkpoints, past_killed_attempt, source_partitions
 from kafka_eos.plan import PartitionRange, Plan, SkippedRange
 from kafka_eos.settings import KafkaSettings
+from kafka_eos.sinks.sql_store import default_url, make_engine
 from kafka_eos.spec import PipelineSpec
 
 REPLAY, BACKFILL = "replay", "backfill"
@@ -92,8 +94,6 @@ def side_spec(spec: PipelineSpec, side: Side) -> PipelineSpec:
         sink = dataclasses.replace(sink, topic=sink.backfill_topic, dlq_topic=dlq, headers=(
             (RANGE_HEADER, side.key.encode()), (GENERATION_HEADER, str(side.generation).encode())))
     else:
-        from kafka_eos.sinks.sql_store import default_url
-
         # The sink's own database (its default SQLite file is named after the live pipeline).
         sink = dataclasses.replace(
             sink, url=sink.url or default_url(spec), table=sink.backfill_table,
@@ -110,8 +110,6 @@ def promote_statement(spec: PipelineSpec, side: Side) -> str:
     """:func:`promote_sql` for the backfill table as it is in the sink's database (its columns
     read from there)."""
     from sqlalchemy import inspect
-
-    from kafka_eos.sinks.sql_store import make_engine
 
     engine = make_engine(side_spec(spec, side).sink.url)
     try:
@@ -210,8 +208,6 @@ def find(spec: PipelineSpec, settings: KafkaSettings, run_id: str, kind: str, ke
 
     :raises PlanError: none was prepared.
     """
-    from kafka_eos.errors import PlanError
-
     mapping = ManifestStore.of(spec, settings).find(mapping_key(spec, kind, key))
     if mapping is None or attempt not in mapping["generations"]:
         raise PlanError(f"manifest {spec.manifest_topic!r}: no {kind} {key!r} prepared for {attempt!r}: run the "
@@ -231,8 +227,6 @@ def interval_ranges(spec: PipelineSpec, settings: KafkaSettings, start: datetime
         open transaction holds the LSO: records of the interval may be in it, so the interval's
         end is not known yet (a retry after the transaction ends reads the whole interval).
     """
-    from kafka_eos.backfill.positions import ensure_end_known, timed_positions
-
     tps = source_partitions(spec, settings)
     # The time lookups between two reads of the offsets: an offset found by time is committed and
     # never bounded by an LSO read before it (docs/architecture.md, "Offsets").
@@ -268,8 +262,6 @@ def replay_ranges(spec: PipelineSpec, settings: KafkaSettings, from_text: str,
     :raises IntervalNotStable: a timestamp end no committed record reaches on a partition held
         by an open transaction (as a backfill's interval).
     """
-    from kafka_eos.backfill.positions import PositionError, resolve
-
     starts, _ends = resolve(spec, settings, from_text, "params.replay_from")
     untils, _ends = resolve(spec, settings, until_text, "params.replay_until", end=True)
     ranges = {}

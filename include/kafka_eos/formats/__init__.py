@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kafka_eos.errors import RegistryError, mentions
+from kafka_eos.formats import protobuf, schemas
 from kafka_eos.formats.columns import DECODED, REASON
 from kafka_eos.formats.registry import SCHEMA_TYPES, Registered, Registry
 from kafka_eos.settings import KafkaSettings
@@ -190,8 +191,6 @@ def _avro(d: Decoder, sid: "Column", payload: "Column") -> tuple["Column", "Colu
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro
 
-    from kafka_eos.formats.schemas import avro_null_record
-
     reader = json.loads(d.reader.schema)
     fields = [f["name"] for f in reader["fields"]] if isinstance(reader, dict) and reader.get("type") == "record" \
         else None
@@ -202,7 +201,7 @@ def _avro(d: Decoder, sid: "Column", payload: "Column") -> tuple["Column", "Colu
             nulls = F.lit(True)
             for name in fields:
                 nulls = nulls & branch.getField(name).isNull()
-            valid_nulls = avro_null_record(w.schema)
+            valid_nulls = schemas.avro_null_record(w.schema)
             bad = nulls & (payload != F.lit(valid_nulls)) if valid_nulls is not None else nulls
         else:
             bad = branch.isNull()
@@ -220,10 +219,8 @@ def _json_schema(d: Decoder, payload: "Column") -> tuple["Column", "Column"]:
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    from kafka_eos.formats.schemas import spark_of_json_schema
-
     reader = json.loads(d.reader.schema)
-    dt = spark_of_json_schema(reader, f"subject {d.reader.subject!r} version {d.reader.version}")
+    dt = schemas.spark_of_json_schema(reader, f"subject {d.reader.subject!r} version {d.reader.version}")
     if not isinstance(dt, T.StructType):
         dt = T.StructType([T.StructField("value", dt)])
     corrupt = "_corrupt_record"
@@ -241,11 +238,8 @@ def _protobuf_decoded(df: "DataFrame", d: Decoder) -> "DataFrame":
     from pyspark.sql import types as T
     from pyspark.sql.pandas.types import to_arrow_type
 
-    from kafka_eos.formats import protobuf
-    from kafka_eos.formats.schemas import spark_of_message
-
     where = f"subject {d.reader.subject!r} version {d.reader.version}"
-    dt = spark_of_message(protobuf.reader_message(d.reader.schema, d.message), where)
+    dt = schemas.spark_of_message(protobuf.reader_message(d.reader.schema, d.message), where)
     schema = T.StructType([*df.schema.fields, T.StructField(DECODED + d.column, dt),
                            T.StructField(DECODED + d.column + REASON, T.StringType())])
     fn = protobuf.decoder(d.column, d.reader.schema, {w.schema_id: w.schema for w in d.writers}, d.subjects,
@@ -295,8 +289,6 @@ def sink_encoders(spec: PipelineSpec, settings: KafkaSettings, output: "DataFram
 def sink_subject(spec: PipelineSpec, column: str, schema: str | None, schema_type: str) -> str | None:
     """The subject of the output's ``column`` by ``sink.subject_strategy``: ``{topic}-{column}``, the
     record's full name, or ``{topic}-{full name}`` (None: the schema is not known yet)."""
-    from kafka_eos.formats import schemas
-
     sink = spec.sink
     if sink.subject_strategy == "topic_name":
         return f"{sink.topic}-{column}"
@@ -310,8 +302,6 @@ def _derived(spec: PipelineSpec, fmt: str, dt, registry: Registry, subject: str)
     """The output schema a spec without a schema file gets: derived from the transform's output
     type (Avro keeps the subject's record name, so evolving it stays compatible), or for Protobuf
     the subject's latest schema when there is one."""
-    from kafka_eos.formats import schemas
-
     latest = registry.latest(subject)
     name = schemas.record_name(spec.name)
     if fmt == "avro":
@@ -352,8 +342,6 @@ def encoded(df: "DataFrame", encoders: list[Encoder]) -> "DataFrame":
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
     from pyspark.sql.avro.functions import to_avro
-
-    from kafka_eos.formats import protobuf
 
     for e in encoders:
         dt = df.schema[e.column].dataType

@@ -17,6 +17,8 @@ from typing import Iterator
 
 from kafka_eos.errors import RegistryError
 from kafka_eos.formats.columns import DECODED, REASON
+from kafka_eos.formats.schemas import _repeated
+from kafka_eos.transforms import DLQ_REASON
 
 
 @functools.lru_cache(maxsize=64)
@@ -109,8 +111,6 @@ def to_python(msg) -> dict:
     """A message as the row of its Spark struct (:func:`kafka_eos.formats.schemas.spark_of_message`)."""
     from google.protobuf.descriptor import FieldDescriptor as FD
 
-    from kafka_eos.formats.schemas import _repeated
-
     row = {}
     for f in msg.DESCRIPTOR.fields:
         value = getattr(msg, f.name)
@@ -144,8 +144,6 @@ def _scalar(value, f):
 def from_python(msg, row: dict):
     """Fill ``msg`` from a row of its Spark struct (the inverse of :func:`to_python`)."""
     from google.protobuf.descriptor import FieldDescriptor as FD
-
-    from kafka_eos.formats.schemas import _repeated
 
     for f in msg.DESCRIPTOR.fields:
         value = row.get(f.name)
@@ -270,8 +268,6 @@ def _named(cache: dict, writers: dict[int, str], schema_id: int, indexes: tuple)
 def encoder(column: str, schema: str, schema_id: int):
     """The ``mapInArrow`` function replacing ``column`` (a struct) by its wire-format bytes on
     result rows (dead letters keep their value: :func:`kafka_eos.formats.dead_letter_bytes`)."""
-    from kafka_eos.transforms import DLQ_REASON
-
     def run(batches: Iterator) -> Iterator:
         import pyarrow as pa
 

@@ -39,6 +39,7 @@ from kafka_eos.audit import write_audit
 from kafka_eos.errors import AbortFailed, AbortRefused, KafkaEosError, NoOpenTransaction
 from kafka_eos.health.attribute import HANGING, LONG_RUNNING, UNLISTED, admin, describe, open_transactions
 from kafka_eos.kafka_admin import partition_offsets, transaction_max_timeout_ms
+from kafka_eos.manifest import now_iso
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
 
@@ -260,8 +261,6 @@ def record_abort(settings: KafkaSettings, topic: str, partition: int, start_offs
                  error: str | None = None) -> dict:
     """Write the audit record of an abort attempt to the audit topic
     (:data:`kafka_eos.audit.AUDIT_TOPIC`) and return it."""
-    from kafka_eos.manifest import now_iso
-
     record = {"action": "abort_transaction", "outcome": outcome, "topic": topic, "partition": partition,
               "start_offset": start_offset, "transaction": txn, "guard": guard, "who": who, "via": via,
               "at": now_iso(), "method": None, "before": None, "after": None, "held_by_older": None,

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kafka_eos.errors import KafkaEosError
-from kafka_eos.paths import PROJECT_ROOT
+from kafka_eos.local.postgres import LocalPostgres, _kernel_free_port
+from kafka_eos.paths import IN_CHECKOUT, PROJECT_ROOT, local_dir, pipelines_dir
 from kafka_eos.local.process_groups import group_of, stop_group
 
 HOST = "127.0.0.1"
@@ -223,9 +224,6 @@ class LocalAirflow:
         :param executor: ``local`` (SQLite metadata) or ``celery`` (a PostgreSQL server of its own
             under ``.local/airflow/postgres``, Redis, two workers); None: the one it was last
             started with (``local`` at first)."""
-        from kafka_eos.local.postgres import LocalPostgres
-        from kafka_eos.paths import IN_CHECKOUT, local_dir, pipelines_dir
-
         home = local_dir() / "airflow"
         if IN_CHECKOUT:
             dags = PROJECT_ROOT / "dags"
@@ -239,8 +237,6 @@ class LocalAirflow:
             return cls(home, port, dags, connections_environ(settings), executor=executor)
         pg_port = home / "postgres.port"
         if not pg_port.exists():
-            from kafka_eos.local.postgres import _kernel_free_port
-
             home.mkdir(parents=True, exist_ok=True)
             pg_port.write_text(str(_kernel_free_port()))
         postgres = LocalPostgres(int(pg_port.read_text()), folder=home / "postgres")

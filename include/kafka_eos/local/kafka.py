@@ -23,6 +23,7 @@ from kafka_eos.errors import BrokerError
 from kafka_eos.logs import log4j2_properties
 from kafka_eos.paths import jars_dir, local_dir, write_private
 from kafka_eos.local.process_groups import stop_group
+from kafka_eos.local.tls import ensure_tls_files
 from kafka_eos.settings import KafkaSettings
 
 HOST = "127.0.0.1"
@@ -154,8 +155,6 @@ class LocalBroker:
         return self._write_user(user, password)
 
     def _write_user(self, user: str, password: str) -> Path:
-        from kafka_eos.local.tls import ensure_tls_files
-
         self.users_dir.mkdir(parents=True, exist_ok=True)
         config = {"security.protocol": "SASL_SSL", "sasl.mechanism": SCRAM, "sasl.username": user,
                   "sasl.password": password, "ssl.ca.location": str(ensure_tls_files(self.home / "tls").ca)}
@@ -270,8 +269,6 @@ class LocalBroker:
         return json.loads(path.read_text())["sasl.password"]
 
     def _secured_settings(self) -> list[tuple[str, str]]:
-        from kafka_eos.local.tls import ensure_tls_files
-
         tls = ensure_tls_files(self.home / "tls")
         scram_module = "org.apache.kafka.common.security.scram.ScramLoginModule"
         return [

@@ -25,6 +25,7 @@ from kafka_eos.errors import KafkaEosError
 from kafka_eos.local.process_groups import group_of, stop_group
 from kafka_eos.logs import log4j2_properties
 from kafka_eos.paths import local_dir
+from kafka_eos.spark_io import QUIET_LOGGERS, RESULT_HEAP_SHARE, connect_plugin_conf, local_master_conf, merged_conf, session_conf, size_bytes
 
 HOST = "127.0.0.1"
 #: Spark Connect's own default port.
@@ -76,8 +77,6 @@ class LocalSparkConnect:
         return self.home / "server.pid"
 
     def command(self) -> list[str]:
-        from kafka_eos.spark_io import connect_plugin_conf, local_master_conf, merged_conf, session_conf
-
         log4j = self.home / "log4j2.properties"
         # kafka-eos's plugin: per_partition scope's proof of one pass, from the server.
         conf = {**merged_conf(session_conf(), connect_plugin_conf() if self.plugin else {}),
@@ -89,7 +88,6 @@ class LocalSparkConnect:
                 "spark.connect.grpc.binding.port": str(self.port),
                 **self.conf}
         if "spark.driver.maxResultSize" not in conf:  # as spark_io.bound_result_size, of the server's heap
-            from kafka_eos.spark_io import RESULT_HEAP_SHARE, size_bytes
 
             heap = size_bytes(conf.get("spark.driver.memory", "1g"), "m")
             conf["spark.driver.maxResultSize"] = str(int(heap * RESULT_HEAP_SHARE))
@@ -128,7 +126,6 @@ class LocalSparkConnect:
                 raise SparkConnectError(f"port {self.port} on {HOST} is taken by another process: set "
                                         "KAFKA_EOS_SPARK_CONNECT_PORT to a free one")
             self.home.mkdir(parents=True, exist_ok=True)
-            from kafka_eos.spark_io import QUIET_LOGGERS
 
             (self.home / "log4j2.properties").write_text(log4j2_properties(self.log_file, "WARN", QUIET_LOGGERS))
             log = open(self.log_file, "ab")  # noqa: SIM115 - the child keeps it

@@ -88,9 +88,17 @@ class Sink(ABC):
         self.spec = spec
         self.settings = settings
         self.keep = keep
+        self._started = False
 
     def start(self) -> None:
-        """Checks and set-up before Spark starts (once per sink)."""
+        """Checks and set-up before Spark starts: once per sink, whoever asks first (a stream
+        before its first batch, :func:`kafka_eos.batch.run_batch` for every run)."""
+        if not self._started:
+            self._start()
+            self._started = True
+
+    def _start(self) -> None:
+        """:meth:`start`'s work, in each scope."""
 
     @abstractmethod
     def prepare(self, output: Output) -> Output:

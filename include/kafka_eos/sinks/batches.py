@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, TypeVar
 
 from kafka_eos.errors import DeadLetterWithoutTopic, ResultTooLarge, mentions
 from kafka_eos.sinks.limits import refusing
+from kafka_eos.spark_io import is_connect, read_layout, result_limits
 from kafka_eos.spec import PipelineSpec
 from kafka_eos.transforms import DLQ_REASON
 from kafka_eos.wire import OutRecord, dead_letter_headers
@@ -215,8 +216,6 @@ def computed(df: "DataFrame") -> Iterator["pa.RecordBatch"]:
     server sends the tasks in their order; in a classic session the tasks that end before their
     turn wait (:func:`in_order`).
     """
-    from kafka_eos.spark_io import is_connect
-
     if is_connect(df):
         yield from _connect_batches(df)
         return
@@ -235,8 +234,6 @@ def unordered(df: "DataFrame") -> Iterator["pa.RecordBatch"]:
     """The record batches of ``df`` as :func:`computed` moves them (one job, every task at once,
     Arrow from the JVM), in whatever order its tasks end: for a sink to which order means nothing
     (a SQL table). Lazy; closed early, the job is cancelled."""
-    from kafka_eos.spark_io import is_connect
-
     if is_connect(df):
         yield from _connect_batches(df)
         return
@@ -268,7 +265,6 @@ def fetched(df: "DataFrame", into: Callable[[Iterator["pa.RecordBatch"]], T]) ->
     except Exception as exc:  # noqa: BLE001 - said in a line that names the setting
         if not result_too_large(exc):
             raise
-        from kafka_eos.spark_io import result_limits
 
         limit, _heap = result_limits(df.sparkSession)
         raise ResultTooLarge(f"the output is more than spark.driver.maxResultSize ({limit >> 20} MiB) lets the "
@@ -300,8 +296,6 @@ def turns(df: "DataFrame") -> dict[int, object] | None:
     shuffle leaves no order across tasks to keep (each key is in one task). Anything else (a
     union, a coalesce) is one group, in the order of the tasks' index.
     """
-    from kafka_eos.spark_io import read_layout
-
     layout = read_layout(df)
     if layout is not None:  # in the order of what they read
         return {task: tp for task, (tp, _from, _until) in sorted(layout.items(), key=lambda t: (t[1][0], t[1][1]))}

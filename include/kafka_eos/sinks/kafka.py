@@ -32,7 +32,7 @@ REQUIRED_COLUMNS = ("key", "value", "topic", "partition", "offset", DLQ_REASON)
 class KafkaSink(Sink):
     """A Kafka sink in either scope: :meth:`start` and :meth:`prepare`; the scopes commit."""
 
-    def start(self) -> None:
+    def _start(self) -> None:
         """1. Before Spark starts: the transaction timeout is one the brokers accept, and the
         largest record each written topic takes (a record too large is found before produce())."""
         check_transaction_timeout(self.spec, self.settings)

@@ -23,6 +23,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from kafka_eos.errors import DeadLetterWithoutTopic, RecordRefused
+from kafka_eos.kafka_admin import topic_config
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
 from kafka_eos.transforms import DLQ_REASON
@@ -57,8 +58,6 @@ def with_record_limits(spec: PipelineSpec, settings: KafkaSettings) -> PipelineS
     """``spec`` with the limits of each topic it writes (``sink.record_limits``): the producer's
     ``message.max.bytes`` and the topic's ``max.message.bytes`` (0 where it cannot be read: an
     ACL may forbid DescribeConfigs; then the producer's limit alone is checked)."""
-    from kafka_eos.kafka_admin import topic_config
-
     sink = spec.sink
     producer_max = int(settings.extra.get("message.max.bytes", DEFAULT_PRODUCER_MAX))
     topics = list(dict.fromkeys(t for t in (sink.topic, sink.dlq_topic) if t))

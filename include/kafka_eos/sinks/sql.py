@@ -59,7 +59,7 @@ class SqlSink(Sink):
             self._store = SqlStore(self.spec)
         return self._store
 
-    def start(self) -> None:
+    def _start(self) -> None:
         """1. The offsets and dead-letter tables (and a SQLite file's folder)."""
         self.store.create_tables()
 

@@ -28,6 +28,7 @@ SESSION_CONF = {"spark.python.sql.dataFrameDebugging.enabled": "false"}
 
 def session_conf(pipeline_conf: Mapping[str, str]) -> dict[str, str]:
     """A stream's Spark settings: :data:`SESSION_CONF` under the pipeline's own."""
+    # spark_io loads the Kafka client: the DAG files import this package (its constants) at parse time.
     from kafka_eos.spark_io import merged_conf
 
     return merged_conf(SESSION_CONF, pipeline_conf)

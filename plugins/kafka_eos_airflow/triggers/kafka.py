@@ -11,6 +11,13 @@ from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 from kafka_eos.errors import BrokerError, BrokerUnreachable
 from kafka_eos.health import DEFAULT_OLDER_THAN_S
+from kafka_eos.spec import load_spec
+from kafka_eos_airflow.hooks.kafka import KafkaEosHook
+
+# Imported inside the functions that use them, not here: the Kafka clients (kafka_admin, the
+# manifest, pipeline, health), Spark (batch, spark_io), the OpenLineage client (lineage) and
+# Airflow's metrics. The DAG processor imports this module whenever it parses the DAG files,
+# and none of them may load there (tests/dags/test_dagbag.py).
 
 #: A look that fails because the cluster did not answer (a broker restarting, a leader moving) is
 #: tried again at the next poll; a watchdog reports the cluster unreachable only when its looks have
@@ -69,7 +76,7 @@ class HungTransactionTrigger(BaseTrigger):
     looks have failed for ``unreachable_after_s`` in a row.
 
     :param topics: the topics to watch (all their partitions).
-    :param kafka_conn_id: the ``kafka`` connection (see :class:`~kafka_eos_airflow.hooks.KafkaEosHook`).
+    :param kafka_conn_id: the ``kafka`` connection (see :class:`~kafka_eos_airflow.hooks.kafka.KafkaEosHook`).
     :param missing_ok: those of ``topics`` that may not exist yet (a pipeline's topics before its
         first run: its run manifest, its backfill topic); watched once they do.
     """
@@ -89,7 +96,7 @@ class HungTransactionTrigger(BaseTrigger):
         self.missing_ok = list(missing_ok or [])
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return ("kafka_eos_airflow.triggers.HungTransactionTrigger", {
+        return ("kafka_eos_airflow.triggers.kafka.HungTransactionTrigger", {
             "topics": self.topics, "kafka_conn_id": self.kafka_conn_id, "older_than_s": self.older_than_s,
             "healthy_for_s": self.healthy_for_s, "poll_interval_s": self.poll_interval_s,
             "pipelines": self.pipelines, "missing_ok": self.missing_ok,
@@ -99,9 +106,6 @@ class HungTransactionTrigger(BaseTrigger):
         """One look (blocking): the stalls found, the observation to keep, partitions checked."""
         from kafka_eos.health.attribute import attribute
         from kafka_eos.health.detect import observe, topic_partitions
-        from kafka_eos.spec import load_spec
-
-        from kafka_eos_airflow.hooks import KafkaEosHook
 
         settings = KafkaEosHook(self.kafka_conn_id).get_settings()
         tps = topic_partitions(settings, self.topics, self.missing_ok)
@@ -140,9 +144,6 @@ def committed_data_waiting(pipeline: str, kafka_conn_id: str) -> list[dict]:
     """One look (blocking, read-only): the partitions of ``pipeline``'s source where committed
     records wait beyond its checkpoint, with checkpoint, LSO, lag and oldest unprocessed record."""
     from kafka_eos.health.backlog import backlog, waiting
-    from kafka_eos.spec import load_spec
-
-    from kafka_eos_airflow.hooks import KafkaEosHook
 
     spec = load_spec(pipeline, import_transform=False)
     rows, _drift = backlog(spec, KafkaEosHook(kafka_conn_id).get_settings())
@@ -158,7 +159,7 @@ class CommittedDataTrigger(BaseTrigger):
     markers are not data: a range that holds only those does not fire.
 
     :param pipeline: the pipeline (spec name or path).
-    :param kafka_conn_id: the ``kafka`` connection (see :class:`~kafka_eos_airflow.hooks.KafkaEosHook`).
+    :param kafka_conn_id: the ``kafka`` connection (see :class:`~kafka_eos_airflow.hooks.kafka.KafkaEosHook`).
     """
 
     def __init__(self, pipeline: str, kafka_conn_id: str, poll_interval_s: float = 30.0,
@@ -170,7 +171,7 @@ class CommittedDataTrigger(BaseTrigger):
         self.timeout_s = timeout_s
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return ("kafka_eos_airflow.triggers.CommittedDataTrigger", {
+        return ("kafka_eos_airflow.triggers.kafka.CommittedDataTrigger", {
             "pipeline": self.pipeline, "kafka_conn_id": self.kafka_conn_id,
             "poll_interval_s": self.poll_interval_s, "timeout_s": self.timeout_s})
 
@@ -209,7 +210,7 @@ class CommittedDataEventTrigger(BaseEventTrigger):
     not tell committed data from the pipeline's progress).
 
     :param pipeline: the pipeline (spec name or path).
-    :param kafka_conn_id: the ``kafka`` connection (see :class:`~kafka_eos_airflow.hooks.KafkaEosHook`).
+    :param kafka_conn_id: the ``kafka`` connection (see :class:`~kafka_eos_airflow.hooks.kafka.KafkaEosHook`).
     :param poll_interval_s: how often it looks; the asset's latency is about this plus a DAG run.
     """
 
@@ -222,7 +223,7 @@ class CommittedDataEventTrigger(BaseEventTrigger):
         self.refire_after_s = refire_after_s
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return ("kafka_eos_airflow.triggers.CommittedDataEventTrigger", {
+        return ("kafka_eos_airflow.triggers.kafka.CommittedDataEventTrigger", {
             "pipeline": self.pipeline, "kafka_conn_id": self.kafka_conn_id,
             "poll_interval_s": self.poll_interval_s, "refire_after_s": self.refire_after_s})
 

@@ -2,7 +2,7 @@
 
 - Its source: committed records waiting beyond its checkpoint. A spec with ``schedule: stream`` gets
   a DAG scheduled on this asset; the asset's watcher is a
-  :class:`~kafka_eos_airflow.triggers.CommittedDataEventTrigger` that the triggerer runs as long as
+  :class:`~kafka_eos_airflow.triggers.kafka.CommittedDataEventTrigger` that the triggerer runs as long as
   the DAG exists.
 - Its sink: the place its runs write, by the URI schemes of Airflow's providers:
   ``kafka://{bootstrap server}/{topic}`` (apache-airflow-providers-apache-kafka's ``create_asset``),
@@ -20,7 +20,12 @@ from airflow.sdk import Asset, AssetAlias, AssetWatcher
 
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
-from kafka_eos_airflow.triggers import CommittedDataEventTrigger
+from kafka_eos_airflow.triggers.kafka import CommittedDataEventTrigger
+
+# Imported inside the functions that use them, not here: the Kafka clients (kafka_admin, the
+# manifest, pipeline, health), Spark (batch, spark_io), the OpenLineage client (lineage) and
+# Airflow's metrics. The DAG processor imports this module whenever it parses the DAG files,
+# and none of them may load there (tests/dags/test_dagbag.py).
 
 #: How often the watcher looks for committed records beyond the checkpoint: a few seconds keeps
 #: the event-driven latency well under a minute (a DAG run's own start-up takes longer).

@@ -1,5 +1,5 @@
 """Deferrable sensors over Kafka partitions. They defer to read-only triggers
-(:mod:`kafka_eos_airflow.triggers`) and decide in ``execute_complete``."""
+(:mod:`kafka_eos_airflow.triggers.kafka`) and decide in ``execute_complete``."""
 
 from __future__ import annotations
 
@@ -11,10 +11,16 @@ from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout, AirflowSkipException
 
 from kafka_eos.health import spec_topics, watch_threshold_s
+from kafka_eos.spec import load_spec
 
 from kafka_eos_airflow import config
-from kafka_eos_airflow.notifiers import HungTransactionsFound
-from kafka_eos_airflow.triggers import CommittedDataTrigger, HungTransactionTrigger
+from kafka_eos_airflow.notifications.alerts import HungTransactionsFound
+from kafka_eos_airflow.triggers.kafka import CommittedDataTrigger, HungTransactionTrigger
+
+# Imported inside the functions that use them, not here: the Kafka clients (kafka_admin, the
+# manifest, pipeline, health), Spark (batch, spark_io), the OpenLineage client (lineage) and
+# Airflow's metrics. The DAG processor imports this module whenever it parses the DAG files,
+# and none of them may load there (tests/dags/test_dagbag.py).
 
 if TYPE_CHECKING:  # pragma: no cover
     from airflow.sdk import Context
@@ -22,8 +28,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def pipeline_topics(pipeline: str) -> list[str]:
     """Every topic a pipeline reads or writes: sources, sink, dead letters, backfills, its manifest."""
-    from kafka_eos.spec import load_spec
-
     return spec_topics(load_spec(pipeline, import_transform=False))
 
 
@@ -71,8 +75,6 @@ class HungTransactionSensor(BaseSensorOperator):
             raise AirflowFailException(f"{self.task_id}: no topics to watch (give topics or pipelines)")
         older_than_s = self.older_than_s
         if older_than_s is None:
-            from kafka_eos.spec import load_spec
-
             older_than_s = watch_threshold_s(load_spec(p, import_transform=False).sink.transaction_timeout_s
                                              for p in self.pipelines)
         self.log.info("watching %d topic(s) for transactions open longer than %gs", len(topics), older_than_s)
@@ -101,8 +103,6 @@ class HungTransactionSensor(BaseSensorOperator):
     def _pinned_metrics(self, stalls: list[dict[str, Any]], status: str) -> None:
         """Per pipeline: how many of its partitions an open transaction holds and for how long the
         oldest has been held (0 when none); each stall learns the pipelines that use its topic."""
-        from kafka_eos.spec import load_spec
-
         from kafka_eos_airflow import metrics
 
         for pipeline in self.pipelines:

@@ -26,16 +26,22 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import (AirflowException, AirflowFailException, AirflowNotFoundException,
                                      AirflowSkipException)
 
+from kafka_eos.backfill.places import promote_caveat, writes_to
 from kafka_eos.errors import DataLossError, KafkaEosError, PlanError, SpecError, TopicRecreated
 from kafka_eos.paths import spark_app
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec, load_spec
 
 from kafka_eos_airflow import config
-from kafka_eos_airflow.hooks import KafkaEosHook
+from kafka_eos_airflow.hooks.kafka import KafkaEosHook
 from kafka_eos_airflow.notes import ranges_text, set_run_note
-from kafka_eos_airflow.notifiers import send_alert
+from kafka_eos_airflow.notifications.alerts import send_alert
 from kafka_eos_airflow.params import RunOptions
+
+# Imported inside the functions that use them, not here: the Kafka clients (kafka_admin, the
+# manifest, pipeline, health), Spark (batch, spark_io), the OpenLineage client (lineage) and
+# Airflow's metrics. The DAG processor imports this module whenever it parses the DAG files,
+# and none of them may load there (tests/dags/test_dagbag.py).
 
 if TYPE_CHECKING:  # pragma: no cover
     from airflow.sdk import Context
@@ -468,7 +474,8 @@ class KafkaEosVerifyOperator(_PipelineOperator):
         from kafka_eos.manifest import ManifestStore
         from kafka_eos.pipeline import verify
 
-        from kafka_eos_airflow import assets, lineage, metrics
+        from kafka_eos_airflow import lineage, metrics
+        from kafka_eos_airflow.assets import kafka as assets
 
         run_id = context["run_id"]
         with task_errors():
@@ -507,7 +514,6 @@ class KafkaEosVerifyOperator(_PipelineOperator):
             summary["writes_to"] = side_writes_to(live_spec)
             if live_spec.sink.about.promoted_by_sql:
                 summary["promote_sql"] = promote_statement(live_spec, side_json)
-                from kafka_eos.backfill.places import promote_caveat
 
                 summary["promote_caveat"] = promote_caveat(live_spec)
                 self.log.info("%s %s: rows in %s; to promote them into the live table, after checking: %s%s",
@@ -559,8 +565,6 @@ class KafkaEosVerifyOperator(_PipelineOperator):
 
 def side_writes_to(spec: PipelineSpec) -> str:
     """Where ``spec``'s side runs write (see :func:`kafka_eos.backfill.side.writes_to`)."""
-    from kafka_eos.backfill.places import writes_to
-
     return writes_to(spec)
 
 

@@ -16,8 +16,14 @@ from airflow.sdk import BaseHook, Connection
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowNotFoundException
 
 from kafka_eos.local.kafka import LocalBroker
+from kafka_eos.local.registry import LocalRegistry
 from kafka_eos.settings import KafkaSettings, RegistrySettings
 from kafka_eos_airflow import config
+
+# Imported inside the functions that use them, not here: the Kafka clients (kafka_admin, the
+# manifest, pipeline, health), Spark (batch, spark_io), the OpenLineage client (lineage) and
+# Airflow's metrics. The DAG processor imports this module whenever it parses the DAG files,
+# and none of them may load there (tests/dags/test_dagbag.py).
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +156,6 @@ class KafkaEosHook(BaseHook):
         except AirflowNotFoundException:
             if not config.local_broker_fallback():
                 return None
-            from kafka_eos.local.registry import LocalRegistry
 
             return RegistrySettings.from_environ(os.environ, LocalRegistry.default().url)
         return registry_from_connection(conn)

@@ -1,0 +1,226 @@
+"""The operator page, "Kafka pipelines": a FastAPI app that Airflow's API server mounts at
+``/kafka-eos`` (registered by ``kafka_eos_airflow.plugins.plugin``, the provider's plugin), and its JSON API.
+
+- ``GET /kafka-eos/`` — one HTML page, rendered here (no JavaScript, nothing fetched from outside):
+  per pipeline its source partitions (checkpoint, LSO, HW, lag to the LSO, age of the oldest
+  unprocessed committed record), sink, SQL/Kafka checkpoint drift, the partitions an open
+  transaction pins with the transaction's holder and the runbook that aborts it, and the last runs
+  from the run manifest with a chart of records in/out per run (inline SVG).
+- ``GET /kafka-eos/api/pipelines`` and ``/kafka-eos/api/pipelines/{name}`` — the same numbers as
+  JSON, the partitions as ``kafka-eos checkpoint --json`` prints them.
+
+A plugin's app is not behind Airflow's authentication by itself: every route depends on Airflow's
+own check (a valid token in the ``Authorization`` header, or the UI's session cookie; and the
+auth manager's permission to see the website). The page only reads Kafka: it never commits,
+aborts or produces. It reads the cluster at most once per few seconds
+(:class:`kafka_eos.overview.snapshot.CachedOverview`).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from typing import Any
+from urllib.parse import quote
+
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi.responses import HTMLResponse
+
+from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
+from airflow.api_fastapi.core_api.security import requires_access_view
+
+from kafka_eos.spec import load_spec, spec_paths
+from kafka_eos_airflow import config
+from kafka_eos_airflow.config import page_cache_seconds
+from kafka_eos_airflow.hooks.kafka import KafkaEosHook
+
+#: Where Airflow's API server mounts the app (the plugin registers it).
+URL_PREFIX = "/kafka-eos"
+#: The DAG that aborts a held partition's transaction (dags/kafka_eos_runbooks.py).
+RUNBOOK_DAG_ID = "kafka_eos_runbook_abort_transaction"
+
+app = FastAPI(title="kafka-eos: Kafka pipelines",
+              description="Checkpoints, LSO, lag and stuck transactions of every kafka-eos pipeline (read only).",
+              # FastAPI's own schema and docs routes would bypass the dependency below: none.
+              openapi_url=None, docs_url=None, redoc_url=None,
+              # Airflow's own authentication and authorization, on every route.
+              dependencies=[Depends(requires_access_view(AccessView.WEBSITE))])
+
+_cache = None
+
+
+def _load():
+    """The Kafka settings (``[kafka_eos] kafka_conn_id``) and the specs of ``[kafka_eos]
+    pipelines_folder`` (:mod:`kafka_eos_airflow.config`)."""
+    # The overview loads the Kafka clients: every Airflow component loads this plugin, only the
+    # page's requests need them.
+    from kafka_eos.overview.snapshot import one_line, unreadable_spec
+
+    specs, unreadable = [], []
+    for path in spec_paths(config.pipelines_folder()):
+        try:
+            specs.append(load_spec(str(path), import_transform=False))
+        except Exception as exc:  # noqa: BLE001 - one bad spec hides no other: it gets a row with its error
+            unreadable.append(unreadable_spec(path.stem, str(path), one_line(exc)))
+    return KafkaEosHook().get_checked_settings(), specs, unreadable
+
+
+def overview() -> dict:
+    """The current snapshot (see :class:`~kafka_eos.overview.snapshot.CachedOverview`)."""
+    global _cache
+    if _cache is None:
+        from kafka_eos.overview.snapshot import CachedOverview  # Kafka clients: see _load
+
+        _cache = CachedOverview(_load, page_cache_seconds())
+    return _cache.get()
+
+
+@app.get("/api/pipelines")
+def pipelines() -> dict[str, Any]:
+    """Every pipeline: partitions, drift, pinned partitions, last runs."""
+    return overview()
+
+
+@app.get("/api/pipelines/{name}")
+def pipeline(name: str) -> dict[str, Any]:
+    """One pipeline; 404 when no spec has that name."""
+    for entry in overview()["pipelines"]:
+        if entry["pipeline"] == name:
+            return entry
+    raise HTTPException(status_code=404, detail=f"no pipeline {name!r}")
+
+
+@app.get("/", response_class=HTMLResponse)
+def page() -> str:
+    return render(overview())
+
+
+# -- the page ---------------------------------------------------------------------------------------
+
+_STYLE = """
+body{font-family:system-ui,sans-serif;margin:1.2rem;color:#1a202c}
+h1{font-size:1.4rem;margin:0 0 .3rem} h2{font-size:1.15rem;margin:1.6rem 0 .3rem}
+h3{font-size:.95rem;margin:.8rem 0 .2rem}
+table{border-collapse:collapse;margin:.2rem 0 .6rem;font-size:.85rem}
+th,td{border:1px solid #cbd5e0;padding:.2rem .5rem;text-align:right} th{background:#edf2f7}
+td.l,th.l{text-align:left} .muted{color:#718096;font-size:.8rem}
+.bad{background:#fed7d7} .warn{background:#fefcbf} .ok{color:#276749} code{font-size:.8rem}
+section{border-top:2px solid #e2e8f0;margin-top:1rem}
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape("-" if value is None else str(value))
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _chart(runs: list[dict]) -> str:
+    """Records in (grey) and out (blue) per run, oldest first, as inline SVG."""
+    runs = [r for r in reversed(runs) if r.get("records_in") is not None]
+    if not runs:
+        return '<p class="muted">no committed run yet</p>'
+    top = max(max(r["records_in"] or 0, r["records_out"] or 0) for r in runs) or 1
+    bar, gap, height = 9, 8, 60
+    parts = []
+    for i, r in enumerate(runs):
+        x = i * (2 * bar + gap)
+        for j, (key, colour) in enumerate((("records_in", "#a0aec0"), ("records_out", "#3182ce"))):
+            h = round(height * (r[key] or 0) / top)
+            parts.append(f'<rect x="{x + j * bar}" y="{height - h}" width="{bar - 1}" height="{h}" fill="{colour}">'
+                         f'<title>{_e(r["run_id"])}: {key.replace("_", " ")} {r[key]}</title></rect>')
+    width = max(len(runs) * (2 * bar + gap), 260)  # room for the legend
+    return (f'<svg class="chart" width="{width}" height="{height + 14}" role="img" '
+            f'aria-label="records in and out per run">{"".join(parts)}'
+            f'<text x="0" y="{height + 12}" font-size="10" fill="#718096">in (grey) / out (blue) per run, '
+            f'max {top}</text></svg>')
+
+
+def _partitions(entry: dict) -> str:
+    pinned = {(s["topic"], s["partition"]) for s in entry["pinned"]}
+    rows = []
+    for r in entry["partitions"]:
+        oldest = r["oldest_unprocessed"]
+        cls = "bad" if (r["topic"], r["partition"]) in pinned else ("warn" if r["lag"] else "")
+        rows.append(
+            f'<tr class="{cls}" data-partition="{_e(r["topic"])}-{r["partition"]}">'
+            f'<td class="l">{_e(r["topic"])}-{r["partition"]}</td><td>{_e(r["checkpoint"])}</td>'
+            f'<td>{r["lso"]}</td><td>{r["high_watermark"]}</td><td>{r["lag"]}</td>'
+            f'<td>{_age(oldest["age_s"]) if oldest else "-"}</td></tr>')
+    return ('<table class="partitions"><tr><th class="l">partition</th><th>checkpoint</th><th>LSO</th><th>HW</th>'
+            f'<th>lag</th><th>oldest unprocessed</th></tr>{"".join(rows)}</table>')
+
+
+def _pinned(entry: dict) -> str:
+    if not entry["pinned"]:
+        return ""
+    rows = []
+    for s in entry["pinned"]:
+        c = s.get("culprit") or {}
+        conf = {"topic": s["topic"], "partition": s["partition"], "start_offset": s["lso"]}
+        rows.append(
+            f'<tr class="bad"><td class="l">{_e(s["topic"])}-{s["partition"]}</td><td>{s["lso"]}</td>'
+            f'<td>{s["high_watermark"]}</td><td>{_e(c.get("producer_id"))}</td>'
+            f'<td class="l">{_e(c.get("transactional_id") or s.get("attribution_error"))}</td>'
+            f'<td>{_e(c.get("start_offset", s["lso"]))}</td><td>{_age(s.get("stuck_s"))}</td>'
+            f'<td class="l">{_e(c.get("verdict"))}</td>'
+            f'<td class="l"><a href="/dags/{RUNBOOK_DAG_ID}" target="_top">runbook</a> '
+            f'<code>{_e(json.dumps(conf))}</code><br><code>kafka-eos txn abort --topic {_e(s["topic"])} '
+            f'--partition {s["partition"]} --start-offset {s["lso"]}</code></td></tr>')
+    return ('<h3>Pinned by an open transaction</h3><table class="pinned"><tr><th class="l">partition</th>'
+            '<th>LSO</th><th>HW</th><th>producer id</th><th class="l">transactional.id</th><th>start offset</th>'
+            f'<th>age</th><th class="l">verdict</th><th class="l">abort</th></tr>{"".join(rows)}</table>')
+
+
+def _runs(entry: dict) -> str:
+    if not entry["runs"]:
+        return '<p class="muted">no runs in the manifest</p>'
+    rows = []
+    for r in entry["runs"]:
+        ranges = ", ".join(f'{x["topic"]}-{x["partition"]} [{x["from"]}, {x["until"]})' for x in r["ranges"])
+        rows.append(f'<tr><td class="l">{_e(r["run_id"])}</td><td class="l">{_e(r["status"])}</td>'
+                    f'<td class="l">{_e(r["at"])}</td><td>{_e(r["records_in"])}</td><td>{_e(r["records_out"])}</td>'
+                    f'<td>{_e(r["dead_letters"])}</td><td class="l">{_e(ranges or "-")}</td></tr>')
+    return ('<table class="runs"><tr><th class="l">run</th><th class="l">status</th><th class="l">at</th><th>in</th>'
+            f'<th>out</th><th>dead letters</th><th class="l">plan</th></tr>{"".join(rows)}</table>')
+
+
+def _pipeline(entry: dict) -> str:
+    name, sink = entry["pipeline"], entry["sink"]
+    head = (f'<section id="{_e(name)}"><h2>{_e(name)} '
+            f'<a class="muted" href="/dags/kafka_eos__{quote(name)}" target="_top">DAG</a></h2>'
+            f'<p class="muted">group <code>{_e(entry["group_id"])}</code> · sink {_e(sink["kind"])} '
+            f'<code>{_e(sink["target"])}</code> ({_e(sink["commit"])}), dead letters <code>{_e(sink["dead_letters"])}'
+            f'</code> · lag <b class="lag">{entry["lag"]}</b> · pinned <b class="pinned-count">{len(entry["pinned"])}</b>'
+            '</p>')
+    if entry["error"]:
+        return f'{head}<p class="bad error">{_e(entry["error"])}</p></section>'
+    drift = "".join(f'<p class="warn">drift {_e(d["topic"])}-{d["partition"]}: SQL sink at {_e(d["sink"])}, '
+                    f'Kafka mirror at {_e(d["kafka"])} (the next run repairs it)</p>' for d in entry["drift"])
+    return (f'{head}{_partitions(entry)}{_pinned(entry)}{drift}<h3>Last runs</h3>{_chart(entry["runs"])}'
+            f'{_runs(entry)}</section>')
+
+
+def render(snapshot: dict) -> str:
+    """The page of one snapshot."""
+    from datetime import datetime, timezone
+
+    taken = datetime.fromtimestamp(snapshot["taken_at"], timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    pipelines = snapshot["pipelines"]
+    # Links open in the whole window: the UI shows this page in a frame under its navigation.
+    return (
+        '<!doctype html><html><head><meta charset="utf-8"><title>Kafka pipelines</title>'
+        f'<meta http-equiv="refresh" content="30"><style>{_STYLE}</style></head><body>'
+        f'<h1>Kafka pipelines</h1><p class="muted">{len(pipelines)} pipeline(s) on <code>{_e(snapshot["bootstrap"])}'
+        f'</code>, read at {taken} in {snapshot["seconds"]:.2f}s. Lag counts the offsets a read_committed pipeline '
+        'can read now (checkpoint to LSO), not to the high watermark; a partition whose LSO is below its HW is held '
+        'by an open transaction. Read only: nothing here commits, aborts or produces.</p>'
+        + "".join(_pipeline(e) for e in pipelines) + "</body></html>")

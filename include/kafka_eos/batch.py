@@ -26,9 +26,6 @@ from kafka_eos.spec import PipelineSpec
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
-#: The transform's output, as a run hands it to its sink (the name tests and transforms know).
-Transformed = Output
-
 #: Largest source range (in offsets) one Spark task reads when the driver commits (atomic scope,
 #: SQL sinks): rows reach the driver one task at a time, so its memory does not grow with the run
 #: (50,000 records of ~200 bytes: about 10 MB in flight).

@@ -101,16 +101,15 @@ def _targets(node: ast.Import | ast.ImportFrom, m: Module, known: dict[str, Modu
                 pkg = pkg[:-1]
             pkg = pkg[:len(pkg) - (node.level - 1)]
             base = ".".join([*pkg, base] if base else pkg)
-        names = [f"{base}.{a.name}" for a in node.names] + [base]
-    out = []
+        # "from x import y": the module x.y where y is one, else x itself
+        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+    out = set()
     for name in names:
         while name and name not in known:
             name = name.rpartition(".")[0]
         if name:
-            out.append(name)
-    # "from x import y": y a module of x counts, x itself only when y is not a module
-    return sorted(set(out) - ({node.module} if isinstance(node, ast.ImportFrom) and node.module and
-                              any(o != node.module for o in out) else set()))
+            out.add(name)
+    return sorted(out)
 
 
 def layer_of(name: str) -> int:

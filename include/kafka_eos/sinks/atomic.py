@@ -75,7 +75,7 @@ class AtomicSink(KafkaSink):
     def reset(self, plan: Plan) -> None:
         """As :meth:`refresh`, the ranges moving (nothing to move: nothing done)."""
         if plan.active:
-            atomic_commit(self.spec, plan, self.settings).run([])
+            self.refresh(plan)
 
     def cover(self, tps: list[TP]) -> None:
         """A stream's one producer, fencing every source partition's per_partition id: built again

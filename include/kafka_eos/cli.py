@@ -189,7 +189,7 @@ def _trigger(airflow, args) -> int:
     tasks = airflow.api("GET", f"{path}/taskInstances")["task_instances"]
     print(f"{args.dag_id}: run {run['dag_run_id']} {run['state']}: "
           + ", ".join(f"{t['task_id']} {t['state']}" for t in tasks)
-          + (f"; {run['note']}" if run.get("note") else ""))
+          + (f"; {note}" if (note := airflow.run_note(args.dag_id, run["dag_run_id"])) else ""))
     # Unpausing lets the scheduler start the DAG's latest scheduled run at the same moment; when
     # that run committed the records, this one found nothing new: say so, with what it committed.
     triggered = datetime.fromisoformat(run["run_after"])  # a manual run's: when it was triggered
@@ -198,7 +198,7 @@ def _trigger(airflow, args) -> int:
         if other["dag_run_id"] == run["dag_run_id"] or (ended and datetime.fromisoformat(ended) < triggered):
             continue  # this run, or one that ended before it was triggered
         print(f"{args.dag_id}: meanwhile run {other['dag_run_id']} {other['state']}"
-              + (f"; {other['note']}" if other.get("note") else ""))
+              + (f"; {note}" if (note := airflow.run_note(args.dag_id, other["dag_run_id"])) else ""))
     return 0 if run["state"] == "success" else EXIT_ERROR
 
 

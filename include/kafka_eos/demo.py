@@ -30,7 +30,7 @@ from kafka_eos.pipeline import checkpoints, source_partitions
 from kafka_eos.readers import read_committed
 from kafka_eos.sample_data import Produced, produce_orders
 from kafka_eos.settings import KafkaSettings
-from kafka_eos.sinks.sql_store import SqlStore
+from kafka_eos.sinks.sql_store import SqlStore, database_url, local_url
 from kafka_eos.spec import PipelineSpec, load_spec
 
 PIPELINES = ("orders_enriched", "revenue_per_minute")
@@ -133,11 +133,11 @@ def reset(settings: KafkaSettings, specs: list[PipelineSpec], topics: dict[str, 
     for spec in specs:
         if spec.sink.table is None:
             continue  # a Kafka sink: its topics were created anew above
-        if spec.sink.url is None:
+        url = database_url(spec)
+        if url == local_url(spec):
             (local_dir() / "sql" / f"{spec.name}.db").unlink(missing_ok=True)
-        else:  # KAFKA_EOS_SQL_URL: the demo's own table and rows only
-
-            SqlStore(spec).forget()
+        else:  # KAFKA_EOS_SQL_URL or its connection: the demo's own table and rows only
+            SqlStore(spec, url).forget()
 
 
 def run_dag(spec: PipelineSpec, env: dict[str, str]) -> float:
@@ -180,7 +180,7 @@ def check_kafka_pipeline(report: Report, settings: KafkaSettings, spec: Pipeline
 def check_sql_pipeline(report: Report, spec: PipelineSpec, truth: Produced, enriched: list) -> None:
     from sqlalchemy import text
 
-    sink = SqlStore(spec)
+    sink = SqlStore(spec, database_url(spec))
     with sink.engine.connect() as conn:
         count, revenue = conn.execute(text(f"select sum(order_count), sum(revenue_eur) from {spec.sink.table}")).one()
         dead = conn.execute(text("select count(*) from kafka_eos_dead_letters where pipeline = :p"),

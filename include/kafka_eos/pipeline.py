@@ -49,33 +49,39 @@ def needed_topics(spec: PipelineSpec) -> list[str]:
     return [*spec.source.topics, *spec.sink.topics]
 
 
-def checkpoints(spec: PipelineSpec, settings: KafkaSettings, tps: list[TP]) -> tuple[dict[TP, int | None], list[Drift]]:
+def checkpoints(spec: PipelineSpec, settings: KafkaSettings, tps: list[TP],
+                mirror: bool = False) -> tuple[dict[TP, int | None], list[Drift]]:
     """The pipeline's checkpoints, and for a SQL sink the drift of its Kafka mirror.
 
     Kafka sinks: the group offsets. SQL sinks: the sink's offsets table is the truth; its Kafka
     mirror may lag behind (a crash between the DB commit and the mirror) but never lead.
 
+    :param mirror: read a SQL sink's checkpoints from its Kafka mirror, not its database (no
+        drift then): for the looks that hold no database credentials (the operator page on the
+        API server, the triggerer). Never for a plan.
     :raises CheckpointConflict: the Kafka mirror is ahead of the SQL sink.
     """
-    cks, drift, _times = _checkpoints_and_times(spec, settings, tps)
+    cks, drift, _times = _checkpoints_and_times(spec, settings, tps, mirror)
     return cks, drift
 
 
-def _checkpoints_and_times(spec: PipelineSpec, settings: KafkaSettings, tps: list[TP]):
+def _checkpoints_and_times(spec: PipelineSpec, settings: KafkaSettings, tps: list[TP], mirror: bool = False):
     """:func:`checkpoints`, and when kafka-eos last committed each group offset (or None)."""
     fetched = committed_offsets_and_times(settings, spec.source.group_id, tps)
     kafka = {tp: offset for tp, (offset, _at) in fetched.items()}
     times = {tp: at for tp, (_offset, at) in fetched.items()}
+    if mirror and not spec.sink.about.transactional:
+        return kafka, [], times
     with sink_of(spec, settings) as sink:
         cks, drift = sink.checkpoints(tps, kafka)
     return cks, drift, times
 
 
-def _cluster_state(spec: PipelineSpec, settings: KafkaSettings):
+def _cluster_state(spec: PipelineSpec, settings: KafkaSettings, mirror: bool = False):
     """What a plan is computed from: checkpoints, their drift, the partitions' offsets, and
-    when each group offset was last committed."""
+    when each group offset was last committed (``mirror``: see :func:`checkpoints`)."""
     tps = source_partitions(spec, settings)
-    cks, drift, times = _checkpoints_and_times(spec, settings, tps)
+    cks, drift, times = _checkpoints_and_times(spec, settings, tps, mirror)
     return {tp: cks.get(tp) for tp in tps}, drift, partition_offsets(settings, tps), times
 
 
@@ -112,10 +118,12 @@ def _plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str, cks, offsets
     return plan, starts is not None and not starts and all(ck is None for ck in cks.values())
 
 
-def checkpoint_rows(spec: PipelineSpec, settings: KafkaSettings) -> tuple[list[dict], list[Drift]]:
+def checkpoint_rows(spec: PipelineSpec, settings: KafkaSettings,
+                    mirror: bool = False) -> tuple[list[dict], list[Drift]]:
     """Per source partition: checkpoint, LSO, high watermark, log start and lag, the lag counted
-    to the LSO (what a read_committed pipeline can read now), not to the high watermark."""
-    cks, drift, offsets, _times = _cluster_state(spec, settings)
+    to the LSO (what a read_committed pipeline can read now), not to the high watermark
+    (``mirror``: see :func:`checkpoints`)."""
+    cks, drift, offsets, _times = _cluster_state(spec, settings, mirror)
     return rows_of(cks, offsets), drift
 
 

@@ -25,6 +25,10 @@ CLIENT_CONFIG_ENV = "KAFKA_EOS_CLIENT_CONFIG"
 #: environment carries just its path (Airflow's Spark hook turns environment variables into
 #: ``--conf`` arguments on YARN and Kubernetes, where every process list shows them).
 CLIENT_CONFIG_FILE_ENV = "KAFKA_EOS_CLIENT_CONFIG_FILE"
+#: Environment variable naming a file (readable by its owner only) that holds the SQL sink's
+#: database URL as its connection resolved it (``sink.conn_id``): how the Airflow Spark task hands
+#: it to spark-submit, never on a command line or in the environment itself.
+DATABASE_URL_FILE_ENV = "KAFKA_EOS_DATABASE_URL_FILE"
 #: Environment variable with the seconds to wait for a first answer from the cluster.
 CONNECT_TIMEOUT_ENV = "KAFKA_EOS_CONNECT_TIMEOUT_S"
 #: A reachable cluster answers metadata in milliseconds; 10 s rides out a slow DNS or TLS
@@ -115,6 +119,10 @@ class KafkaSettings:
     #: The Schema Registry of the cluster's topics (pipelines whose ``format`` is avro, protobuf or
     #: json_schema need it); None: none configured.
     schema_registry: RegistrySettings | None = None
+    #: A SQL sink's database as its Airflow connection (``sink.conn_id``) gave it, resolved by
+    #: whoever built these settings for one pipeline; None: resolved where it is needed
+    #: (:func:`kafka_eos.sinks.sql_store.database_url`). Not in repr: it holds a password.
+    database_url: str | None = field(default=None, repr=False)
 
     def client_config(self, **overrides: object) -> dict:
         """The librdkafka configuration dict for confluent-kafka clients. Their log lines go to
@@ -186,6 +194,12 @@ class KafkaSettings:
             env[CLIENT_CONFIG_FILE_ENV] = str(config_file)
         if self.schema_registry is not None:
             env.update(self.schema_registry.to_environ(config_file.with_name(config_file.stem + "-registry.json")))
+        if self.database_url is not None:
+            url_file = config_file.with_name(config_file.stem + "-database")
+            fd = os.open(url_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(self.database_url)
+            env[DATABASE_URL_FILE_ENV] = str(url_file)
         return env
 
     @classmethod
@@ -209,9 +223,11 @@ class KafkaSettings:
             timeout = -1.0
         if not timeout > 0:
             raise KafkaEosError(f"{CONNECT_TIMEOUT_ENV}: {raw_timeout!r} is not a positive number of seconds")
+        url_file = environ.get(DATABASE_URL_FILE_ENV)
         return cls(bootstrap_servers=servers, extra={str(k): str(v) for k, v in extra.items()},
                    connect_timeout_s=timeout,
-                   schema_registry=RegistrySettings.from_environ(environ, default_registry))
+                   schema_registry=RegistrySettings.from_environ(environ, default_registry),
+                   database_url=_read(url_file, DATABASE_URL_FILE_ENV).strip() if url_file else None)
 
 
 #: The Java client's OIDC client-credentials login (Kafka 3.4 and later; a JVM started with

@@ -72,9 +72,13 @@ class SinkSpec:
     table: str | None = None  # sql
     key_columns: tuple[str, ...] = ()  # sql: the upsert key
     merge: str = "replace"  # sql: replace | add (add sums the non-key columns on conflict)
-    # sql: SQLAlchemy URL (default a SQLite file under .local/). Not in repr: once ${VAR} is
-    # expanded it can hold a password, and reprs end up in logs and tracebacks.
+    # sql: SQLAlchemy URL, or ``local`` (kafka-eos's development SQLite file under .local/sql/):
+    # for the CLI outside Airflow. Not in repr: once ${VAR} is expanded it can hold a password,
+    # and reprs end up in logs and tracebacks.
     url: str | None = field(default=None, repr=False)
+    #: sql: the Airflow connection of the database (its secrets in Airflow's connections or its
+    #: secrets backend): what Airflow's tasks use; the CLI too where Airflow is installed.
+    conn_id: str | None = None
     transaction_timeout_s: int = 300  # kafka: how long one transaction may stay open
     #: kafka: where replays and backfills write (never the live output topic: a consumer of it
     #: would see a range twice); None: they are refused for this pipeline.
@@ -226,7 +230,7 @@ def spec_document(spec: PipelineSpec) -> dict:
     """The YAML document of ``spec`` (what :func:`parse_spec` reads back to the same spec)."""
     s = spec.sink
     sink = {"kind": s.kind, "commit": s.commit}
-    for key in ("topic", "dlq_topic", "backfill_topic", "backfill_dlq_topic", "table", "backfill_table", "url"):
+    for key in ("topic", "dlq_topic", "backfill_topic", "backfill_dlq_topic", "table", "backfill_table", "url", "conn_id"):
         if getattr(s, key) is not None:
             sink[key] = getattr(s, key)
     for key in s.about.fields:
@@ -406,11 +410,11 @@ _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 def _expand_url(value: Any, where: str, environ: Mapping[str, str] | None) -> str | None:
     """Expand ``${VAR}`` and ``${VAR:-default}`` in a SQL URL from the environment; a URL that
-    expands to nothing is None (the default SQLite file). With no environment (parsing a DAG
-    file) the URL stays a template: secrets are resolved only where the pipeline runs.
+    expands to nothing is None (then the sink needs ``sink.conn_id``). With no environment
+    (parsing a DAG file) the URL stays a template: secrets are resolved only where the pipeline runs.
 
     :raises SpecError: ``${VAR}`` names a variable that is not set (it never silently becomes
-        the local SQLite file).
+        some other database).
     """
     if value is None:
         return None
@@ -425,7 +429,7 @@ def _expand_url(value: Any, where: str, environ: Mapping[str, str] | None) -> st
             return environ[name]
         if default is None:
             raise SpecError(f"{where}: sink.url: environment variable {name} is not set "
-                            f"(write ${{{name}:-}} to fall back to the default SQLite file)")
+                            f"(write ${{{name}:-local}} to fall back to kafka-eos's development SQLite file)")
         return default
 
     return _VAR.sub(lookup, value).strip() or None
@@ -480,7 +484,7 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
 
     snk = _mapping(top.get("sink"), where, "sink")
     _known(snk, where, "sink.", {"kind", "topic", "dlq_topic", "commit", "table",
-                                 "key_columns", "merge", "url", "transaction_timeout_s", "backfill_topic",
+                                 "key_columns", "merge", "url", "conn_id", "transaction_timeout_s", "backfill_topic",
                                  "backfill_dlq_topic", "backfill_table", "on_refused_record", "format",
                                  "key_format", "subject_strategy", "schema", "key_schema", "auto_register"})
     kind = _choice(snk, where, "kind", ("kafka", "sql"), "sink.", required=True)
@@ -495,6 +499,7 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
         table=snk.get("table"), key_columns=tuple(key_columns),
         merge=_choice(snk, where, "merge", ("replace", "add"), "sink."),
         url=_expand_url(snk.get("url"), where, environ),
+        conn_id=_opt_str(snk, where, "conn_id", "sink."),
         transaction_timeout_s=_positive_int(snk, where, "transaction_timeout_s", 300, "sink."),
         backfill_topic=_opt_topic(snk, where, "backfill_topic"),
         backfill_dlq_topic=_opt_topic(snk, where, "backfill_dlq_topic"),
@@ -527,6 +532,10 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
                                 "live output, dead-letter and source topics")
         if sink.backfill_table is not None:
             raise SpecError(f"{where}: sink.backfill_table: not for a kafka sink (use sink.backfill_topic)")
+        for field_ in ("url", "conn_id"):
+            if field_ in snk:
+                raise SpecError(f"{where}: sink.{field_}: not for a kafka sink (it writes to the pipeline's Kafka "
+                                "cluster)")
         for field_, fmt in (("schema", sink.format), ("key_schema", sink.key_format)):
             if getattr(sink, field_) is not None and fmt not in REGISTRY_FORMATS:
                 raise SpecError(f"{where}: sink.{field_}: a schema file needs sink.{'format' if field_ == 'schema' else 'key_format'} "
@@ -557,6 +566,10 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
                 sink.table, "kafka_eos_offsets", "kafka_eos_dead_letters"):
             raise SpecError(f"{where}: sink.backfill_table: {sink.backfill_table!r} must differ from the live table "
                             "and kafka-eos's own tables")
+        if sink.conn_id is None and (snk.get("url") is None or (environ is not None and sink.url is None)):
+            raise SpecError(f"{where}: sink: a sql sink needs its database: sink.conn_id (an Airflow connection) "
+                            f"or sink.url (a SQLAlchemy URL{'' if snk.get('url') is None else ', which expanded to nothing'}"
+                            "; 'local' for kafka-eos's development SQLite file)")
     manifest = top.get("manifest_topic", MANIFEST_TOPIC_PREFIX + name)
     _topic_name(manifest, where, "manifest_topic")
     if manifest in (*topics, sink.topic, sink.dlq_topic, sink.backfill_topic, sink.backfill_dlq_topic):

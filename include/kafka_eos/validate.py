@@ -18,7 +18,7 @@ from kafka_eos.formats import sink_subject, source_decoders
 from kafka_eos.formats.registry import Registry, SCHEMA_TYPES
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.sinks.kafka import check_transaction_timeout
-from kafka_eos.sinks.sql_store import default_url, make_engine
+from kafka_eos.sinks.sql_store import database_url, make_engine
 from kafka_eos.spec import PipelineSpec, REGISTRY_FORMATS
 from kafka_eos.topics import pipeline_topics
 
@@ -51,7 +51,7 @@ def validate(spec: PipelineSpec, settings: KafkaSettings, ref: str | None = None
     checks.append(_permissions(spec, settings, ref))
     checks += _checkpoints(spec, settings, [p for p in plans if p.role == "source" and not p.missing])
     if "database" in spec.sink.about.checks:
-        checks.append(_database(spec))
+        checks.append(_database(spec, settings))
     checks += _registry(spec, settings)
     return checks
 
@@ -130,10 +130,13 @@ def _checkpoints(spec: PipelineSpec, settings: KafkaSettings, sources) -> list[C
                                        f"checkpointed, none behind the log start")]
 
 
-def _database(spec: PipelineSpec) -> Check:
+def _database(spec: PipelineSpec, settings: KafkaSettings) -> Check:
     from sqlalchemy import text
 
-    url = spec.sink.url or default_url(spec)
+    try:
+        url = database_url(spec, settings)
+    except SpecError as exc:
+        return Check(False, "database", str(exc))
     engine = make_engine(url)
     try:
         with engine.connect() as conn:

@@ -102,9 +102,9 @@ def output_places(spec: PipelineSpec, settings: KafkaSettings) -> list[tuple[str
     if sink.kind == "kafka":
         places.append(("output", f"kafka://{server}", sink.topic, f"kafka://{server}/{sink.topic}"))
     else:
-        from kafka_eos.sinks.sql_store import default_url
+        from kafka_eos.sinks.sql_store import database_url
 
-        url = sink.url or default_url(spec)  # no url: the default SQLite file, as the sink writes it
+        url = database_url(spec, settings)  # the database the sink wrote (its credentials never shown)
         places.append(("output", *_sql_place(url, sink.table)))
         places.append(("dead_letters", *_sql_place(url, sink.dead_letters_table)))
     if sink.dlq_topic and sink.dlq_topic != sink.topic:

@@ -29,6 +29,7 @@ import pytest
 
 from shared_servers import last_test_using
 
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DAGS_DIR = PROJECT_ROOT / "dags"
 PLUGINS_DIR = PROJECT_ROOT / "plugins"
@@ -241,6 +242,10 @@ def alert_receivers(monkeypatch, free_ports):
     http.shutdown()
 
 
+#: The deployment's users with per-DAG permissions: DAG id patterns each may read.
+PAGE_USERS = {"alice": ["kafka_eos__page_a_*"], "bob": ["team_c__*"]}
+
+
 @pytest.fixture(scope="session")
 def airflow_deployment(kafka_settings, free_ports, postgres_url):
     """A real Airflow deployment on 127.0.0.1, for the tests that need Airflow's scheduler
@@ -276,10 +281,17 @@ def airflow_deployment(kafka_settings, free_ports, postgres_url):
                "KAFKA_EOS_PAUSE_AT": "before_commit,before_sql_commit", "KAFKA_EOS_PAUSE_DIR": str(pause_dir),
                "AIRFLOW__KAFKA_EOS__PIPELINES_FOLDER": str(home / "specs"),
                "AIRFLOW__KAFKA_EOS__PAGE_CACHE_SECONDS": "1", "AIRFLOW__KAFKA_EOS__DEADLINES": "True",
+               # Per-DAG permissions (the operator page's filter): alice and bob read only the
+               # DAGs their patterns match (kafka_eos_lab.auth).
+               "AIRFLOW__CORE__AUTH_MANAGER": "kafka_eos_lab.auth.DagPatternAuthManager",
+               "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,alice:viewer,bob:viewer",
+               "KAFKA_EOS_LAB_DAG_ACCESS": json.dumps(PAGE_USERS),  # kafka_eos_lab.auth.ACCESS_ENV
                **statsd.environ()}
     deployment = LocalAirflow(home / "home", free_ports(1), home / "dags", environ,
                               database_url=postgres_url.rsplit("/", 1)[0] + f"/{database}", executor="celery",
                               redis_port=free_ports(1))
+    for user in PAGE_USERS:
+        deployment.password(user)  # in the simple auth manager's file before the API server starts
     deployment.statsd = statsd
     deployment.pause_dir = pause_dir
     deployment.start()

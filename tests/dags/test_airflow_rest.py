@@ -71,7 +71,7 @@ def _log(airflow, dag_id: str, run: dict, task_id: str, try_number: int = 1) -> 
 
 
 def deploy_orders_pipeline(airflow, kafka_settings, name: str, commit: str = "atomic", sql_url: str | None = None,
-                           partitions: int = 1) -> tuple[dict[str, str], str]:
+                           partitions: int = 1, sql_conn_id: str | None = None) -> tuple[dict[str, str], str]:
     """An orders pipeline on the deployment, its source holding 5 valid orders and a malformed one:
     its topics and its DAG's id, parsed and unpaused. Kafka sink (orders enriched, dead letters to
     a topic) in ``commit`` scope; or with ``sql_url``, the revenue aggregation into that database."""
@@ -79,12 +79,13 @@ def deploy_orders_pipeline(airflow, kafka_settings, name: str, commit: str = "at
     kafka_admin.create_topics(kafka_settings, {topics["orders"]: partitions, topics["out"]: partitions,
                                                topics["dlq"]: 1})
     produce_orders(kafka_settings, topics["orders"])
-    if sql_url is None:
+    if sql_url is None and sql_conn_id is None:
         transform, sink = "spark_apps.transforms.orders:enrich", {
             "kind": "kafka", "topic": topics["out"], "dlq_topic": topics["dlq"], "commit": commit}
     else:
+        database = {"url": sql_url} if sql_conn_id is None else {"conn_id": sql_conn_id}
         transform, sink = "spark_apps.transforms.revenue:revenue_per_minute", {
-            "kind": "sql", "url": sql_url, "table": f"{name}_revenue", "key_columns": ["minute", "category"],
+            "kind": "sql", **database, "table": f"{name}_revenue", "key_columns": ["minute", "category"],
             "merge": "add", "commit": commit}
     # Manual only (no schedule): every run is one the test triggers.
     (airflow.dags_folder.parent / "specs" / f"{name}.yaml").write_text(yaml.safe_dump({
@@ -120,6 +121,49 @@ def test_a_pipeline_triggered_with_a_conf_through_the_rest_api(airflow_deploymen
     out = [json.loads(m.value())["order_id"] for m in read_committed(kafka_settings, topics["out"])]
     assert out == [o["order_id"] for o in VALID_ORDERS]
     assert [m.value() for m in read_committed(kafka_settings, topics["dlq"])] == [MALFORMED]
+
+
+def test_a_sql_pipeline_writes_postgresql_through_an_airflow_connection(airflow_deployment, kafka_settings,
+                                                                         postgres_url, unique):
+    """The spec names the database's Airflow connection (no URL, no password anywhere in the spec or
+    the environment): the tasks resolve it through Airflow's connections (here stored in the
+    metadata database through the REST API) with the PostgreSQL provider's hook; the Spark task
+    hands it to spark-submit in a file of its own. The rows and the offsets land in PostgreSQL."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    airflow = airflow_deployment
+    u = unique.replace("-", "_")
+    name, role, password = f"pgconn_{u}", f"writer_{u}", f"pw-{u}-secret"
+    server = make_url(postgres_url)
+    with create_engine(postgres_url, isolation_level="AUTOCOMMIT").connect() as conn:
+        conn.execute(text(f"create database {name}"))
+        conn.execute(text(f"create role {role} login password '{password}'"))
+        conn.execute(text(f"alter database {name} owner to {role}"))
+    conn_id = f"warehouse_{u}"
+    # POST /api/v2/connections: the connection, its password in Airflow's store only.
+    airflow.api("POST", "/api/v2/connections", {
+        "connection_id": conn_id, "conn_type": "postgres", "host": server.host, "port": server.port,
+        "login": role, "password": password, "schema": name})
+    topics, dag_id = deploy_orders_pipeline(airflow, kafka_settings, name, sql_conn_id=conn_id)
+    assert password not in (airflow.dags_folder.parent / "specs" / f"{name}.yaml").read_text()
+
+    run = _trigger_and_wait(airflow, dag_id, {})
+    assert run["state"] == "success" and _task_states(airflow, dag_id, run) == {
+        "plan": "success", "spark": "success", "verify": "success"}
+    for task in ("plan", "spark", "verify"):
+        assert password not in _log(airflow, dag_id, run, task), task
+    as_writer = server.set(username=role, password=password, database=name)
+    with create_engine(as_writer).connect() as conn:
+        orders = conn.execute(text(f"select sum(order_count) from {name}_revenue")).scalar()
+        offsets = conn.execute(text("select topic, partition, next_offset from kafka_eos_offsets "
+                                    "where pipeline = :p"), {"p": name}).all()
+        dead = conn.execute(text("select count(*) from kafka_eos_dead_letters where pipeline = :p"),
+                            {"p": name}).scalar()
+    assert (orders, dead) == (len(VALID_ORDERS), 1)
+    assert [tuple(r) for r in offsets] == [(topics["orders"], 0, len(VALID_ORDERS) + 1)]
+    assert kafka_admin.committed_offsets(kafka_settings, f"kafka-eos.{name}", [(topics["orders"], 0)]) == {
+        (topics["orders"], 0): len(VALID_ORDERS) + 1}
 
 
 CONNECT_DAG = """\

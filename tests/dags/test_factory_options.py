@@ -302,7 +302,7 @@ def test_an_airflow_notifier_of_the_teams_gets_the_alerts_and_the_failures(run_d
 
 def test_lineage_names_sql_places_by_the_naming_spec_without_credentials():
     from kafka_eos.settings import KafkaSettings
-    from kafka_eos.sinks.sql_store import default_url
+    from kafka_eos.sinks.sql_store import local_url
     from kafka_eos_airflow.assets.kafka import sink_asset
     from kafka_eos_airflow.lineage import output_places
 
@@ -318,8 +318,8 @@ def test_lineage_names_sql_places_by_the_naming_spec_without_credentials():
          "postgres://db.example:6543/warehouse/public/kafka_eos_dead_letters")]
     assert "s3cret" not in repr(places) and "writer" not in repr(places)
     assert sink_asset(pg, settings).uri == "postgres://db.example:6543/warehouse/analytics/revenue"
-    # No url: the default SQLite file the sink writes.
+    # url: local: the development SQLite file the sink writes.
     local = parse_spec({"name": "local", "source": {"topics": ["in"]},
-                        "sink": {"kind": "sql", "table": "t", "key_columns": ["k"]}}, "local.yaml")
-    path = default_url(local).removeprefix("sqlite:///")
+                        "sink": {"kind": "sql", "table": "t", "key_columns": ["k"], "url": "local"}}, "local.yaml")
+    path = local_url(local).removeprefix("sqlite:///")
     assert output_places(local, settings)[0][:3] == ("output", f"sqlite:///{path.lstrip('/')}", "t")

@@ -104,7 +104,7 @@ def test_the_page_shows_lag_and_a_hung_transaction_and_its_api_matches_checkpoin
     browser.save_screenshot(str(tmp_path / "operator-page-in-airflow.png"))
 
 
-def test_a_broken_spec_and_an_unreachable_database_each_get_a_row_and_the_rest_still_shows(
+def test_a_broken_spec_gets_a_row_the_page_opens_no_database_and_the_cli_names_an_unreachable_one(
         kafka_settings, unique, tmp_path, monkeypatch, capsys):
     from kafka_eos.spec import parse_spec
 
@@ -135,10 +135,15 @@ def test_a_broken_spec_and_an_unreachable_database_each_get_a_row_and_the_rest_s
     assert set(by_name) == {good.name, f"{good.name}_nodb", "broken"}
     assert by_name[good.name]["error"] is None and by_name[good.name]["partitions"][0]["topic"] == source
     assert "sink.colour: unknown field" in by_name["broken"]["error"]
-    assert by_name[f"{good.name}_nodb"]["error"].startswith("OperationalError: ")
+    # The page opens no sink's database (the API server holds no database credentials): the SQL
+    # sink's checkpoints as its Kafka mirror has them.
+    nodb = by_name[f"{good.name}_nodb"]
+    assert nodb["error"] is None and nodb["checkpoints_from"] == "kafka mirror", nodb
+    assert nodb["partitions"][0]["checkpoint"] is None and nodb["drift"] == []
     assert all("\n" not in e["error"] for e in page["pipelines"] if e["error"])
     html = operator_page.render(page)
-    assert html.count('class="bad error"') == 2 and f'id="{good.name}"' in html
+    assert html.count('class="bad error"') == 1 and f'id="{good.name}"' in html
+    assert "checkpoints as the Kafka mirror has them" in html
 
     # `kafka-eos pipelines`: every row, the failed ones with their error.
     capsys.readouterr()  # Airflow's log lines of the page's read
@@ -166,3 +171,50 @@ def test_every_route_of_the_page_refuses_an_anonymous_request(airflow_deployment
             urllib.request.urlopen(f"{airflow_deployment.url}{URL_PREFIX}{path}", timeout=30)
         # The app's routes: refused by Airflow's auth; the schema and docs: not there at all.
         assert refused.value.code in ((401, 403) if path in routes else (401, 403, 404)), path
+
+
+def _page_as(airflow, user: str) -> str:
+    req = urllib.request.Request(f"{airflow.url}/kafka-eos/", headers={"Authorization": f"Bearer {airflow.token(user)}"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return resp.read().decode()
+
+
+def test_each_user_sees_only_the_pipelines_whose_dags_they_may_read_linked_to_the_dag_that_exists(
+        airflow_deployment, kafka_settings, unique):
+    """Per-DAG permissions of the deployment's auth manager (tests/dags/conftest.py PAGE_USERS):
+    alice may read ``kafka_eos__page_a_*``, bob only ``team_c__*`` — a team's DAG file that builds
+    pipeline b's DAG under ``dag_id_prefix="team_c__"``."""
+    airflow = airflow_deployment
+    specs = airflow.dags_folder.parent / "specs"
+    u = unique.replace("-", "_")
+    a, b = f"page_a_{u}", f"page_b_{u}"
+    for name in (a, b):
+        kafka_admin.create_topics(kafka_settings, {f"{name}.in": 1, f"{name}.out": 1})
+        (specs / f"{name}.yaml").write_text(yaml.safe_dump({
+            "name": name, "source": {"topics": [f"{name}.in"]}, "transform": "identity",
+            "sink": {"kind": "kafka", "topic": f"{name}.out"}}))
+    (airflow.dags_folder / f"team_c_{u}.py").write_text(
+        "from kafka_eos.spec import load_spec\nfrom kafka_eos_airflow.dag_factory import build_dag\n\n"
+        f"dag = build_dag(load_spec({str(specs / f'{b}.yaml')!r}, import_transform=False), dag_id_prefix='team_c__')\n")
+    for dag_id in (f"kafka_eos__{a}", f"kafka_eos__{b}", f"team_c__kafka_eos__{b}"):
+        airflow.wait_for_dag(dag_id, unpause=False)
+
+    def seen(user: str) -> dict[str, str]:
+        entries = airflow.api("GET", "/kafka-eos/api/pipelines", user=user)["pipelines"]
+        return {e["pipeline"]: e["dag_id"] for e in entries if e["pipeline"] in (a, b)}
+
+    assert seen("admin") == {a: f"kafka_eos__{a}", b: f"kafka_eos__{b}"}
+    assert seen("alice") == {a: f"kafka_eos__{a}"}
+    assert seen("bob") == {b: f"team_c__kafka_eos__{b}"}
+    # Another team's pipeline is not there, as one that does not exist.
+    for user, hidden in (("bob", a), ("alice", b)):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            airflow.api("GET", f"/kafka-eos/api/pipelines/{hidden}", user=user)
+        assert refused.value.code == 404, (user, hidden)
+    assert airflow.api("GET", f"/kafka-eos/api/pipelines/{b}", user="bob")["dag_id"] == f"team_c__kafka_eos__{b}"
+    # The page: bob's pipeline only, its link to the DAG id that exists (the factory's prefix).
+    html = _page_as(airflow, "bob")
+    assert f'id="{b}"' in html and f'id="{a}"' not in html
+    assert f'href="/dags/team_c__kafka_eos__{b}"' in html
+    html = _page_as(airflow, "alice")
+    assert f'id="{a}"' in html and f'id="{b}"' not in html and f'href="/dags/kafka_eos__{a}"' in html

@@ -100,12 +100,12 @@ def test_a_kafka_checkpoint_reset_fences_the_pipeline_lands_where_asked_and_is_a
 
 def test_a_sql_checkpoint_reset_moves_the_sink_and_its_mirror(kafka_settings, make_spec):
     from kafka_eos.plan import PartitionRange, Plan
-    from kafka_eos.sinks.sql_store import SqlStore
+    from kafka_eos.sinks.sql_store import SqlStore, database_url
 
     spec = make_spec(kind="sql", partitions=2, key_columns=["k"])
     topic = spec.source.topics[0]
     _produce_at(kafka_settings, topic, 0, [0, 1, 2, 3])
-    sink = SqlStore(spec)
+    sink = SqlStore(spec, database_url(spec))
     sink.create_tables()
     sink.commit(Plan(spec.name, "run-1", (PartitionRange(topic, 0, 0, 4, None),)), None, None, iter(()))
     kafka_admin.alter_group_offsets(kafka_settings, spec.source.group_id, {(topic, 0): 4})  # its mirror

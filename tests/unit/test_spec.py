@@ -83,7 +83,7 @@ def test_sql_sink_needs_a_table_and_atomic_scope():
     doc = {**GOOD, "sink": {"kind": "sql"}}
     with pytest.raises(SpecError, match=r"sink.table: required"):
         parse_spec(doc, "s.yaml")
-    doc = {**GOOD, "sink": {"kind": "sql", "table": "t", "commit": "per_partition"}}
+    doc = {**GOOD, "sink": {"kind": "sql", "table": "t", "commit": "per_partition", "url": "local"}}
     with pytest.raises(SpecError, match=r"sink.commit: a sql sink commits on the driver"):
         parse_spec(doc, "s.yaml")
 
@@ -100,10 +100,27 @@ def test_sql_url_expands_environment_variables():
     # Unset: an error naming the variable, never a silent local SQLite file.
     with pytest.raises(SpecError, match=r"^s.yaml: sink.url: environment variable DB_URL is not set"):
         parse_spec(doc, "s.yaml", {})
-    fallback = {**GOOD, "sink": {"kind": "sql", "table": "t", "url": "${DB_URL:-}"}}
-    assert parse_spec(fallback, "s.yaml", {}).sink.url is None  # the default SQLite file
+    fallback = {**GOOD, "sink": {"kind": "sql", "table": "t", "url": "${DB_URL:-local}"}}
+    assert parse_spec(fallback, "s.yaml", {}).sink.url == "local"  # said so: the development SQLite file
     # Parsing a DAG file resolves nothing: the template stays as written.
     assert parse_spec(doc, "s.yaml").sink.url == "${DB_URL}"
+
+
+def test_a_sql_sink_names_its_database_there_is_no_default():
+    from kafka_eos.sinks.sql_store import database_url, local_url
+
+    bare = {**GOOD, "sink": {"kind": "sql", "table": "t"}}
+    with pytest.raises(SpecError, match=r"^s.yaml: sink: a sql sink needs its database: sink.conn_id \(an Airflow "
+                                        r"connection\) or sink.url \(a SQLAlchemy URL; 'local'"):
+        parse_spec(bare, "s.yaml", {})
+    with pytest.raises(SpecError, match=r"^s.yaml: sink: .* or sink.url \(a SQLAlchemy URL, which expanded to nothing"):
+        parse_spec({**GOOD, "sink": {"kind": "sql", "table": "t", "url": "${DB_URL:-}"}}, "s.yaml", {})
+    with pytest.raises(SpecError, match=r"^s.yaml: sink.conn_id: not for a kafka sink"):
+        parse_spec({**GOOD, "sink": {**GOOD["sink"], "conn_id": "warehouse"}}, "s.yaml", {})
+    named = parse_spec({**GOOD, "sink": {"kind": "sql", "table": "t", "conn_id": "warehouse"}}, "s.yaml", {})
+    assert (named.sink.conn_id, named.sink.url) == ("warehouse", None)
+    local = parse_spec({**GOOD, "sink": {"kind": "sql", "table": "t", "url": "local"}}, "s.yaml", {})
+    assert database_url(local) == local_url(local) and local_url(local).endswith(f"/sql/{local.name}.db")
 
 
 def test_unknown_transform_is_a_spec_error(tmp_path):
@@ -186,7 +203,7 @@ def test_transaction_timeout_is_a_kafka_sink_setting():
 
 
 SQL = {"name": "p2", "source": {"topics": ["orders"]}, "transform": "identity",
-       "sink": {"kind": "sql", "table": "t", "key_columns": ["a"], "merge": "add"}}
+       "sink": {"kind": "sql", "table": "t", "key_columns": ["a"], "merge": "add", "url": "local"}}
 
 
 @pytest.mark.parametrize("sink, message", [
@@ -221,11 +238,11 @@ def test_side_run_places_parse():
 
 def test_a_side_run_of_a_sql_sink_keeps_the_live_database_and_keys_its_rows_by_range():
     from kafka_eos.backfill.side import Side, promote_sql, side_spec
-    from kafka_eos.sinks.sql_store import default_url
+    from kafka_eos.sinks.sql_store import local_url
 
     spec = parse_spec({**SQL, "sink": {**SQL["sink"], "backfill_table": "t_bf"}})
     side = side_spec(spec, Side("replay", "abc", 2))
-    assert (side.sink.table, side.sink.url, side.sink.dead_letters_table) == ("t_bf", default_url(spec), "t_bf_dead_letters")
+    assert (side.sink.table, side.sink.url, side.sink.dead_letters_table) == ("t_bf", local_url(spec), "t_bf_dead_letters")
     assert side.sink.key_columns == ("a", "kafka_eos_range", "kafka_eos_generation")
     assert side.sink.columns == (("kafka_eos_range", "abc"), ("kafka_eos_generation", 2))
     assert promote_sql(spec, "abc", 2, ["a", "b"]) == (
@@ -239,7 +256,8 @@ def test_a_side_run_of_a_sql_sink_keeps_the_live_database_and_keys_its_rows_by_r
 
 
 def test_an_additive_sql_sink_needs_its_key_columns():
-    doc = {"name": "s", "source": {"topics": ["orders"]}, "sink": {"kind": "sql", "table": "t", "merge": "add"}}
+    doc = {"name": "s", "source": {"topics": ["orders"]}, "sink": {"kind": "sql", "table": "t", "merge": "add",
+                                                                   "url": "local"}}
     with pytest.raises(SpecError, match=r"^s.yaml: sink.merge: 'add' needs sink.key_columns"):
         parse_spec(doc, "s.yaml")
     doc["sink"]["key_columns"] = ["k"]

@@ -42,7 +42,7 @@ from kafka_eos.manifest import ManifestStore, now_iso
 from kafka_eos.pipeline import checkpoints, past_killed_attempt, source_partitions
 from kafka_eos.plan import PartitionRange, Plan, SkippedRange
 from kafka_eos.settings import KafkaSettings
-from kafka_eos.sinks.sql_store import default_url, make_engine
+from kafka_eos.sinks.sql_store import LOCAL_URL, database_url, local_url, make_engine
 from kafka_eos.spec import PipelineSpec
 
 REPLAY, BACKFILL = "replay", "backfill"
@@ -94,9 +94,9 @@ def side_spec(spec: PipelineSpec, side: Side) -> PipelineSpec:
         sink = dataclasses.replace(sink, topic=sink.backfill_topic, dlq_topic=dlq, headers=(
             (RANGE_HEADER, side.key.encode()), (GENERATION_HEADER, str(side.generation).encode())))
     else:
-        # The sink's own database (its default SQLite file is named after the live pipeline).
+        # The sink's own database (``local``'s SQLite file is named after the live pipeline).
         sink = dataclasses.replace(
-            sink, url=sink.url or default_url(spec), table=sink.backfill_table,
+            sink, url=local_url(spec) if sink.url == LOCAL_URL else sink.url, table=sink.backfill_table,
             dead_letters_table=f"{sink.backfill_table}_dead_letters",
             columns=((RANGE_COLUMN, side.key), (GENERATION_COLUMN, side.generation)),
             # Keyed by range and generation too: each generation of each range has rows of its own.
@@ -106,12 +106,12 @@ def side_spec(spec: PipelineSpec, side: Side) -> PipelineSpec:
         source=dataclasses.replace(spec.source, group_id=f"{spec.source.group_id}.{side.suffix}"))
 
 
-def promote_statement(spec: PipelineSpec, side: Side) -> str:
+def promote_statement(spec: PipelineSpec, side: Side, settings: KafkaSettings | None = None) -> str:
     """:func:`promote_sql` for the backfill table as it is in the sink's database (its columns
-    read from there)."""
+    read from there; ``settings`` may carry the database as its connection gave it)."""
     from sqlalchemy import inspect
 
-    engine = make_engine(side_spec(spec, side).sink.url)
+    engine = make_engine(database_url(side_spec(spec, side), settings))
     try:
         columns = [c["name"] for c in inspect(engine).get_columns(spec.sink.backfill_table)
                    if c["name"] not in (RANGE_COLUMN, GENERATION_COLUMN)]

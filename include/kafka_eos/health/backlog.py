@@ -19,15 +19,17 @@ from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
 
 
-def backlog(spec: PipelineSpec, settings: KafkaSettings, now_ms: int | None = None) -> tuple[list[dict], list[Drift]]:
+def backlog(spec: PipelineSpec, settings: KafkaSettings, now_ms: int | None = None,
+            mirror: bool = False) -> tuple[list[dict], list[Drift]]:
     """:func:`~kafka_eos.pipeline.checkpoint_rows`, each row with ``oldest_unprocessed``: the
     first committed record at or after the checkpoint and below the row's LSO (``offset``,
     ``timestamp_ms``, ``age_s``), or None when no committed record waits there (none past the
     checkpoint, or only aborted ones).
 
-    A partition without a checkpoint counts from its log start, as its lag does.
+    A partition without a checkpoint counts from its log start, as its lag does. ``mirror``: a
+    SQL sink's checkpoints from its Kafka mirror (see :func:`kafka_eos.pipeline.checkpoints`).
     """
-    rows, drift = checkpoint_rows(spec, settings)
+    rows, drift = checkpoint_rows(spec, settings, mirror)
     return with_oldest_unprocessed(settings, rows, now_ms), drift
 
 

@@ -20,7 +20,9 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
+from urllib.parse import quote
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,8 +51,6 @@ START_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 30.0
 #: The login of the local deployment (Airflow's simple auth manager; its password is generated).
 ADMIN = "admin"
-#: The connection through which tasks reach the REST API (run notes; see kafka_eos_airflow.notes).
-API_CONN_ID = "kafka_eos_airflow_api"
 
 
 def connections_environ(settings, spark_master: str | None = None, spark_remote: str | None = None) -> dict[str, str]:
@@ -208,10 +208,6 @@ class LocalAirflow:
             # A local Airflow of kafka-eos's own: where the Kafka connection is not defined, the
             # local broker (KAFKA_BOOTSTRAP_SERVERS, else 127.0.0.1:19092) stands in.
             "AIRFLOW__KAFKA_EOS__LOCAL_BROKER_FALLBACK": "True",
-            # Tasks write their run's note through the REST API, as the admin.
-            f"AIRFLOW_CONN_{API_CONN_ID.upper()}": json.dumps({
-                "conn_type": "http", "host": HOST, "port": self.port, "schema": "http", "login": ADMIN,
-                "password": self.password()}),
             **self.environ,
         }
 
@@ -244,15 +240,20 @@ class LocalAirflow:
         return cls(home, port, dags, connections_environ(settings), database_url=url, executor="celery",
                    postgres=postgres)
 
-    def password(self) -> str:
-        """The admin's password: generated once into the file Airflow's simple auth manager reads
-        (mode 0600, in the home folder), before the api-server starts."""
+    def password(self, user: str = ADMIN) -> str:
+        """A user's password (the admin's by default): generated once into the file Airflow's
+        simple auth manager reads (mode 0600, in the home folder), before the api-server starts;
+        a further user of ``AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS`` is added to it then too."""
         path = self.home / "simple_auth_manager_passwords.json.generated"
         if not path.exists():
             self.home.mkdir(parents=True, exist_ok=True)
             path.touch(mode=0o600)
             path.write_text(json.dumps({ADMIN: secrets.token_urlsafe(16)}) + "\n")
-        return json.loads(path.read_text())[ADMIN]
+        passwords = json.loads(path.read_text())
+        if user not in passwords:
+            passwords[user] = secrets.token_urlsafe(16)
+            path.write_text(json.dumps(passwords) + "\n")
+        return passwords[user]
 
     def airflow(self, *args: str, timeout_s: float = 300.0, check: bool = True) -> subprocess.CompletedProcess:
         """Run ``airflow ARGS`` against this deployment.
@@ -406,20 +407,34 @@ class LocalAirflow:
         if self.postgres is not None:
             self.postgres.stop()
 
-    def token(self) -> str:
-        """A bearer token of the admin user for the REST API."""
-        body = json.dumps({"username": ADMIN, "password": self.password()}).encode()
+    def token(self, user: str = ADMIN) -> str:
+        """A bearer token of a user (the admin by default) for the REST API."""
+        body = json.dumps({"username": user, "password": self.password(user)}).encode()
         req = urllib.request.Request(f"{self.url}/auth/token", data=body, method="POST",
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=30) as resp:
             return json.load(resp)["access_token"]
 
-    def api(self, method: str, path: str, body: dict | None = None) -> dict:
-        """One REST call (``/api/v2/…``) as the admin user; the decoded JSON answer."""
+    def run_note(self, dag_id: str, run_id: str) -> str | None:
+        """The note a kafka-eos pipeline run left: the XCom ``note`` of its verify task, else of its
+        plan task (a dry run or a reset ends there); None without one."""
+        for task in ("verify", "plan"):
+            try:
+                entry = self.api("GET", f"/api/v2/dags/{quote(dag_id, safe='')}/dagRuns/{quote(run_id, safe='')}"
+                                        f"/taskInstances/{task}/xcomEntries/note")
+            except urllib.error.HTTPError as exc:
+                if exc.code == 404:  # not that task's, or it did not run
+                    continue
+                raise
+            return str(entry["value"])
+        return None
+
+    def api(self, method: str, path: str, body: dict | None = None, user: str = ADMIN) -> dict:
+        """One REST call (``/api/v2/…``) as a user (the admin by default); the decoded JSON answer."""
         req = urllib.request.Request(f"{self.url}{path}", method=method,
                                      data=None if body is None else json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json",
-                                              "Authorization": f"Bearer {self.token()}"})
+                                              "Authorization": f"Bearer {self.token(user)}"})
         with urllib.request.urlopen(req, timeout=60) as resp:
             body = resp.read()
             return json.loads(body) if body else {}  # 204 No Content (a DELETE)

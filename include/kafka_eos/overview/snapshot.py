@@ -74,13 +74,14 @@ def unreadable_spec(name: str, path: str, error: str) -> dict:
 
 
 def snapshot(settings: KafkaSettings, specs: Iterable[PipelineSpec], runs: int = LAST_RUNS,
-             now_ms: int | None = None) -> list[dict]:
+             now_ms: int | None = None, mirror: bool = False) -> list[dict]:
     """Every pipeline's state, in the order of ``specs``.
 
     Each entry: ``pipeline``, ``group_id``, ``sink``, ``partitions`` (the rows of
     ``kafka-eos checkpoint --json``), ``drift``, ``pinned`` (stalls with their holder), ``lag``
     (total), ``runs`` (newest first), and ``error`` (a one-line reason this pipeline could not be
-    read, e.g. a missing topic; the other pipelines are still shown).
+    read, e.g. a missing topic; the other pipelines are still shown). ``mirror``: SQL sinks'
+    checkpoints as their Kafka mirror has them, their databases never opened (no drift shown).
     """
     specs = list(specs)
     out: list[dict] = []
@@ -90,6 +91,7 @@ def snapshot(settings: KafkaSettings, specs: Iterable[PipelineSpec], runs: int =
     md = topics_metadata(settings, [t for spec in specs for t in (*needed_topics(spec), spec.manifest_topic)])
     for spec in specs:
         entry = {"pipeline": spec.name, "group_id": spec.source.group_id, "sink": _sink(spec),
+                 "checkpoints_from": "kafka mirror" if mirror and not spec.sink.about.transactional else "sink",
                  "partitions": [], "drift": [], "pinned": [], "lag": 0, "runs": [], "error": None}
         out.append(entry)
         try:
@@ -107,7 +109,7 @@ def snapshot(settings: KafkaSettings, specs: Iterable[PipelineSpec], runs: int =
     def per_pipeline(spec: PipelineSpec) -> tuple[dict, list[dict], list[dict]] | str:
         """(checkpoints, drift, last runs), or the one-line reason they could not be read."""
         try:
-            cks, drift = checkpoints(spec, settings, tps_of[spec.name])
+            cks, drift = checkpoints(spec, settings, tps_of[spec.name], mirror)
             manifest = manifests.get(spec.name)
             last = [_run(rec) for rec in ManifestStore.of(spec, settings).last_runs(runs, offsets[manifest])] \
                 if manifest else []
@@ -150,9 +152,10 @@ class CachedOverview:
     """
 
     def __init__(self, load: Callable[[], tuple[KafkaSettings, list[PipelineSpec], list[dict]]],
-                 ttl_s: float = CACHE_TTL_S):
+                 ttl_s: float = CACHE_TTL_S, mirror: bool = False):
         self._load = load
         self._ttl_s = ttl_s
+        self._mirror = mirror
         self._lock = threading.Lock()
         self._taken: tuple[float, dict] | None = None
 
@@ -162,7 +165,7 @@ class CachedOverview:
             if self._taken is None or time.monotonic() - self._taken[0] > self._ttl_s:
                 started = time.monotonic()
                 settings, specs, unreadable = self._load()
-                pipelines = snapshot(settings, specs) + list(unreadable)
+                pipelines = snapshot(settings, specs, mirror=self._mirror) + list(unreadable)
                 self._taken = (time.monotonic(), {"taken_at": time.time(), "bootstrap": settings.bootstrap_servers,
                                                   "seconds": round(time.monotonic() - started, 3),
                                                   "pipelines": pipelines})

@@ -32,7 +32,7 @@ from kafka_eos.plan import Plan
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.sinks.base import Drift, Outcome, Output, Sink
 from kafka_eos.sinks.batches import fetched
-from kafka_eos.sinks.sql_store import ArrowSpool, SqlStore, Spool, as_bytes
+from kafka_eos.sinks.sql_store import ArrowSpool, SqlStore, Spool, as_bytes, database_url
 from kafka_eos.spec import PipelineSpec
 from kafka_eos.transforms import DLQ_REASON
 
@@ -56,7 +56,7 @@ class SqlSink(Sink):
     def store(self) -> SqlStore:
         """The pipeline's tables (an engine, built at first use)."""
         if self._store is None:
-            self._store = SqlStore(self.spec)
+            self._store = SqlStore(self.spec, database_url(self.spec, self.settings))
         return self._store
 
     def _start(self) -> None:

@@ -60,8 +60,56 @@ OFFSETS_TABLE = "kafka_eos_offsets"
 DEAD_LETTERS_TABLE = "kafka_eos_dead_letters"
 
 
-def default_url(spec: PipelineSpec) -> str:
+#: ``sink.url: local``: kafka-eos's development database, a SQLite file per pipeline under
+#: ``.local/sql/`` (never chosen for a spec that does not say so).
+LOCAL_URL = "local"
+
+
+def local_url(spec: PipelineSpec) -> str:
+    """The SQLite file that ``sink.url: local`` names."""
     return f"sqlite:///{local_dir() / 'sql' / (spec.name + '.db')}"
+
+
+#: The entry point group through which an installed Airflow provider resolves a connection id:
+#: ``sql`` -> ``f(conn_id) -> SQLAlchemy URL | None`` (kafka_eos_airflow.hooks.sql). The library
+#: never imports Airflow; where the provider is installed, the CLI resolves ``sink.conn_id``
+#: through Airflow's secrets backends with it.
+CONNECTIONS_GROUP = "kafka_eos.connections"
+
+
+def connection_url(conn_id: str) -> str | None:
+    """The SQLAlchemy URL of the Airflow connection ``conn_id`` (see :data:`CONNECTIONS_GROUP`);
+    None where no resolver is installed or no such connection is defined."""
+    from importlib.metadata import entry_points
+
+    for resolver in entry_points(group=CONNECTIONS_GROUP, name="sql"):
+        return resolver.load()(conn_id)
+    return None
+
+
+def database_url(spec: PipelineSpec, settings: KafkaSettings | None = None, strict: bool = False) -> str:
+    """The SQL sink's database: the one ``settings`` carry (resolved from the connection by the
+    Airflow task that started this process), else the Airflow connection ``sink.conn_id``, else
+    ``sink.url`` (``local``: :func:`local_url`).
+
+    :param strict: a ``sink.conn_id`` that is not defined is an error even where the spec has a
+        ``sink.url`` (Airflow's tasks, unless the local stack's fallback is on); else the URL is
+        used, as the CLI outside Airflow does.
+    :raises SpecError: one line naming the connection (or the missing fields).
+    """
+    sink = spec.sink
+    url = settings.database_url if settings is not None else None
+    if url is None and sink.conn_id is not None:
+        url = connection_url(sink.conn_id)
+        if url is None and (strict or sink.url is None):
+            raise SpecError(f"{spec.path}: sink.conn_id: Airflow connection {sink.conn_id!r} is not defined"
+                            + ("" if strict else " and the spec has no sink.url"))
+        if url is None:
+            log.info("%s: Airflow connection %r is not defined here: using sink.url", spec.path, sink.conn_id)
+    url = url or sink.url
+    if url is None:
+        raise SpecError(f"{spec.path}: sink: a sql sink needs sink.conn_id or sink.url")
+    return local_url(spec) if url == LOCAL_URL else url
 
 
 def make_engine(url: str) -> Engine:
@@ -110,9 +158,9 @@ def _sql_type(spark_type):
 class SqlStore:
     """The SQL tables of one pipeline: its results, its offsets rows, its dead letters."""
 
-    def __init__(self, spec: PipelineSpec, url: str | None = None) -> None:
+    def __init__(self, spec: PipelineSpec, url: str) -> None:
         self.spec = spec
-        self.engine = make_engine(url or spec.sink.url or default_url(spec))
+        self.engine = make_engine(url)
         self.metadata = MetaData()
         self.offsets = Table(
             OFFSETS_TABLE, self.metadata,

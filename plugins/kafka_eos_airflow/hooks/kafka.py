@@ -18,6 +18,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 from kafka_eos.local.kafka import LocalBroker
 from kafka_eos.local.registry import LocalRegistry
 from kafka_eos.settings import KafkaSettings, RegistrySettings
+from kafka_eos.spec import PipelineSpec
 from kafka_eos_airflow import config
 
 # Imported inside the functions that use them, not here: the Kafka clients (kafka_admin, the
@@ -187,6 +188,28 @@ class KafkaEosHook(BaseHook):
         settings = self.get_settings(registry)
         check_reachable(settings)
         return settings
+
+    def get_pipeline_settings(self, spec: PipelineSpec, registry: bool = False) -> KafkaSettings:
+        """:meth:`get_checked_settings` for one pipeline: with a SQL sink's database resolved from
+        its Airflow connection (``sink.conn_id``), which the settings then carry to a Spark
+        process in a file of the task's own. A connection that is not defined is an error naming
+        it; only where ``[kafka_eos] local_broker_fallback`` is on does the spec's ``sink.url``
+        stand in for it.
+
+        :raises SpecError: the connection is not defined, or is not a database's.
+        """
+        return self.with_database(self.get_checked_settings(registry), spec)
+
+    @staticmethod
+    def with_database(settings: KafkaSettings, spec: PipelineSpec) -> KafkaSettings:
+        """``settings`` with ``spec``'s SQL database resolved (see :meth:`get_pipeline_settings`)."""
+        if spec.sink.conn_id is None:
+            return settings
+        # SQLAlchemy and the Kafka clients (sql_store): not at DAG parse time, see the top.
+        from kafka_eos.sinks.sql_store import database_url
+
+        url = database_url(spec, settings, strict=not config.local_broker_fallback())
+        return dataclasses.replace(settings, database_url=url)
 
     def test_connection(self) -> tuple[bool, str]:
         """Airflow's connection test: does the cluster answer?"""

@@ -52,7 +52,7 @@ class FreshnessCheckOperator(BaseOperator):
         for pipeline in self.pipelines:
             try:
                 spec = load_spec(pipeline, import_transform=False)
-                rows, _drift = backlog(spec, settings)
+                rows, _drift = backlog(spec, KafkaEosHook.with_database(settings, spec))
             except TopicMissing as exc:
                 self.log.info("%s: not checked: %s", pipeline, exc)
                 continue
@@ -119,7 +119,8 @@ class CheckpointRefreshOperator(BaseOperator):
         for pipeline in self.pipelines:
             try:
                 spec = load_spec(pipeline, import_transform=False)
-                refreshed = refresh_checkpoints(spec, settings, next_in_s=self.next_in_s)
+                refreshed = refresh_checkpoints(spec, KafkaEosHook.with_database(settings, spec),
+                                                next_in_s=self.next_in_s)
             except TopicMissing as exc:
                 self.log.info("%s: not refreshed: %s", pipeline, exc)
                 continue

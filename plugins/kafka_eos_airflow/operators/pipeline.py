@@ -34,7 +34,7 @@ from kafka_eos.spec import PipelineSpec, load_spec
 
 from kafka_eos_airflow import config
 from kafka_eos_airflow.hooks.kafka import KafkaEosHook
-from kafka_eos_airflow.notes import ranges_text, set_run_note
+from kafka_eos_airflow.notes import ranges_text, record_note
 from kafka_eos_airflow.notifications.alerts import send_alert
 from kafka_eos_airflow.params import RunOptions
 
@@ -213,7 +213,7 @@ class KafkaEosPlanOperator(_PipelineOperator):
 
         with task_errors():
             options, spec = run_spec(self.pipeline, context)
-            settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
+            settings = KafkaEosHook(self.kafka_conn_id).get_pipeline_settings(spec)
             # Before anything is written: every permission the pipeline's runs need.
             acls.check(spec, settings)
             side = SideRequest.of(options, context)
@@ -257,7 +257,7 @@ class KafkaEosPlanOperator(_PipelineOperator):
             for t, p, a, b in shown["ranges"]:
                 self.log.info("DRY RUN %s %s %s-%d: would read [%d, %d)%s", side.kind, side.key, t, p, a, b,
                               " (recorded)" if shown["recorded"] else "")
-            set_run_note(context, f"DRY RUN {side.kind} {side.key}: would read {ranges_text(shown['ranges'])}"
+            record_note(context, f"DRY RUN {side.kind} {side.key}: would read {ranges_text(shown['ranges'])}"
                                   f"{' (recorded)' if shown['recorded'] else ''}. Nothing was written.")
             return {"pipeline": spec.name, "dry_run": True, side.kind: side.key, "ranges": shown["ranges"],
                     "recorded": shown["recorded"]}
@@ -287,7 +287,7 @@ class KafkaEosPlanOperator(_PipelineOperator):
         self.log.info("DRY RUN pipeline %s: %d partition(s) would be read; nothing was stored, read, written or "
                       "committed", spec.name, len(plan.active))
         summary = {**plan_summary(plan), "dry_run": True}
-        set_run_note(context, f"DRY RUN: would read {ranges_text(summary['ranges'])}. Nothing was stored, read, "
+        record_note(context, f"DRY RUN: would read {ranges_text(summary['ranges'])}. Nothing was stored, read, "
                               "written or committed.")
         return summary
 
@@ -302,7 +302,7 @@ class KafkaEosPlanOperator(_PipelineOperator):
             before, _drift = checkpoints(spec, settings, sorted(targets))
             moves = {f"{t}-{p}": [before[(t, p)], offset] for (t, p), offset in sorted(targets.items())}
             self._log_moves("DRY RUN", moves)
-            set_run_note(context, f"DRY RUN checkpoint reset: {_moved(moves)}. Nothing was changed.")
+            record_note(context, f"DRY RUN checkpoint reset: {_moved(moves)}. Nothing was changed.")
             return {"pipeline": spec.name, "dry_run": True, "reset": moves}
         if options.reset_confirm != confirmation(spec):
             raise SpecError(f"params.reset_confirm: type exactly {confirmation(spec)!r} to reset the checkpoint "
@@ -315,7 +315,7 @@ class KafkaEosPlanOperator(_PipelineOperator):
         moves = {tp: [record["before"][tp], record["after"][tp]] for tp in record["after"]}
         self._log_moves("RESET", moves)
         self.log.info("checkpoint of %s reset (%s); recorded in kafka-eos.audit", spec.name, record["status"])
-        set_run_note(context, f"Checkpoint reset ({record['status']}): {_moved(moves)}; recorded in kafka-eos.audit "
+        record_note(context, f"Checkpoint reset ({record['status']}): {_moved(moves)}; recorded in kafka-eos.audit "
                               f"by {record['who']}.")
         return {"pipeline": spec.name, "dry_run": False, "reset": moves, "audit": record}
 
@@ -384,7 +384,7 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
         with task_errors():
             options, spec = run_spec(self.pipeline, context)
             skip_unless_spark_runs(options)
-            settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings(registry=True)
+            settings = KafkaEosHook(self.kafka_conn_id).get_pipeline_settings(spec, registry=True)
             side = SideRequest.of(options, context)
             if side is None:
                 # A stream that started after the plan task (a retry, a slow queue) is not fenced.
@@ -481,7 +481,7 @@ class KafkaEosVerifyOperator(_PipelineOperator):
         with task_errors():
             options, spec = run_spec(self.pipeline, context)
             skip_unless_spark_runs(options)
-            settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings()
+            settings = KafkaEosHook(self.kafka_conn_id).get_pipeline_settings(spec)
             side = SideRequest.of(options, context)
             live_spec = spec
             if side is None:
@@ -513,13 +513,13 @@ class KafkaEosVerifyOperator(_PipelineOperator):
         if side is not None:
             summary["writes_to"] = side_writes_to(live_spec)
             if live_spec.sink.about.promoted_by_sql:
-                summary["promote_sql"] = promote_statement(live_spec, side_json)
+                summary["promote_sql"] = promote_statement(live_spec, side_json, settings)
 
                 summary["promote_caveat"] = promote_caveat(live_spec)
                 self.log.info("%s %s: rows in %s; to promote them into the live table, after checking: %s%s",
                               side.kind, side.key, live_spec.sink.backfill_table, summary["promote_sql"],
                               f" ({summary['promote_caveat']})" if summary["promote_caveat"] else "")
-        set_run_note(context, self._note(summary, plan, side, context))
+        record_note(context, self._note(summary, plan, side, context))
         mode, side_key = (side.kind, side.key) if side else ("live", None)
         try:
             self._lineage = lineage.run_lineage(spec, settings, plan, summary, mode, side_key)
@@ -568,9 +568,9 @@ def side_writes_to(spec: PipelineSpec) -> str:
     return writes_to(spec)
 
 
-def promote_statement(spec: PipelineSpec, side_json: str) -> str:
+def promote_statement(spec: PipelineSpec, side_json: str, settings: KafkaSettings) -> str:
     """The SQL that copies a SQL side run's rows into the live table (see
     :func:`kafka_eos.backfill.side.promote_statement`)."""
     from kafka_eos.backfill.side import Side, promote_statement as statement
 
-    return statement(spec, Side.from_json(side_json))
+    return statement(spec, Side.from_json(side_json), settings)

@@ -140,7 +140,8 @@ class KafkaEosStreamOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         interval = float(self.interval_s)
         drain = self.until_caught_up or bool(context["params"].get("until_caught_up"))
-        settings = KafkaEosHook(self.kafka_conn_id).get_checked_settings(registry=True)
+        settings = KafkaEosHook(self.kafka_conn_id).get_pipeline_settings(
+            load_spec(self.pipeline, import_transform=False), registry=True)
         command = [sys.executable, "-m", "kafka_eos.cli", "stream", self.pipeline, "--interval", f"{interval:g}",
                    "--figures", *(["--until-caught-up"] if drain else [])]
         with tempfile.TemporaryDirectory(prefix="kafka-eos-stream-") as tmp:

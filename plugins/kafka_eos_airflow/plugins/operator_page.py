@@ -11,9 +11,17 @@
 
 A plugin's app is not behind Airflow's authentication by itself: every route depends on Airflow's
 own check (a valid token in the ``Authorization`` header, or the UI's session cookie; and the
-auth manager's permission to see the website). The page only reads Kafka: it never commits,
-aborts or produces. It reads the cluster at most once per few seconds
-(:class:`kafka_eos.overview.snapshot.CachedOverview`).
+auth manager's permission to see the website), and a user sees only the pipelines one of whose
+DAGs the auth manager lets them read (``get_authorized_dag_ids``: any auth manager, per-DAG
+permissions, teams), found by DAG id whatever the factory's ``dag_id_prefix``; another's
+pipeline is a 404, as one that does not exist. Links are paths under the API server's own root
+(``[api] base_url`` with a path prefix, or a proxy's root path), to the DAG ids that exist.
+
+The page only reads Kafka: it never commits, aborts or produces, and it needs no sink's
+credentials: a SQL sink's checkpoints are shown as its Kafka mirror has them (the API server
+opens no database of a pipeline). It reads the cluster at most once per few seconds
+(:class:`kafka_eos.overview.snapshot.CachedOverview`), for every user; what each sees is
+filtered per request.
 """
 
 from __future__ import annotations
@@ -23,11 +31,11 @@ import json
 from typing import Any
 from urllib.parse import quote
 
-from fastapi import Depends, FastAPI, HTTPException
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse
 
 from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
-from airflow.api_fastapi.core_api.security import requires_access_view
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_view
 
 from kafka_eos.spec import load_spec, spec_paths
 from kafka_eos_airflow import config
@@ -38,6 +46,8 @@ from kafka_eos_airflow.hooks.kafka import KafkaEosHook
 URL_PREFIX = "/kafka-eos"
 #: The DAG that aborts a held partition's transaction (dags/kafka_eos_runbooks.py).
 RUNBOOK_DAG_ID = "kafka_eos_runbook_abort_transaction"
+#: A pipeline's DAG ids end with these and its name (the factory's ``dag_id_prefix`` before them).
+PIPELINE_DAG, STREAM_DAG = "kafka_eos__", "kafka_eos_stream__"
 
 app = FastAPI(title="kafka-eos: Kafka pipelines",
               description="Checkpoints, LSO, lag and stuck transactions of every kafka-eos pipeline (read only).",
@@ -71,28 +81,63 @@ def overview() -> dict:
     if _cache is None:
         from kafka_eos.overview.snapshot import CachedOverview  # Kafka clients: see _load
 
-        _cache = CachedOverview(_load, page_cache_seconds())
+        # mirror: the API server holds no SQL sink's credentials (see the module's docstring).
+        _cache = CachedOverview(_load, page_cache_seconds(), mirror=True)
     return _cache.get()
 
 
+def dag_of(name: str, readable: set[str], every: bool) -> str | None:
+    """The DAG id a link to pipeline ``name`` goes to: its pipeline DAG (or stream DAG) among the
+    ``readable`` DAG ids, under any ``dag_id_prefix``; the unprefixed id for a user who may read
+    every DAG; None: the user may not see this pipeline."""
+    for kind in (PIPELINE_DAG, STREAM_DAG):
+        found = sorted(d for d in readable if d.endswith(kind + name))
+        if found:
+            return found[0]
+    return PIPELINE_DAG + name if every else None
+
+
+def visible(snapshot: dict, user: Any) -> dict:
+    """``snapshot`` with only the pipelines ``user`` may see, each with the DAG its links go to
+    (``dag_id``)."""
+    # The API server's app module imports the plugins (this one too): only a request asks for it.
+    from airflow.api_fastapi.app import get_auth_manager
+
+    manager = get_auth_manager()
+    readable = manager.get_authorized_dag_ids(user=user, method="GET")
+    every = manager.is_authorized_dag(method="GET", user=user)
+    shown = []
+    for entry in snapshot["pipelines"]:
+        dag_id = dag_of(entry["pipeline"], readable, every)
+        if dag_id is not None:
+            shown.append({**entry, "dag_id": dag_id})
+    return {**snapshot, "pipelines": shown}
+
+
+def root_of(request: Request) -> str:
+    """The API server's root path (``/`` or ``[api] base_url``'s path, e.g. ``/airflow/``): what
+    Starlette gives this mounted app as its root path, less the mount."""
+    return request.scope.get("root_path", "").removesuffix(URL_PREFIX).rstrip("/") + "/"
+
+
 @app.get("/api/pipelines")
-def pipelines() -> dict[str, Any]:
-    """Every pipeline: partitions, drift, pinned partitions, last runs."""
-    return overview()
+def pipelines(user: GetUserDep) -> dict[str, Any]:
+    """Every pipeline the user may see: partitions, drift, pinned partitions, last runs."""
+    return visible(overview(), user)
 
 
 @app.get("/api/pipelines/{name}")
-def pipeline(name: str) -> dict[str, Any]:
-    """One pipeline; 404 when no spec has that name."""
-    for entry in overview()["pipelines"]:
+def pipeline(name: str, user: GetUserDep) -> dict[str, Any]:
+    """One pipeline; 404 when no spec has that name or the user may not see it."""
+    for entry in visible(overview(), user)["pipelines"]:
         if entry["pipeline"] == name:
             return entry
     raise HTTPException(status_code=404, detail=f"no pipeline {name!r}")
 
 
 @app.get("/", response_class=HTMLResponse)
-def page() -> str:
-    return render(overview())
+def page(request: Request, user: GetUserDep) -> str:
+    return render(visible(overview(), user), root_of(request))
 
 
 # -- the page ---------------------------------------------------------------------------------------
@@ -159,7 +204,16 @@ def _partitions(entry: dict) -> str:
             f'<th>lag</th><th>oldest unprocessed</th></tr>{"".join(rows)}</table>')
 
 
-def _pinned(entry: dict) -> str:
+def _prefix(entry: dict) -> str:
+    """The ``dag_id_prefix`` of the DAG the entry links to."""
+    dag_id, name = entry.get("dag_id") or PIPELINE_DAG + entry["pipeline"], entry["pipeline"]
+    for kind in (PIPELINE_DAG, STREAM_DAG):
+        if dag_id.endswith(kind + name):
+            return dag_id[:-len(kind + name)]
+    return ""
+
+
+def _pinned(entry: dict, root: str) -> str:
     if not entry["pinned"]:
         return ""
     rows = []
@@ -172,7 +226,7 @@ def _pinned(entry: dict) -> str:
             f'<td class="l">{_e(c.get("transactional_id") or s.get("attribution_error"))}</td>'
             f'<td>{_e(c.get("start_offset", s["lso"]))}</td><td>{_age(s.get("stuck_s"))}</td>'
             f'<td class="l">{_e(c.get("verdict"))}</td>'
-            f'<td class="l"><a href="/dags/{RUNBOOK_DAG_ID}" target="_top">runbook</a> '
+            f'<td class="l"><a href="{_e(root)}dags/{quote(_prefix(entry) + RUNBOOK_DAG_ID)}" target="_top">runbook</a> '
             f'<code>{_e(json.dumps(conf))}</code><br><code>kafka-eos txn abort --topic {_e(s["topic"])} '
             f'--partition {s["partition"]} --start-offset {s["lso"]}</code></td></tr>')
     return ('<h3>Pinned by an open transaction</h3><table class="pinned"><tr><th class="l">partition</th>'
@@ -193,24 +247,27 @@ def _runs(entry: dict) -> str:
             f'<th>out</th><th>dead letters</th><th class="l">plan</th></tr>{"".join(rows)}</table>')
 
 
-def _pipeline(entry: dict) -> str:
+def _pipeline(entry: dict, root: str) -> str:
     name, sink = entry["pipeline"], entry["sink"]
+    dag_id = entry.get("dag_id") or PIPELINE_DAG + name
+    mirror = (' · checkpoints as the Kafka mirror has them' if entry.get("checkpoints_from") == "kafka mirror"
+              else "")
     head = (f'<section id="{_e(name)}"><h2>{_e(name)} '
-            f'<a class="muted" href="/dags/kafka_eos__{quote(name)}" target="_top">DAG</a></h2>'
+            f'<a class="muted" href="{_e(root)}dags/{quote(dag_id)}" target="_top">DAG</a></h2>'
             f'<p class="muted">group <code>{_e(entry["group_id"])}</code> · sink {_e(sink["kind"])} '
             f'<code>{_e(sink["target"])}</code> ({_e(sink["commit"])}), dead letters <code>{_e(sink["dead_letters"])}'
             f'</code> · lag <b class="lag">{entry["lag"]}</b> · pinned <b class="pinned-count">{len(entry["pinned"])}</b>'
-            '</p>')
+            f'{mirror}</p>')
     if entry["error"]:
         return f'{head}<p class="bad error">{_e(entry["error"])}</p></section>'
     drift = "".join(f'<p class="warn">drift {_e(d["topic"])}-{d["partition"]}: SQL sink at {_e(d["sink"])}, '
                     f'Kafka mirror at {_e(d["kafka"])} (the next run repairs it)</p>' for d in entry["drift"])
-    return (f'{head}{_partitions(entry)}{_pinned(entry)}{drift}<h3>Last runs</h3>{_chart(entry["runs"])}'
+    return (f'{head}{_partitions(entry)}{_pinned(entry, root)}{drift}<h3>Last runs</h3>{_chart(entry["runs"])}'
             f'{_runs(entry)}</section>')
 
 
-def render(snapshot: dict) -> str:
-    """The page of one snapshot."""
+def render(snapshot: dict, root: str = "/") -> str:
+    """The page of one snapshot; its links under ``root``, the API server's root path."""
     from datetime import datetime, timezone
 
     taken = datetime.fromtimestamp(snapshot["taken_at"], timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -223,4 +280,4 @@ def render(snapshot: dict) -> str:
         f'</code>, read at {taken} in {snapshot["seconds"]:.2f}s. Lag counts the offsets a read_committed pipeline '
         'can read now (checkpoint to LSO), not to the high watermark; a partition whose LSO is below its HW is held '
         'by an open transaction. Read only: nothing here commits, aborts or produces.</p>'
-        + "".join(_pipeline(e) for e in pipelines) + "</body></html>")
+        + "".join(_pipeline(e, root) for e in pipelines) + "</body></html>")

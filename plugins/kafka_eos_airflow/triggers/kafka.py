@@ -146,7 +146,8 @@ def committed_data_waiting(pipeline: str, kafka_conn_id: str) -> list[dict]:
     from kafka_eos.health.backlog import backlog, waiting
 
     spec = load_spec(pipeline, import_transform=False)
-    rows, _drift = backlog(spec, KafkaEosHook(kafka_conn_id).get_settings())
+    # A SQL sink's checkpoints from its Kafka mirror: the triggerer opens no sink's database.
+    rows, _drift = backlog(spec, KafkaEosHook(kafka_conn_id).get_settings(), mirror=True)
     return waiting(rows)
 
 

@@ -1,0 +1,103 @@
+"""A SQL sink's database through Airflow's connections (``sink.conn_id``): resolved by the
+connection's own provider hook through Airflow's secrets backends (the environment's
+``AIRFLOW_CONN_*`` and a configured local-file backend, in a process of their own as the CLI's),
+carried to a child process in a file of its own, never the environment; no default database."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from kafka_eos.errors import SpecError
+from kafka_eos.settings import DATABASE_URL_FILE_ENV, KafkaSettings
+from kafka_eos.spec import parse_spec
+
+DOC = {"name": "rev", "source": {"topics": ["orders"]}, "transform": "identity",
+       "sink": {"kind": "sql", "table": "t", "conn_id": "warehouse"}}
+
+#: What the child process prints: the URL each spec resolves to, or the error.
+PROBE = """
+import json, sys
+from kafka_eos.errors import SpecError
+from kafka_eos.sinks.sql_store import database_url
+from kafka_eos.spec import parse_spec
+out = {}
+for label, doc, strict in json.loads(sys.argv[1]):
+    try:
+        out[label] = database_url(parse_spec(doc, "p.yaml", {}), strict=strict)
+    except SpecError as exc:
+        out[label] = "error: " + str(exc)
+print(json.dumps(out))
+"""
+
+
+def _resolve(cases, env: dict) -> dict:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_CONN_", "AIRFLOW__SECRETS__"))}
+    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(cases)], env={**clean, **env},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_conn_id_resolves_through_the_environment_and_a_local_file_secrets_backend(tmp_path):
+    with_url = {**DOC, "sink": {**DOC["sink"], "url": "sqlite:////tmp/fallback.db"}}
+    http = {**DOC, "sink": {**DOC["sink"], "conn_id": "not_a_database"}}
+    cases = [["env", DOC, True], ["missing", {**DOC, "sink": {**DOC["sink"], "conn_id": "nope"}}, False],
+             ["missing_with_url", {**with_url, "sink": {**with_url["sink"], "conn_id": "nope"}}, False],
+             ["missing_strict", {**with_url, "sink": {**with_url["sink"], "conn_id": "nope"}}, True],
+             ["http", http, True]]
+    env = {"AIRFLOW_CONN_WAREHOUSE": json.dumps({"conn_type": "postgres", "host": "db.example", "port": 6543,
+                                                 "login": "writer", "password": "s3cret/pa ss", "schema": "dw"}),
+           "AIRFLOW_CONN_NOT_A_DATABASE": "http://example.com"}
+    got = _resolve(cases, env)
+    # The postgres provider's hook builds the URL (its driver, the password quoted).
+    from sqlalchemy.engine import make_url
+
+    url = make_url(got["env"])
+    assert url.get_backend_name() == "postgresql" and url.drivername.startswith("postgresql+psycopg"), got["env"]
+    assert (url.username, url.password, url.host, url.port, url.database) == (
+        "writer", "s3cret/pa ss", "db.example", 6543, "dw")
+    assert got["missing"] == "error: p.yaml: sink.conn_id: Airflow connection 'nope' is not defined and the spec has " \
+                             "no sink.url"
+    assert got["missing_with_url"] == "sqlite:////tmp/fallback.db"  # the CLI: the spec's own URL
+    assert got["missing_strict"] == "error: p.yaml: sink.conn_id: Airflow connection 'nope' is not defined"
+    assert got["http"] == "error: sink.conn_id: connection 'not_a_database' of type 'http' is not a SQL database's"
+
+    # Airflow's local-file secrets backend (what an estate's Vault or cloud backend plugs into).
+    db = tmp_path / "warehouse.db"
+    (tmp_path / "connections.json").write_text(json.dumps({"warehouse": {"conn_type": "sqlite", "host": str(db)}}))
+    got = _resolve([["file", DOC, True]], {
+        "AIRFLOW__SECRETS__BACKEND": "airflow.secrets.local_filesystem.LocalFilesystemBackend",
+        "AIRFLOW__SECRETS__BACKEND_KWARGS": json.dumps({"connections_file_path": str(tmp_path / "connections.json")})})
+    assert got["file"].startswith("sqlite:") and got["file"].endswith(str(db)), got
+    from sqlalchemy import create_engine, text
+
+    with create_engine(got["file"]).begin() as conn:  # the URL opens that very file
+        conn.execute(text("create table t (x int)"))
+    assert db.exists()
+
+
+def test_the_resolved_database_travels_in_a_private_file_not_the_environment(tmp_path):
+    url = "postgresql+psycopg://writer:s3cret@db.example:6543/dw"
+    settings = KafkaSettings("127.0.0.1:9092", database_url=url)
+    assert "s3cret" not in repr(settings)
+    env = settings.to_environ(tmp_path / "client.json")
+    assert "s3cret" not in json.dumps(env)
+    path = env[DATABASE_URL_FILE_ENV]
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert KafkaSettings.from_environ(env).database_url == url
+    # It wins over the spec's own URL where the pipeline runs (a Spark driver).
+    from kafka_eos.sinks.sql_store import database_url
+
+    spec = parse_spec({**DOC, "sink": {**DOC["sink"], "url": "sqlite:////elsewhere.db"}}, "p.yaml", {})
+    assert database_url(spec, KafkaSettings.from_environ(env)) == url
+
+
+def test_there_is_no_default_database():
+    with pytest.raises(SpecError, match=r"^p.yaml: sink: a sql sink needs its database"):
+        parse_spec({**DOC, "sink": {"kind": "sql", "table": "t"}}, "p.yaml", {})

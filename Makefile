@@ -90,9 +90,16 @@ compat: install jars
 
 # The distribution a user installs (docs/first-pipeline.md): dist/kafka_eos-<version>-py3-none-any.whl.
 # build/ goes first: setuptools would put an earlier build's files (since removed) in the wheel.
-wheel: install
-	rm -rf build
-	$(PY) -m pip wheel -q --no-deps -w dist .
+# The wheel, built by `python -m build` in an isolated build environment (only setuptools, from
+# pyproject.toml's build-system) from this checkout, the Spark Connect plugin jar always inside:
+# the build fails without it.
+wheel: install jars
+	rm -rf build dist/kafka_eos-*.whl
+	$(PY) -m build --wheel --outdir dist .
+	$(PY) -c "import glob, sys, zipfile; (w,) = glob.glob('dist/kafka_eos-*.whl'); \
+	  sys.exit(0 if 'kafka_eos/jars/kafka-eos-connect.jar' in zipfile.ZipFile(w).namelist() \
+	  else w + ': no kafka_eos/jars/kafka-eos-connect.jar in it (make jars builds it)')"
+	@ls dist/kafka_eos-*.whl
 
 install: $(VENV)/.installed
 

@@ -58,6 +58,13 @@ OPTIONS: dict[str, dict[str, Any]] = {
                        "Airflow 3.3's `airflow dags test` (dag.test()) fails on a DAG that has a deadline.\n",
         "version_added": "0.3.0", "type": "boolean", "example": None, "default": "False",
     },
+    "dag_id_prefixes": {
+        "description": "The dag_id_prefix values the DAG factory is called with over the pipelines folder "
+                       "(comma-separated; the empty prefix is always one): the operator page shows a user a "
+                       "pipeline when one of its DAGs, <prefix>kafka_eos__<name> or "
+                       "<prefix>kafka_eos_stream__<name>, is one they may read, and links to it.\n",
+        "version_added": "0.3.0", "type": "string", "example": "payments__,team_c__", "default": "",
+    },
     "page_cache_seconds": {
         "description": "How long the operator page (Browse > Kafka pipelines) reuses one read of the "
                        "cluster.\n",
@@ -109,6 +116,11 @@ def local_broker_fallback() -> bool:
 def deadlines() -> bool:
     """``[kafka_eos] deadlines``."""
     return _flag("deadlines")
+
+
+def dag_id_prefixes() -> list[str]:
+    """``[kafka_eos] dag_id_prefixes``, the empty prefix first."""
+    return ["", *(p.strip() for p in _get("dag_id_prefixes").split(",") if p.strip())]
 
 
 def page_cache_seconds() -> float:

@@ -284,6 +284,8 @@ def airflow_deployment(kafka_settings, free_ports, postgres_url):
                # Per-DAG permissions (the operator page's filter): alice and bob read only the
                # DAGs their patterns match (kafka_eos_lab.auth).
                "AIRFLOW__CORE__AUTH_MANAGER": "kafka_eos_lab.auth.DagPatternAuthManager",
+               # The DAG factory's prefixes the page looks for (test_operator_page.py's team_c).
+               "AIRFLOW__KAFKA_EOS__DAG_ID_PREFIXES": "team_c__",
                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,alice:viewer,bob:viewer",
                "KAFKA_EOS_LAB_DAG_ACCESS": json.dumps(PAGE_USERS),  # kafka_eos_lab.auth.ACCESS_ENV
                **statsd.environ()}

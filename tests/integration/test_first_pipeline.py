@@ -82,6 +82,12 @@ def test_the_first_pipeline_guide_runs_as_written(tmp_path_factory, kafka_settin
         texts = {n: whl.read(n).decode() for n in whl.namelist() if n.endswith(".py")}
     assert not [n for n, text in texts.items() if any(setting in text for setting in faults.SETTINGS)]
     assert "kafka_eos/probes.py" in texts  # the points, which do nothing without a probe
+    # The Spark Connect server plugin is always inside (make test builds it first, as make wheel does).
+    assert "kafka_eos/jars/kafka-eos-connect.jar" in zipfile.ZipFile(wheel).namelist()
+    # The SQL connection resolver, found by the library through this entry point.
+    entry_points = zipfile.ZipFile(wheel).read(next(n for n in zipfile.ZipFile(wheel).namelist()
+                                                    if n.endswith(".dist-info/entry_points.txt"))).decode()
+    assert "[kafka_eos.connections]\nsql = kafka_eos_airflow.hooks.sql:database_url_of" in entry_points
     shutil.copy(wheel, project)
     shutil.copy(ROOT / "requirements.txt", project)
     _forget_the_guides_pipeline(kafka_settings)

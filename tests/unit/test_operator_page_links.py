@@ -47,9 +47,13 @@ def test_every_link_resolves_under_the_prefix_to_the_dag_that_exists():
 
 
 def test_which_dag_a_pipeline_links_to():
-    readable = {"kafka_eos__a", "team_c__kafka_eos__b", "kafka_eos_stream__c", "x"}
-    assert dag_of("a", readable, every=False) == "kafka_eos__a"
-    assert dag_of("b", readable, every=False) == "team_c__kafka_eos__b"
-    assert dag_of("c", readable, every=False) == "kafka_eos_stream__c"
-    assert dag_of("d", readable, every=False) is None  # not this user's
-    assert dag_of("d", readable, every=True) == "kafka_eos__d"  # may read every DAG: not parsed yet
+    readable = {"kafka_eos__a", "team_c__kafka_eos__b", "kafka_eos_stream__c", "x", "my_kafka_eos__e",
+                "payments__kafka_eos__f"}
+    prefixes = ["", "team_c__"]
+    assert dag_of("a", readable, prefixes) == "kafka_eos__a"
+    assert dag_of("b", readable, prefixes) == "team_c__kafka_eos__b"
+    assert dag_of("c", readable, prefixes) == "kafka_eos_stream__c"
+    assert dag_of("d", readable, prefixes) is None  # no DAG of it this user may read
+    # A DAG id that merely ends like one (another prefix, a DAG named so) shows nothing.
+    assert dag_of("e", readable, prefixes) is None and dag_of("f", readable, prefixes) is None
+    assert dag_of("f", readable, [*prefixes, "payments__"]) == "payments__kafka_eos__f"

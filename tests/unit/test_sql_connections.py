@@ -27,9 +27,9 @@ from kafka_eos.errors import SpecError
 from kafka_eos.sinks.sql_store import database_url
 from kafka_eos.spec import parse_spec
 out = {}
-for label, doc, strict in json.loads(sys.argv[1]):
+for label, doc, fallback in json.loads(sys.argv[1]):
     try:
-        out[label] = database_url(parse_spec(doc, "p.yaml", {}), strict=strict)
+        out[label] = database_url(parse_spec(doc, "p.yaml", {}), fallback=fallback)
     except SpecError as exc:
         out[label] = "error: " + str(exc)
 print(json.dumps(out))
@@ -47,10 +47,9 @@ def _resolve(cases, env: dict) -> dict:
 def test_conn_id_resolves_through_the_environment_and_a_local_file_secrets_backend(tmp_path):
     with_url = {**DOC, "sink": {**DOC["sink"], "url": "sqlite:////tmp/fallback.db"}}
     http = {**DOC, "sink": {**DOC["sink"], "conn_id": "not_a_database"}}
-    cases = [["env", DOC, True], ["missing", {**DOC, "sink": {**DOC["sink"], "conn_id": "nope"}}, False],
-             ["missing_with_url", {**with_url, "sink": {**with_url["sink"], "conn_id": "nope"}}, False],
-             ["missing_strict", {**with_url, "sink": {**with_url["sink"], "conn_id": "nope"}}, True],
-             ["http", http, True]]
+    nope = {**with_url, "sink": {**with_url["sink"], "conn_id": "nope"}}
+    cases = [["env", DOC, False], ["missing", {**DOC, "sink": {**DOC["sink"], "conn_id": "nope"}}, True],
+             ["missing_with_url", nope, False], ["local_stack_fallback", nope, True], ["http", http, False]]
     env = {"AIRFLOW_CONN_WAREHOUSE": json.dumps({"conn_type": "postgres", "host": "db.example", "port": 6543,
                                                  "login": "writer", "password": "s3cret/pa ss", "schema": "dw"}),
            "AIRFLOW_CONN_NOT_A_DATABASE": "http://example.com"}
@@ -62,16 +61,17 @@ def test_conn_id_resolves_through_the_environment_and_a_local_file_secrets_backe
     assert url.get_backend_name() == "postgresql" and url.drivername.startswith("postgresql+psycopg"), got["env"]
     assert (url.username, url.password, url.host, url.port, url.database) == (
         "writer", "s3cret/pa ss", "db.example", 6543, "dw")
-    assert got["missing"] == "error: p.yaml: sink.conn_id: Airflow connection 'nope' is not defined and the spec has " \
-                             "no sink.url"
-    assert got["missing_with_url"] == "sqlite:////tmp/fallback.db"  # the CLI: the spec's own URL
-    assert got["missing_strict"] == "error: p.yaml: sink.conn_id: Airflow connection 'nope' is not defined"
+    undefined = ("error: p.yaml: sink.conn_id: Airflow connection 'nope' is not defined here (in Airflow's "
+                 "connections or, outside a task, its secrets backends: AIRFLOW_CONN_*, a configured backend)")
+    # A spec that names a connection gets it or an error (the CLI too): never another database.
+    assert got["missing"] == undefined and got["missing_with_url"] == undefined
+    assert got["local_stack_fallback"] == "sqlite:////tmp/fallback.db"  # only Airflow's local stack
     assert got["http"] == "error: sink.conn_id: connection 'not_a_database' of type 'http' is not a SQL database's"
 
     # Airflow's local-file secrets backend (what an estate's Vault or cloud backend plugs into).
     db = tmp_path / "warehouse.db"
     (tmp_path / "connections.json").write_text(json.dumps({"warehouse": {"conn_type": "sqlite", "host": str(db)}}))
-    got = _resolve([["file", DOC, True]], {
+    got = _resolve([["file", DOC, False]], {
         "AIRFLOW__SECRETS__BACKEND": "airflow.secrets.local_filesystem.LocalFilesystemBackend",
         "AIRFLOW__SECRETS__BACKEND_KWARGS": json.dumps({"connections_file_path": str(tmp_path / "connections.json")})})
     assert got["file"].startswith("sqlite:") and got["file"].endswith(str(db)), got

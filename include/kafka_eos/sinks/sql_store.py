@@ -87,25 +87,28 @@ def connection_url(conn_id: str) -> str | None:
     return None
 
 
-def database_url(spec: PipelineSpec, settings: KafkaSettings | None = None, strict: bool = False) -> str:
-    """The SQL sink's database: the one ``settings`` carry (resolved from the connection by the
-    Airflow task that started this process), else the Airflow connection ``sink.conn_id``, else
-    ``sink.url`` (``local``: :func:`local_url`).
+def database_url(spec: PipelineSpec, settings: KafkaSettings | None = None, fallback: bool = False) -> str:
+    """The SQL sink's database: the one ``settings`` carry (resolved by the Airflow task that
+    started this process), else the Airflow connection ``sink.conn_id``, else ``sink.url``
+    (``local``: :func:`local_url`). A spec that names a connection gets that connection or an
+    error, in Airflow and in the CLI alike: two processes of one pipeline never write two
+    databases because one of them could not see the connection.
 
-    :param strict: a ``sink.conn_id`` that is not defined is an error even where the spec has a
-        ``sink.url`` (Airflow's tasks, unless the local stack's fallback is on); else the URL is
-        used, as the CLI outside Airflow does.
+    :param fallback: a ``sink.conn_id`` that is not defined gives way to the spec's ``sink.url``
+        (only Airflow's local stack, ``[kafka_eos] local_broker_fallback``).
     :raises SpecError: one line naming the connection (or the missing fields).
     """
     sink = spec.sink
     url = settings.database_url if settings is not None else None
     if url is None and sink.conn_id is not None:
         url = connection_url(sink.conn_id)
-        if url is None and (strict or sink.url is None):
-            raise SpecError(f"{spec.path}: sink.conn_id: Airflow connection {sink.conn_id!r} is not defined"
-                            + ("" if strict else " and the spec has no sink.url"))
+        if url is None and not (fallback and sink.url is not None):
+            raise SpecError(f"{spec.path}: sink.conn_id: Airflow connection {sink.conn_id!r} is not defined here "
+                            "(in Airflow's connections or, outside a task, its secrets backends: AIRFLOW_CONN_*, "
+                            "a configured backend)")
         if url is None:
-            log.info("%s: Airflow connection %r is not defined here: using sink.url", spec.path, sink.conn_id)
+            log.info("%s: Airflow connection %r is not defined: using sink.url (local_broker_fallback is on)",
+                     spec.path, sink.conn_id)
     url = url or sink.url
     if url is None:
         raise SpecError(f"{spec.path}: sink: a sql sink needs sink.conn_id or sink.url")

@@ -202,13 +202,15 @@ class KafkaEosHook(BaseHook):
 
     @staticmethod
     def with_database(settings: KafkaSettings, spec: PipelineSpec) -> KafkaSettings:
-        """``settings`` with ``spec``'s SQL database resolved (see :meth:`get_pipeline_settings`)."""
-        if spec.sink.conn_id is None:
+        """``settings`` with ``spec``'s SQL database resolved (see :meth:`get_pipeline_settings`):
+        resolved once, here, and carried to the task's Spark process, so that every process of a
+        run writes and reads the same database."""
+        if spec.sink.about.transactional:
             return settings
         # SQLAlchemy and the Kafka clients (sql_store): not at DAG parse time, see the top.
         from kafka_eos.sinks.sql_store import database_url
 
-        url = database_url(spec, settings, strict=not config.local_broker_fallback())
+        url = database_url(spec, settings, fallback=config.local_broker_fallback())
         return dataclasses.replace(settings, database_url=url)
 
     def test_connection(self) -> tuple[bool, str]:

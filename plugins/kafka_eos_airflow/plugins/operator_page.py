@@ -13,7 +13,7 @@ A plugin's app is not behind Airflow's authentication by itself: every route dep
 own check (a valid token in the ``Authorization`` header, or the UI's session cookie; and the
 auth manager's permission to see the website), and a user sees only the pipelines one of whose
 DAGs the auth manager lets them read (``get_authorized_dag_ids``: any auth manager, per-DAG
-permissions, teams), found by DAG id whatever the factory's ``dag_id_prefix``; another's
+permissions, teams), by their exact DAG ids under ``[kafka_eos] dag_id_prefixes``; another's
 pipeline is a 404, as one that does not exist. Links are paths under the API server's own root
 (``[api] base_url`` with a path prefix, or a proxy's root path), to the DAG ids that exist.
 
@@ -34,7 +34,7 @@ from urllib.parse import quote
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse
 
-from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
+from airflow.api_fastapi.auth.managers.models.resource_details import AccessView, DagDetails
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_view
 
 from kafka_eos.spec import load_spec, spec_paths
@@ -86,29 +86,52 @@ def overview() -> dict:
     return _cache.get()
 
 
-def dag_of(name: str, readable: set[str], every: bool) -> str | None:
-    """The DAG id a link to pipeline ``name`` goes to: its pipeline DAG (or stream DAG) among the
-    ``readable`` DAG ids, under any ``dag_id_prefix``; the unprefixed id for a user who may read
-    every DAG; None: the user may not see this pipeline."""
+def dag_of(name: str, readable: set[str], prefixes: list[str]) -> str | None:
+    """The DAG id a link to pipeline ``name`` goes to: the first of its DAG ids —
+    ``<prefix>kafka_eos__<name>``, then ``<prefix>kafka_eos_stream__<name>``, for each of
+    ``[kafka_eos] dag_id_prefixes`` — that is among the ``readable`` ones; None: the user may not
+    see this pipeline (no DAG of it readable, or none parsed yet)."""
     for kind in (PIPELINE_DAG, STREAM_DAG):
-        found = sorted(d for d in readable if d.endswith(kind + name))
-        if found:
-            return found[0]
-    return PIPELINE_DAG + name if every else None
+        for prefix in prefixes:
+            if prefix + kind + name in readable:
+                return prefix + kind + name
+    return None
+
+
+def dag_ids_of(name: str, prefixes: list[str]) -> list[str]:
+    """Every DAG id pipeline ``name`` may have (:func:`dag_of`'s order)."""
+    return [prefix + kind + name for kind in (PIPELINE_DAG, STREAM_DAG) for prefix in prefixes]
+
+
+def _existing(dag_ids: set[str]) -> set[str]:
+    """Which of ``dag_ids`` the metadata database holds (parsed DAGs)."""
+    from sqlalchemy import select
+
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return set(session.scalars(select(DagModel.dag_id).where(DagModel.dag_id.in_(dag_ids))))
 
 
 def visible(snapshot: dict, user: Any) -> dict:
     """``snapshot`` with only the pipelines ``user`` may see, each with the DAG its links go to
-    (``dag_id``)."""
+    (``dag_id``). A pipeline none of whose DAGs is parsed yet (a new spec) is shown to a user the
+    auth manager lets read its DAG id (no team is known for it yet)."""
     # The API server's app module imports the plugins (this one too): only a request asks for it.
     from airflow.api_fastapi.app import get_auth_manager
 
     manager = get_auth_manager()
     readable = manager.get_authorized_dag_ids(user=user, method="GET")
-    every = manager.is_authorized_dag(method="GET", user=user)
+    prefixes = config.dag_id_prefixes()
+    existing = _existing({d for e in snapshot["pipelines"] for d in dag_ids_of(e["pipeline"], prefixes)})
     shown = []
     for entry in snapshot["pipelines"]:
-        dag_id = dag_of(entry["pipeline"], readable, every)
+        dag_id = dag_of(entry["pipeline"], readable, prefixes)
+        unparsed = PIPELINE_DAG + entry["pipeline"]
+        if dag_id is None and not existing.intersection(dag_ids_of(entry["pipeline"], prefixes)) and \
+                manager.is_authorized_dag(method="GET", user=user, details=DagDetails(id=unparsed)):
+            dag_id = unparsed
         if dag_id is not None:
             shown.append({**entry, "dag_id": dag_id})
     return {**snapshot, "pipelines": shown}

@@ -207,6 +207,15 @@ def cmd_spark(args) -> int:
 
     if args.connect:
         return _spark_connect(args.action)
+    if args.action == "jars":
+        from kafka_eos.paths import jars_dir
+        from kafka_eos.spark_io import connector_package, fetch_connector
+
+        dest = jars_dir("spark")
+        Console().step(f"fetching {connector_package()} and its dependencies from Maven Central into {dest}")
+        jars = fetch_connector(dest)
+        print(f"{len(jars)} jar(s) in {dest}")
+        return 0
     cluster = LocalSparkCluster.default()
     if args.action == "start":
         Console().step(f"starting a Spark master and {cluster.workers} workers on {cluster.master_url} "
@@ -732,8 +741,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "as Celery's broker, a PostgreSQL server of its own as metadata DB and result backend, two "
                         "Celery workers (default: the executor of the last start, else local)")
     s = command("spark", cmd_spark, "a local Spark standalone cluster (a master and two workers on 127.0.0.1) "
-                                    "under .local/spark (start, stop, status)")
-    s.add_argument("action", choices=["start", "stop", "status"])
+                                    "under .local/spark (start, stop, status); jars: fetch Spark's Kafka connector "
+                                    "from Maven Central into $KAFKA_EOS_HOME/jars/spark, once")
+    s.add_argument("action", choices=["start", "stop", "status", "jars"])
     s.add_argument("--connect", action="store_true",
                    help="a Spark Connect server instead (sc://127.0.0.1:15002, master local[2], under "
                         ".local/spark-connect): runs through it pay no JVM start (kafka-eos run --spark-remote)")

@@ -37,7 +37,9 @@ def connector_jars(environ=os.environ) -> list[str]:
     folder = Path(raw) if raw else jars_dir("spark")
     jars = sorted(str(p) for p in folder.glob("*.jar"))
     if not any("spark-sql-kafka" in j for j in jars):
-        raise KafkaEosError(f"no spark-sql-kafka jar in {folder}: run `make jars` or set {SPARK_JARS_ENV}")
+        raise KafkaEosError(f"no Spark Kafka connector (spark-sql-kafka jar) in {folder}: `kafka-eos spark jars` "
+                            f"fetches it from Maven Central once (`make jars` in a checkout), or set {SPARK_JARS_ENV} "
+                            "to a folder of them (an image's)")
     return jars
 
 
@@ -51,12 +53,38 @@ def connector_package() -> str:
 
 
 def connector_conf(environ=os.environ) -> dict[str, str]:
-    """How Spark gets the Kafka connector: the jars of ``KAFKA_EOS_SPARK_JARS`` or of ``make jars``
-    (``spark.jars``) where there are some; else, as an installed package without a checkout,
-    ``spark.jars.packages`` (Spark resolves it from Maven Central into ~/.ivy2 on first use)."""
-    if environ.get(SPARK_JARS_ENV) or any("spark-sql-kafka" in p.name for p in jars_dir("spark").glob("*.jar")):
-        return {"spark.jars": ",".join(connector_jars(environ))}
-    return {"spark.jars.packages": connector_package()}
+    """How Spark gets the Kafka connector: the jars of ``KAFKA_EOS_SPARK_JARS`` (an image's folder),
+    else of ``$KAFKA_EOS_HOME/jars/spark`` (``make jars``, ``kafka-eos spark jars``), as
+    ``spark.jars``. Never a download at run time: a cluster without Maven Central (air-gapped)
+    runs as one with it.
+
+    :raises KafkaEosError: no connector jar there, naming the folder and how to fill it.
+    """
+    return {"spark.jars": ",".join(connector_jars(environ))}
+
+
+def fetch_connector(dest: Path) -> list[Path]:
+    """Fetch Spark's Kafka connector and Avro functions for the installed pyspark, with their
+    dependencies, from Maven Central into ``dest`` (what ``kafka-eos spark jars`` does, once,
+    when asked): Spark's own resolver (``spark.jars.packages``, its Ivy cache) in a short local
+    session, the resolved jars copied. Returns the jars now in ``dest``."""
+    import shutil
+    from urllib.parse import unquote, urlparse
+
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[1]").appName("kafka-eos-spark-jars")
+             .config("spark.jars.packages", connector_package()).config("spark.ui.enabled", "false")
+             .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
+             .getOrCreate())
+    try:
+        resolved = [Path(unquote(urlparse(j).path)) for j in spark.sparkContext.getConf().get("spark.jars").split(",") if j]
+    finally:
+        spark.stop()
+    dest.mkdir(parents=True, exist_ok=True)
+    for jar in resolved:
+        shutil.copy2(jar, dest / jar.name)
+    return sorted(dest / jar.name for jar in resolved)
 
 
 def session_conf() -> dict[str, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import sqlite3
 from pathlib import Path
 from types import SimpleNamespace
@@ -50,8 +51,10 @@ def on_cluster(monkeypatch, airflow_db, kafka_connection, spark_cluster, tmp_pat
     reads like a ``spark-defaults.conf``; ``spark_defaults(extra)`` sets them again with extra
     settings). Not a ``SPARK_CONF_DIR``: it would change the driver's class path, and the drivers
     would start without the session's class-data archive (tests/spark_startup.py)."""
+    # The executors' Python, named (the Spark task never assumes the worker's own on a cluster).
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({
-        "conn_type": "spark", "host": "spark://127.0.0.1", "port": spark_cluster.port}))
+        "conn_type": "spark", "host": "spark://127.0.0.1", "port": spark_cluster.port,
+        "extra": {"spark.pyspark.python": sys.executable}}))
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")  # the driver, in the task's spark-submit
     events = tmp_path / "events"
     events.mkdir()

@@ -236,6 +236,44 @@ def test_a_specs_spark_section_reaches_spark_submit(tmp_path, monkeypatch):
         parse_spec({**ORDERS, "name": "sized", "spark": {"executor.memory": "3g"}}, str(tmp_path / "sized.yaml"))
 
 
+def test_the_spark_task_refuses_cluster_deploy_mode_and_names_the_executors_python_on_a_cluster(
+        tmp_path, monkeypatch):
+    import sys
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from kafka_eos_airflow.operators.pipeline import KafkaEosSparkSubmitOperator
+
+    spec = parse_spec({**ORDERS, "name": "on_yarn"}, str(tmp_path / "on_yarn.yaml"))
+    # The operator's own argument: refused at DAG parse time, in one line.
+    with pytest.raises(ValueError, match=r"^spark: deploy mode 'cluster' is not supported: the run's plan and its "
+                                         r"secrets are files on the Airflow worker"):
+        KafkaEosSparkSubmitOperator(task_id="spark", pipeline=spec.path, deploy_mode="cluster")
+    # The connection's: refused before anything runs.
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_YARN_CLUSTER", json.dumps(
+        {"conn_type": "spark", "host": "yarn", "extra": {"deploy-mode": "cluster"}}))
+    op = KafkaEosSparkSubmitOperator(task_id="spark", pipeline=spec.path, conn_id="spark_yarn_cluster")
+    with pytest.raises(AirflowFailException, match=r"^Spark connection 'spark_yarn_cluster': deploy mode 'cluster'"):
+        op.submit_conf(spec)
+    # A cluster master: the executors' Python must be named; never silently this worker's.
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_YARN", json.dumps({"conn_type": "spark", "host": "yarn"}))
+    op = KafkaEosSparkSubmitOperator(task_id="spark", pipeline=spec.path, conn_id="spark_yarn")
+    with pytest.raises(AirflowFailException, match=r"^Spark connection 'spark_yarn': master yarn: the executors' "
+                                                   r"Python is not named: set spark.pyspark.python"):
+        op.submit_conf(spec)
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_YARN", json.dumps(
+        {"conn_type": "spark", "host": "yarn", "extra": {"spark.pyspark.python": "/opt/py/bin/python"}}))
+    assert KafkaEosSparkSubmitOperator(task_id="spark", pipeline=spec.path, conn_id="spark_yarn").submit_conf(
+        spec)["spark.pyspark.python"] == "/opt/py/bin/python"  # from the connection
+    op = KafkaEosSparkSubmitOperator(task_id="spark", pipeline=spec.path, conn_id="spark_yarn",
+                                     conf={"spark.pyspark.python": "/opt/team/python"})
+    assert op.submit_conf(spec)["spark.pyspark.python"] == "/opt/team/python"  # the operator's wins
+    # A local master: this worker's interpreter, as before.
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_LOCAL", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    op = KafkaEosSparkSubmitOperator(task_id="spark", pipeline=spec.path, conn_id="spark_local")
+    assert op.submit_conf(spec)["spark.pyspark.python"] == sys.executable
+
+
 ALERTS_DAG = '''
 from datetime import datetime
 from airflow.providers.http.notifications.http import HttpNotifier

@@ -25,6 +25,7 @@ import yaml
 from confluent_kafka import Producer
 
 from kafka_eos import kafka_admin
+from kafka_eos.paths import jars_dir
 from kafka_eos.readers import read_committed
 from wheel_build import ROOT, build_wheel
 
@@ -77,6 +78,9 @@ def test_the_wheel_runs_a_pipeline_in_an_airflow_only_environment(airflow_only, 
         "AIRFLOW_CONN_KAFKA_EOS_KAFKA": json.dumps({"conn_type": "kafka", "extra": {
             "bootstrap.servers": kafka_settings.bootstrap_servers}}),
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+        # The estate's folder of Spark's Kafka connector jars (its image's): nothing is downloaded
+        # at run time.
+        "KAFKA_EOS_SPARK_JARS": str(jars_dir("spark")),
     })
 
     _run([str(bin_dir / "python"), "-c", "import kafka_eos_airflow.notifications.alerts, kafka_eos_airflow.dag_factory, "

@@ -1,18 +1,24 @@
-"""How Spark gets its Kafka connector: the resolved jars where there are some, else (an installed
-wheel, no checkout) the connector's Maven coordinates for the installed pyspark."""
+"""How Spark gets its Kafka connector: the resolved jars, never a download at run time (an
+air-gapped cluster runs as any other); without them, one line saying how to get them."""
 
 from __future__ import annotations
 
 from importlib.metadata import version
 
-from kafka_eos.spark_io import SPARK_JARS_ENV, connector_conf
+import pytest
+
+from kafka_eos.errors import KafkaEosError
+from kafka_eos.spark_io import SPARK_JARS_ENV, connector_conf, connector_package
 
 
-def test_without_jars_spark_resolves_the_connector_matching_pyspark(tmp_path, monkeypatch):
+def test_without_jars_nothing_is_downloaded_the_error_says_how_to_get_them(tmp_path, monkeypatch):
     monkeypatch.setenv("KAFKA_EOS_HOME", str(tmp_path))  # no jars/spark/ there
-    assert connector_conf({}) == {
-        "spark.jars.packages": f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version('pyspark')},"
-                               f"org.apache.spark:spark-avro_2.13:{version('pyspark')}"}
+    with pytest.raises(KafkaEosError, match=rf"^no Spark Kafka connector \(spark-sql-kafka jar\) in {tmp_path}/jars/spark: "
+                                            r"`kafka-eos spark jars` fetches it from Maven Central once"):
+        connector_conf({})
+    # What `kafka-eos spark jars` fetches, when asked: the connector of the installed pyspark.
+    assert connector_package() == (f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version('pyspark')},"
+                                   f"org.apache.spark:spark-avro_2.13:{version('pyspark')}")
 
 
 def test_resolved_or_named_jars_are_used_as_they_are(tmp_path, monkeypatch):

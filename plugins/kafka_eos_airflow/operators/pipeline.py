@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseHook, BaseOperator
 from airflow.sdk.exceptions import (AirflowException, AirflowFailException, AirflowNotFoundException,
                                      AirflowSkipException)
 
@@ -353,9 +353,22 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
     def __init__(self, *, pipeline: str, kafka_conn_id: str | None = None,
                  application: str = RUN_PIPELINE_APP, conn_id: str | None = None,
                  name: str | None = None, **kwargs: Any) -> None:
+        if kwargs.get("deploy_mode") == "cluster":  # at DAG parse time, in one line
+            raise ValueError(f"{kwargs.get('task_id', 'spark')}: {CLUSTER_MODE_REFUSED}")
         super().__init__(application=application, conn_id=conn_id or config.spark_conn_id(), name=name, **kwargs)
         self.pipeline = pipeline
         self.kafka_conn_id = kafka_conn_id or config.kafka_conn_id()
+
+    def check_cluster_settings(self, spec: PipelineSpec) -> str:
+        """Before anything runs: the Spark connection's deploy mode is client's, and the executors'
+        Python is named where they are not this machine. Returns that interpreter.
+
+        :raises AirflowFailException: one line naming the connection and the setting.
+        """
+        connection = self._get_hook()._connection
+        if connection["deploy_mode"] == "cluster":
+            raise AirflowFailException(f"Spark connection {self._conn_id!r}: {CLUSTER_MODE_REFUSED}")
+        return executor_python(spec, self.conf or {}, self.env_vars or {}, connection["master"], self._conn_id)
 
     @staticmethod
     def plan_to_run(settings: KafkaSettings, spec: PipelineSpec, run_id: str) -> Plan:
@@ -376,7 +389,9 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
 
         # A local master keeps the driver on loopback, as the CLI's in-process runs do; on a
         # cluster the executors must reach the driver at the address Spark picks.
-        ours = {**session_conf(), **local_master_conf(self._get_hook()._connection["master"])}
+        python = self.check_cluster_settings(spec)
+        ours = {**session_conf(), **local_master_conf(self._get_hook()._connection["master"]),
+                "spark.pyspark.python": python}
         return merged_conf(merged_conf(ours, spec.spark_conf), self.conf or {})
 
     def execute(self, context: Context) -> None:
@@ -452,10 +467,42 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
         Kafka settings with their secrets in a file under ``folder`` (see
         :meth:`KafkaSettings.to_environ`). Nothing secret is in it: Airflow's Spark hook turns
         it into ``--conf`` arguments on YARN and Kubernetes masters."""
-        # The driver and its Python workers run kafka_eos's commit code: this interpreter, unless
-        # the pipeline's or the operator's Spark settings name another (the executors' own).
-        python = (self.conf or {}).get("spark.pyspark.python", sys.executable)
+        # The executors' Python (check_cluster_settings): this interpreter on a local master.
+        python = self.conf["spark.pyspark.python"] if self.conf and "spark.pyspark.python" in self.conf \
+            else (self.env_vars or {}).get("PYSPARK_PYTHON", sys.executable)
         return {**(self.env_vars or {}), "PYSPARK_PYTHON": python, **settings.to_environ(folder / "kafka-client.json")}
+
+
+#: Why the Spark task runs spark-submit in client mode only.
+CLUSTER_MODE_REFUSED = ("deploy mode 'cluster' is not supported: the run's plan and its secrets are files on the "
+                        "Airflow worker that the driver reads; use client mode (the default)")
+
+
+def executor_python(spec: PipelineSpec, conf: dict, env_vars: dict, master: str, conn_id: str) -> str:
+    """The Python the executors run kafka-eos's code with: ``spark.pyspark.python`` of the
+    operator's ``conf``, else of the spec's ``spark:`` section, else ``PYSPARK_PYTHON`` of the
+    operator's ``env_vars``, else the Spark connection's extra ``spark.pyspark.python``; on a
+    ``local[...]`` master, this worker's own interpreter. Never silently this worker's on a cluster,
+    whose executors may not have it.
+
+    :raises AirflowFailException: a cluster master and no interpreter named.
+    """
+    named = conf.get("spark.pyspark.python") or spec.spark_conf.get("spark.pyspark.python") \
+        or env_vars.get("PYSPARK_PYTHON")
+    if named:
+        return named
+    if master.startswith("local"):
+        return sys.executable
+    try:
+        named = BaseHook.get_connection(conn_id).extra_dejson.get("spark.pyspark.python")
+    except Exception:  # noqa: BLE001 - the Spark hook found the connection; a lookup error names nothing new
+        named = None
+    if named:
+        return str(named)
+    raise AirflowFailException(
+        f"Spark connection {conn_id!r}: master {master}: the executors' Python is not named: set spark.pyspark.python "
+        f"in the pipeline's spark: section, the operator's conf or the connection's extra (an interpreter with "
+        f"kafka-eos installed on every executor; this worker's {sys.executable} is not assumed to be there)")
 
 
 class KafkaEosVerifyOperator(_PipelineOperator):

@@ -26,6 +26,7 @@ other pipelines' DAGs down.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -276,12 +277,29 @@ def build_stream_dag(spec: PipelineSpec, options: DagOptions | None = None, **kw
     return dag
 
 
+def beside_dag_file(folder: str | Path, depth: int = 2) -> Path:
+    """``folder`` as the DAG file calling the factory sees it: a relative folder is relative to
+    that file's own folder (in a DAG bundle, the bundle's checkout of this version: the DAG
+    processor's, and each task's, which parses the DAG file again from the run's bundle version),
+    never to the process's working directory."""
+    path = Path(folder)
+    if path.is_absolute():
+        return path
+    caller = sys._getframe(depth).f_globals.get("__file__")
+    return Path(caller).resolve().parent / path if caller else path.resolve()
+
+
 def dags_from_folder(folder: str | Path, options: DagOptions | None = None, **kwargs: Any) -> dict[str, DAG]:
     """One DAG per ``*.yaml`` spec in ``folder`` (dag_id -> DAG), and its stream DAG where
     ``options.stream_dags`` wants it; unparsable specs are logged and skipped, and so are all the
     specs that share a pipeline name or a consumer group (a group holds one pipeline's checkpoint).
+    A relative ``folder`` is relative to the calling DAG file (:func:`beside_dag_file`).
     ``options`` or ``kwargs``: :class:`DagOptions`."""
-    options = _options(options, kwargs)
+    folder = beside_dag_file(folder)
+    return _dags_from_folder(folder, _options(options, kwargs))
+
+
+def _dags_from_folder(folder: Path, options: DagOptions) -> dict[str, DAG]:
     specs: list[PipelineSpec] = []
     for path in sorted(Path(folder).glob("*.yaml")):
         try:
@@ -410,10 +428,12 @@ def kafka_eos_dags(folder: str | Path | None = None, options: DagOptions | None 
                    **kwargs: Any) -> dict[str, DAG]:
     """Every kafka-eos DAG for the specs in ``folder`` (default: ``[kafka_eos] pipelines_folder``):
     each pipeline's DAG and stream DAG (:func:`dags_from_folder`), the watchdog over them and the
-    runbook. ``options`` or ``kwargs``: what the team sets on the DAGs (:class:`DagOptions`)."""
+    runbook. A relative folder is relative to the calling DAG file (:func:`beside_dag_file`): in
+    a versioned DAG bundle, keep the specs in the bundle and each run reads its own version's.
+    ``options`` or ``kwargs``: what the team sets on the DAGs (:class:`DagOptions`)."""
     options = _options(options, kwargs)
-    folder = Path(folder) if folder is not None else config.pipelines_folder()
-    dags = dags_from_folder(folder, options)
+    folder = beside_dag_file(folder if folder is not None else config.pipelines_folder())
+    dags = _dags_from_folder(folder, options)
     watchdog = watchdog_dag([str(p.resolve()) for p in spec_paths(folder)], options)
     runbook = runbook_dag(options, pipelines_folder=folder.resolve())
     return {**dags, watchdog.dag_id: watchdog, runbook.dag_id: runbook}

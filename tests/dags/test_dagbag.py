@@ -155,7 +155,7 @@ def test_a_spec_without_schedule_is_manual_only(pipelines_module, tmp_path):
 def test_a_stream_spec_is_scheduled_on_its_source_asset_watched_by_a_read_only_trigger(pipelines_module, tmp_path):
     from airflow.sdk.definitions.timetables.assets import AssetTriggeredTimetable
 
-    from kafka_eos.spec import parse_spec
+    from kafka_eos.spec import parse_spec, spec_document
     from kafka_eos_airflow.triggers.kafka import CommittedDataEventTrigger
 
     spec = parse_spec({"name": "ev", "source": {"topics": ["t"]}, "sink": {"kind": "kafka", "topic": "o"},
@@ -168,7 +168,7 @@ def test_a_stream_spec_is_scheduled_on_its_source_asset_watched_by_a_read_only_t
     assert isinstance(watcher.trigger, CommittedDataEventTrigger)
     assert watcher.trigger.serialize() == ("kafka_eos_airflow.triggers.kafka.CommittedDataEventTrigger", {
         "pipeline": str(tmp_path / "ev.yaml"), "kafka_conn_id": "kafka_eos_kafka", "poll_interval_s": 5.0,
-        "refire_after_s": 300.0})
+        "refire_after_s": 300.0, "spec": spec_document(spec)})  # the triggerer reads no spec file
     assert [t.task_id for t in dag.topological_sort()] == ["plan", "spark", "verify"]
 
 

@@ -256,6 +256,7 @@ def test_the_spark_task_refuses_cluster_deploy_mode_and_names_the_executors_pyth
     with pytest.raises(AirflowFailException, match=r"^Spark connection 'spark_yarn_cluster': deploy mode 'cluster'"):
         op.submit_conf(spec)
     # A cluster master: the executors' Python must be named; never silently this worker's.
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_YARN", json.dumps({"conn_type": "spark", "host": "yarn"}))
     op = KafkaEosSparkSubmitOperator(task_id="spark", pipeline=spec.path, conn_id="spark_yarn")
     with pytest.raises(AirflowFailException, match=r"^Spark connection 'spark_yarn': master yarn: the executors' "
@@ -268,6 +269,12 @@ def test_the_spark_task_refuses_cluster_deploy_mode_and_names_the_executors_pyth
     op = KafkaEosSparkSubmitOperator(task_id="spark", pipeline=spec.path, conn_id="spark_yarn",
                                      conf={"spark.pyspark.python": "/opt/team/python"})
     assert op.submit_conf(spec)["spark.pyspark.python"] == "/opt/team/python"  # the operator's wins
+    monkeypatch.setenv("PYSPARK_PYTHON", "/image/python")  # an image's environment names it
+    assert KafkaEosSparkSubmitOperator(task_id="spark", pipeline=spec.path, conn_id="spark_yarn_bare").conf is None
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_YARN_BARE", json.dumps({"conn_type": "spark", "host": "yarn"}))
+    assert KafkaEosSparkSubmitOperator(task_id="spark", pipeline=spec.path, conn_id="spark_yarn_bare").submit_conf(
+        spec)["spark.pyspark.python"] == "/image/python"
+    monkeypatch.delenv("PYSPARK_PYTHON")
     # A local master: this worker's interpreter, as before.
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_LOCAL", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     op = KafkaEosSparkSubmitOperator(task_id="spark", pipeline=spec.path, conn_id="spark_local")

@@ -19,7 +19,7 @@ from __future__ import annotations
 from airflow.sdk import Asset, AssetAlias, AssetWatcher
 
 from kafka_eos.settings import KafkaSettings
-from kafka_eos.spec import PipelineSpec
+from kafka_eos.spec import PipelineSpec, spec_document
 from kafka_eos_airflow.triggers.kafka import CommittedDataEventTrigger
 
 # Imported inside the functions that use them, not here: the Kafka clients (kafka_admin, the
@@ -34,7 +34,9 @@ WATCH_INTERVAL_S = 5.0
 
 def source_asset(spec: PipelineSpec, kafka_conn_id: str) -> Asset:
     """``kafka-eos://<pipeline>/source``, watched for committed records to process."""
-    trigger = CommittedDataEventTrigger(spec.path, kafka_conn_id, poll_interval_s=WATCH_INTERVAL_S)
+    # The spec's document, not only its path: the triggerer has no checkout of a versioned bundle.
+    trigger = CommittedDataEventTrigger(spec.path, kafka_conn_id, poll_interval_s=WATCH_INTERVAL_S,
+                                        spec=spec_document(spec))
     return Asset(name=f"kafka-eos.{spec.name}.source", uri=f"kafka-eos://{spec.name}/source",
                  group="kafka-eos", watchers=[AssetWatcher(name=f"kafka-eos.{spec.name}.committed", trigger=trigger)])
 

@@ -12,6 +12,7 @@ cannot fix (a bad spec, data loss, a recreated topic, a missing plan) fail witho
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -481,14 +482,15 @@ CLUSTER_MODE_REFUSED = ("deploy mode 'cluster' is not supported: the run's plan 
 def executor_python(spec: PipelineSpec, conf: dict, env_vars: dict, master: str, conn_id: str) -> str:
     """The Python the executors run kafka-eos's code with: ``spark.pyspark.python`` of the
     operator's ``conf``, else of the spec's ``spark:`` section, else ``PYSPARK_PYTHON`` of the
-    operator's ``env_vars``, else the Spark connection's extra ``spark.pyspark.python``; on a
+    operator's ``env_vars`` or of the worker's environment (an image's), else the Spark
+    connection's extra ``spark.pyspark.python``; on a
     ``local[...]`` master, this worker's own interpreter. Never silently this worker's on a cluster,
     whose executors may not have it.
 
     :raises AirflowFailException: a cluster master and no interpreter named.
     """
     named = conf.get("spark.pyspark.python") or spec.spark_conf.get("spark.pyspark.python") \
-        or env_vars.get("PYSPARK_PYTHON")
+        or env_vars.get("PYSPARK_PYTHON") or os.environ.get("PYSPARK_PYTHON")
     if named:
         return named
     if master.startswith("local"):

@@ -11,7 +11,7 @@ from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout, AirflowSkipException
 
 from kafka_eos.health import spec_topics, watch_threshold_s
-from kafka_eos.spec import load_spec
+from kafka_eos.spec import load_spec, spec_document
 
 from kafka_eos_airflow import config
 from kafka_eos_airflow.notifications.alerts import HungTransactionsFound
@@ -80,7 +80,9 @@ class HungTransactionSensor(BaseSensorOperator):
         self.log.info("watching %d topic(s) for transactions open longer than %gs", len(topics), older_than_s)
         self.defer(
             trigger=HungTransactionTrigger(topics, self.kafka_conn_id, older_than_s, self.healthy_for_s,
-                                           self.poll_interval_s, self.pipelines, missing_ok),
+                                           self.poll_interval_s, self.pipelines, missing_ok,
+                                           specs=[spec_document(load_spec(p, import_transform=False))
+                                                  for p in self.pipelines]),
             method_name="execute_complete",
             # The trigger ends by itself after healthy_for_s; the margin covers slow looks.
             timeout=timedelta(seconds=self.healthy_for_s + 10 * self.poll_interval_s + 600))
@@ -148,7 +150,9 @@ class CommittedDataSensor(BaseSensorOperator):
 
     def execute(self, context: Context) -> None:
         timeout_s = float(self.timeout)
-        self.defer(trigger=CommittedDataTrigger(self.pipeline, self.kafka_conn_id, self.poll_interval_s, timeout_s),
+        spec = spec_document(load_spec(self.pipeline, import_transform=False))  # the triggerer reads no file
+        self.defer(trigger=CommittedDataTrigger(self.pipeline, self.kafka_conn_id, self.poll_interval_s, timeout_s,
+                                                spec=spec),
                    method_name="execute_complete",
                    # The trigger times out by itself; this margin only covers slow looks.
                    timeout=timedelta(seconds=timeout_s + 10 * self.poll_interval_s + 600))

@@ -11,7 +11,7 @@ from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 from kafka_eos.errors import BrokerError, BrokerUnreachable
 from kafka_eos.health import DEFAULT_OLDER_THAN_S
-from kafka_eos.spec import load_spec
+from kafka_eos.spec import PipelineSpec, load_spec, parse_spec
 from kafka_eos_airflow.hooks.kafka import KafkaEosHook
 
 # Imported inside the functions that use them, not here: the Kafka clients (kafka_admin, the
@@ -38,6 +38,17 @@ def cluster_away(exc: BaseException) -> bool:
         err = exc.args[0]
         return is_transient_error(err) or err.name() in ("_TRANSPORT", "_ALL_BROKERS_DOWN")
     return isinstance(exc, BrokerUnreachable) or (isinstance(exc, BrokerError) and is_transient(exc))
+
+
+def spec_of(pipeline: str, document: dict | None) -> PipelineSpec:
+    """The spec a trigger watches: parsed from the document it carries (its DAG's own version: the
+    triggerer has no checkout of a versioned DAG bundle), else read from ``pipeline`` (a trigger
+    serialized by kafka-eos 0.2)."""
+    if document is not None:
+        # Schema files are the Spark task's (it encodes the output); a look at offsets needs none.
+        sink = {k: v for k, v in document["sink"].items() if k not in ("schema", "key_schema")}
+        return parse_spec({**document, "sink": sink}, pipeline)
+    return load_spec(pipeline, import_transform=False)
 
 
 class Outage:
@@ -84,7 +95,7 @@ class HungTransactionTrigger(BaseTrigger):
     def __init__(self, topics: list[str], kafka_conn_id: str, older_than_s: float = DEFAULT_OLDER_THAN_S,
                  healthy_for_s: float = 300.0, poll_interval_s: float = 30.0,
                  pipelines: list[str] | None = None, missing_ok: list[str] | None = None,
-                 unreachable_after_s: float = UNREACHABLE_AFTER_S) -> None:
+                 unreachable_after_s: float = UNREACHABLE_AFTER_S, specs: list[dict] | None = None) -> None:
         super().__init__()
         self.topics = list(topics)
         self.unreachable_after_s = unreachable_after_s
@@ -94,13 +105,15 @@ class HungTransactionTrigger(BaseTrigger):
         self.poll_interval_s = poll_interval_s
         self.pipelines = list(pipelines or [])
         self.missing_ok = list(missing_ok or [])
+        #: The pipelines' spec documents, in the order of ``pipelines`` (see :func:`spec_of`).
+        self.specs = list(specs) if specs is not None else None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return ("kafka_eos_airflow.triggers.kafka.HungTransactionTrigger", {
             "topics": self.topics, "kafka_conn_id": self.kafka_conn_id, "older_than_s": self.older_than_s,
             "healthy_for_s": self.healthy_for_s, "poll_interval_s": self.poll_interval_s,
             "pipelines": self.pipelines, "missing_ok": self.missing_ok,
-            "unreachable_after_s": self.unreachable_after_s})
+            "unreachable_after_s": self.unreachable_after_s, "specs": self.specs})
 
     def look(self, previous: dict[str, dict] | None) -> tuple[list, dict[str, dict], int]:
         """One look (blocking): the stalls found, the observation to keep, partitions checked."""
@@ -110,7 +123,8 @@ class HungTransactionTrigger(BaseTrigger):
         settings = KafkaEosHook(self.kafka_conn_id).get_settings()
         tps = topic_partitions(settings, self.topics, self.missing_ok)
         stalls, seen = observe(settings, tps, self.older_than_s, previous)
-        specs = [load_spec(p, import_transform=False) for p in self.pipelines]
+        documents = self.specs if self.specs is not None else [None] * len(self.pipelines)
+        specs = [spec_of(p, d) for p, d in zip(self.pipelines, documents)]
         return attribute(settings, stalls, specs), seen, len(tps)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -140,12 +154,13 @@ class HungTransactionTrigger(BaseTrigger):
             await asyncio.sleep(self.poll_interval_s)
 
 
-def committed_data_waiting(pipeline: str, kafka_conn_id: str) -> list[dict]:
+def committed_data_waiting(pipeline: str, kafka_conn_id: str, spec: dict | None = None) -> list[dict]:
     """One look (blocking, read-only): the partitions of ``pipeline``'s source where committed
-    records wait beyond its checkpoint, with checkpoint, LSO, lag and oldest unprocessed record."""
+    records wait beyond its checkpoint, with checkpoint, LSO, lag and oldest unprocessed record
+    (``spec``: its document, see :func:`spec_of`)."""
     from kafka_eos.health.backlog import backlog, waiting
 
-    spec = load_spec(pipeline, import_transform=False)
+    spec = spec_of(pipeline, spec)
     # A SQL sink's checkpoints from its Kafka mirror: the triggerer opens no sink's database.
     rows, _drift = backlog(spec, KafkaEosHook(kafka_conn_id).get_settings(), mirror=True)
     return waiting(rows)
@@ -161,26 +176,29 @@ class CommittedDataTrigger(BaseTrigger):
 
     :param pipeline: the pipeline (spec name or path).
     :param kafka_conn_id: the ``kafka`` connection (see :class:`~kafka_eos_airflow.hooks.kafka.KafkaEosHook`).
+    :param spec: the spec's document (:func:`kafka_eos.spec.spec_document`), so the triggerer needs
+        no file of the DAG's bundle.
     """
 
     def __init__(self, pipeline: str, kafka_conn_id: str, poll_interval_s: float = 30.0,
-                 timeout_s: float | None = None) -> None:
+                 timeout_s: float | None = None, spec: dict | None = None) -> None:
         super().__init__()
         self.pipeline = pipeline
         self.kafka_conn_id = kafka_conn_id
         self.poll_interval_s = poll_interval_s
         self.timeout_s = timeout_s
+        self.spec = spec
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return ("kafka_eos_airflow.triggers.kafka.CommittedDataTrigger", {
             "pipeline": self.pipeline, "kafka_conn_id": self.kafka_conn_id,
-            "poll_interval_s": self.poll_interval_s, "timeout_s": self.timeout_s})
+            "poll_interval_s": self.poll_interval_s, "timeout_s": self.timeout_s, "spec": self.spec})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         started, outage = time.monotonic(), Outage(self.log)
         while True:
             try:
-                found = await asyncio.to_thread(committed_data_waiting, self.pipeline, self.kafka_conn_id)
+                found = await asyncio.to_thread(committed_data_waiting, self.pipeline, self.kafka_conn_id, self.spec)
             except Exception as exc:  # noqa: BLE001 - failed() raises all but a cluster away
                 outage.failed(exc, self.poll_interval_s)
                 found = []
@@ -213,27 +231,29 @@ class CommittedDataEventTrigger(BaseEventTrigger):
     :param pipeline: the pipeline (spec name or path).
     :param kafka_conn_id: the ``kafka`` connection (see :class:`~kafka_eos_airflow.hooks.kafka.KafkaEosHook`).
     :param poll_interval_s: how often it looks; the asset's latency is about this plus a DAG run.
+    :param spec: the spec's document (see :class:`CommittedDataTrigger`).
     """
 
     def __init__(self, pipeline: str, kafka_conn_id: str, poll_interval_s: float = 5.0,
-                 refire_after_s: float = 300.0) -> None:
+                 refire_after_s: float = 300.0, spec: dict | None = None) -> None:
         super().__init__()
         self.pipeline = pipeline
         self.kafka_conn_id = kafka_conn_id
         self.poll_interval_s = poll_interval_s
         self.refire_after_s = refire_after_s
+        self.spec = spec
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return ("kafka_eos_airflow.triggers.kafka.CommittedDataEventTrigger", {
             "pipeline": self.pipeline, "kafka_conn_id": self.kafka_conn_id,
-            "poll_interval_s": self.poll_interval_s, "refire_after_s": self.refire_after_s})
+            "poll_interval_s": self.poll_interval_s, "refire_after_s": self.refire_after_s, "spec": self.spec})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         fired: dict[str, int] = {}  # how far (LSO) each partition's backlog reached when it last fired
         fired_at, outage = 0.0, Outage(self.log)
         while True:
             try:
-                found = await asyncio.to_thread(committed_data_waiting, self.pipeline, self.kafka_conn_id)
+                found = await asyncio.to_thread(committed_data_waiting, self.pipeline, self.kafka_conn_id, self.spec)
             except Exception as exc:  # noqa: BLE001 - failed() raises all but a cluster away
                 # A watcher runs as long as its asset is watched: a cluster away never ends it.
                 outage.failed(exc, self.poll_interval_s)

@@ -52,7 +52,12 @@ def _compiled(text: str, name: str) -> list:
     from importlib.resources import files
 
     from google.protobuf import descriptor_pb2
-    from grpc_tools import protoc
+
+    try:
+        from grpc_tools import protoc
+    except ImportError:
+        raise RegistryError(f"the registry answered the Protobuf schema {name} as .proto text: compiling it needs "
+                            "protoc (pip install 'kafka-eos[protoc]')") from None
 
     with tempfile.TemporaryDirectory(prefix="kafka-eos-proto-") as tmp:
         (Path(tmp) / name).write_text(text)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from kafka_eos.errors import KafkaEosError
+
 if TYPE_CHECKING:  # pragma: no cover
     from kafka_eos.batch import RunSummary
 
@@ -67,7 +69,10 @@ class PrometheusFigures:
     """
 
     def __init__(self, pipeline: str, port: int, addr: str = "127.0.0.1") -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+        try:
+            from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+        except ImportError:
+            raise KafkaEosError("--metrics-port: needs prometheus-client (pip install 'kafka-eos[metrics]')") from None
 
         self.pipeline = pipeline
         self.registry = CollectorRegistry()

@@ -47,7 +47,8 @@ def _run(command: list[str], env: dict, cwd: Path, timeout: int = 600) -> str:
 
 @pytest.fixture(scope="module")
 def airflow_only(tmp_path_factory):
-    """A virtualenv with Apache Airflow only, then the wheel: (venv bin folder, work folder)."""
+    """A virtualenv with Apache Airflow only, then the wheel without extras, as on the Airflow
+    components that run no Spark task: (venv bin folder, work folder, the wheel)."""
     work = tmp_path_factory.mktemp("wheel-install")
     wheel = build_wheel(work)
     venv = work / "venv"
@@ -56,11 +57,11 @@ def airflow_only(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_CONSTRAINT", "PIP_REQUIRE"))}
     _run([*pip, f"apache-airflow=={_tested_airflow()}"], env, work, timeout=900)
     _run([*pip, str(wheel)], env, work, timeout=900)
-    return venv / "bin", work
+    return venv / "bin", work, wheel
 
 
 def test_the_wheel_runs_a_pipeline_in_an_airflow_only_environment(airflow_only, kafka_settings):
-    bin_dir, work = airflow_only
+    bin_dir, work, wheel = airflow_only
     project, home = work / "project", work / "airflow"
     project.mkdir()
     (work / "dags").mkdir()
@@ -116,6 +117,19 @@ def test_the_wheel_runs_a_pipeline_in_an_airflow_only_environment(airflow_only, 
                                                   env, work))}
     assert {f"kafka_eos__{name}", f"kafka_eos_stream__{name}", "kafka_eos_watchdog",
             "kafka_eos_runbook_abort_transaction"} <= listed, listed
+
+    # Everything so far ran on Spark Connect's client alone (the Spark provider's pyspark-client):
+    # no pyspark distribution, no Spark jars. The workers that run the Spark task add the extra.
+    probe = "import importlib.metadata as m; print(m.version('pyspark-client'), end=' '); m.version('pyspark')"
+    done = subprocess.run([str(bin_dir / "python"), "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "No package metadata was found for pyspark\n" in done.stderr, done.stderr[-500:]
+    pip = [str(bin_dir / "python"), "-m", "pip", "install", "-q", "--no-compile", "--disable-pip-version-check"]
+    _run([*pip, f"{wheel}[spark]"], {k: v for k, v in os.environ.items()
+                                      if not k.startswith(("PIP_CONSTRAINT", "PIP_REQUIRE"))}, work, timeout=900)
+    versions = subprocess.run([str(bin_dir / "python"), "-c", "import importlib.metadata as m; "
+                               "print(m.version('pyspark'), m.version('pyspark-client'))"], env=env,
+                              capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    assert versions[0] == versions[1], versions  # one Spark, wherever both are installed
 
     out = _run([str(bin_dir / "airflow"), "dags", "test", f"kafka_eos__{name}"], env, work, timeout=900)
     assert re.search(r"spark\.sql\.shuffle\.partitions=3", out), out[-3000:]  # the spec's `spark:` reached spark-submit

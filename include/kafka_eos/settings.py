@@ -26,8 +26,9 @@ CLIENT_CONFIG_ENV = "KAFKA_EOS_CLIENT_CONFIG"
 #: ``--conf`` arguments on YARN and Kubernetes, where every process list shows them).
 CLIENT_CONFIG_FILE_ENV = "KAFKA_EOS_CLIENT_CONFIG_FILE"
 #: Environment variable naming a file (readable by its owner only) that holds the SQL sink's
-#: database URL as its connection resolved it (``sink.conn_id``): how the Airflow Spark task hands
-#: it to spark-submit, never on a command line or in the environment itself.
+#: database URL as the Airflow task resolved it (its connection ``sink.conn_id``, else its
+#: ``sink.url``): how the Spark and stream tasks hand it to their child process, never on a
+#: command line or in the environment itself.
 DATABASE_URL_FILE_ENV = "KAFKA_EOS_DATABASE_URL_FILE"
 #: Environment variable with the seconds to wait for a first answer from the cluster.
 CONNECT_TIMEOUT_ENV = "KAFKA_EOS_CONNECT_TIMEOUT_S"
@@ -119,8 +120,9 @@ class KafkaSettings:
     #: The Schema Registry of the cluster's topics (pipelines whose ``format`` is avro, protobuf or
     #: json_schema need it); None: none configured.
     schema_registry: RegistrySettings | None = None
-    #: A SQL sink's database as its Airflow connection (``sink.conn_id``) gave it, resolved by
-    #: whoever built these settings for one pipeline; None: resolved where it is needed
+    #: A SQL sink's database URL, resolved once by the Airflow task that built these settings for
+    #: one pipeline (its connection ``sink.conn_id``, else ``sink.url``), so that every process of
+    #: a run uses the same one; None: resolved where it is needed
     #: (:func:`kafka_eos.sinks.sql_store.database_url`). Not in repr: it holds a password.
     database_url: str | None = field(default=None, repr=False)
 

@@ -96,8 +96,9 @@ def session_conf() -> dict[str, str]:
         "spark.speculation": "false",
         "spark.sql.session.timeZone": SESSION_TIME_ZONE,
         "spark.ui.showConsoleProgress": "false",
-        # Executors run kafka_eos's commit code: same interpreter as the driver.
-        "spark.pyspark.python": sys.executable,
+        # Executors run kafka_eos's commit code: the interpreter PYSPARK_PYTHON names (an image's,
+        # or the Airflow task's choice for a cluster), else the driver's own.
+        "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON") or sys.executable,
         "spark.pyspark.driver.python": sys.executable,
     }
 

@@ -262,8 +262,14 @@ def test_the_spark_task_refuses_cluster_deploy_mode_and_names_the_executors_pyth
     with pytest.raises(AirflowFailException, match=r"^Spark connection 'spark_yarn': master yarn: the executors' "
                                                    r"Python is not named: set spark.pyspark.python"):
         op.submit_conf(spec)
+    from kafka_eos_airflow.operators.stream import KafkaEosStreamOperator
+
+    stream = KafkaEosStreamOperator(task_id="stream", pipeline=spec.path, spark_conn_id="spark_yarn")
+    with pytest.raises(AirflowFailException, match=r"^Spark connection 'spark_yarn': master yarn: the executors' "):
+        stream._spark_master(spec)  # the stream's own Spark application: the same rule
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_YARN", json.dumps(
         {"conn_type": "spark", "host": "yarn", "extra": {"spark.pyspark.python": "/opt/py/bin/python"}}))
+    assert stream._spark_master(spec) == {"SPARK_MASTER": "yarn", "PYSPARK_PYTHON": "/opt/py/bin/python"}
     assert KafkaEosSparkSubmitOperator(task_id="spark", pipeline=spec.path, conn_id="spark_yarn").submit_conf(
         spec)["spark.pyspark.python"] == "/opt/py/bin/python"  # from the connection
     op = KafkaEosSparkSubmitOperator(task_id="spark", pipeline=spec.path, conn_id="spark_yarn",

@@ -25,6 +25,7 @@ from kafka_eos.stream.figures import parse_figures_line
 
 from kafka_eos_airflow import config
 from kafka_eos_airflow.hooks.kafka import KafkaEosHook
+from kafka_eos_airflow.operators.pipeline import executor_python
 
 # Imported inside the functions that use them, not here: the Kafka clients (kafka_admin, the
 # manifest, pipeline, health), Spark (batch, spark_io), the OpenLineage client (lineage) and
@@ -140,15 +141,15 @@ class KafkaEosStreamOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         interval = float(self.interval_s)
         drain = self.until_caught_up or bool(context["params"].get("until_caught_up"))
-        settings = KafkaEosHook(self.kafka_conn_id).get_pipeline_settings(
-            load_spec(self.pipeline, import_transform=False), registry=True)
+        spec = load_spec(self.pipeline, import_transform=False)
+        settings = KafkaEosHook(self.kafka_conn_id).get_pipeline_settings(spec, registry=True)
         command = [sys.executable, "-m", "kafka_eos.cli", "stream", self.pipeline, "--interval", f"{interval:g}",
                    "--figures", *(["--until-caught-up"] if drain else [])]
         with tempfile.TemporaryDirectory(prefix="kafka-eos-stream-") as tmp:
             # The stream's own session (on_kill signals it alone), but not its own life: it stops
             # once this task's process is gone (a worker killed under it), not as an orphan that
             # holds the pipeline's lease while the task's retry waits for it.
-            env = {**os.environ, **settings.to_environ(Path(tmp) / "client.json"), **self._spark_master(),
+            env = {**os.environ, **settings.to_environ(Path(tmp) / "client.json"), **self._spark_master(spec),
                    PARENT_PID_ENV: str(os.getpid())}
             self.log.info("starting: %s", " ".join(command))
             self._proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -174,8 +175,9 @@ class KafkaEosStreamOperator(BaseOperator):
         after :meth:`execute`)."""
         return self._lineage
 
-    def _spark_master(self) -> dict[str, str]:
-        """``SPARK_MASTER`` from the Spark connection, resolved as Airflow's spark-submit hook does."""
+    def _spark_master(self, spec) -> dict[str, str]:
+        """``SPARK_MASTER`` from the Spark connection, resolved as Airflow's spark-submit hook does,
+        and on a cluster master the executors' Python, named (:func:`executor_python`)."""
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
         try:
@@ -189,7 +191,7 @@ class KafkaEosStreamOperator(BaseOperator):
             return {}
         master = SparkSubmitHook(conn_id=self.spark_conn_id)._connection["master"]
         self.log.info("Spark master %s (connection %s)", master, self.spark_conn_id)
-        return {"SPARK_MASTER": master}
+        return {"SPARK_MASTER": master, "PYSPARK_PYTHON": executor_python(spec, {}, {}, master, self.spark_conn_id)}
 
     def on_kill(self) -> None:
         """SIGTERM: the stream finishes its batch in flight and exits; killed after a grace period."""

@@ -23,9 +23,3 @@ def wait_until(what: str, check: Callable[[], T], timeout_s: float = 60.0, every
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what} (last seen: {found!r})")
         time.sleep(every_s)
-
-
-
-def run_note(airflow, dag_id: str, run_id: str) -> str | None:
-    """The note a kafka-eos pipeline run left (:meth:`kafka_eos.local.airflow.LocalAirflow.run_note`)."""
-    return airflow.run_note(dag_id, run_id)

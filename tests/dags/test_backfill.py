@@ -21,7 +21,7 @@ from kafka_eos import kafka_admin
 from kafka_eos.backfill.side import BACKFILL, interval_key, mapping_key
 from kafka_eos.manifest import ManifestStore
 from kafka_eos.spec import load_spec
-from waiting import run_note, wait_until
+from waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -121,7 +121,7 @@ def test_backfill_through_airflows_backfill_command_is_exact_idempotent_and_leav
     assert [r["ranges"] for r in recorded.values()] == [
         [[topic, 0, 0, 2], [topic, 1, 0, 1]], [[topic, 0, 2, 4], [topic, 1, 1, 3]], [[topic, 0, 4, 5], [topic, 1, 3, 4]]]
     assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, tps) == live_checkpoint
-    notes = sorted(run_note(airflow, dag_id, r["dag_run_id"]) for r in _runs(airflow, dag_id)
+    notes = sorted(airflow.run_note(dag_id, r["dag_run_id"]) for r in _runs(airflow, dag_id)
                    if r["run_type"] == "backfill")  # each run says
     # orders in, rows out (one per minute and category)
     assert [n.split(" dead-lettered")[0] for n in notes] == [
@@ -166,7 +166,7 @@ def test_backfill_through_airflows_backfill_command_is_exact_idempotent_and_leav
     live = _wait("the live runs after the new order", lambda: _settled(
         [r for r in _runs(airflow, dag_id) if r["dag_run_id"] not in before], with_type="manual"))
     assert [r["state"] for r in live] == ["success"] * len(live), live
-    notes = [run_note(airflow, dag_id, r["dag_run_id"]) for r in live]
+    notes = [airflow.run_note(dag_id, r["dag_run_id"]) for r in live]
     reading = [n for n in notes if not n.startswith("empty: nothing new to read")]
     assert len(reading) == 1, live
     assert reading[0].startswith("committed: 1 in, 1 out, 0 dead-lettered in ")

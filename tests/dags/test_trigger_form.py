@@ -9,7 +9,7 @@ import yaml
 from confluent_kafka import Producer
 
 from kafka_eos import kafka_admin
-from waiting import run_note, wait_until
+from waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -94,6 +94,6 @@ def test_the_trigger_form_shows_every_param_and_triggers_a_dry_run(airflow_deplo
     assert run["conf"]["dry_run"] is True and run["state"] == "success"
     tis = airflow.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run['dag_run_id']}/taskInstances")["task_instances"]
     assert {t["task_id"]: t["state"] for t in tis} == {"plan": "success", "spark": "skipped", "verify": "skipped"}
-    note = run_note(airflow, dag_id, run["dag_run_id"])
+    note = airflow.run_note(dag_id, run["dag_run_id"])
     assert note == f"DRY RUN: would read {topics['orders']}-0 [0, 3). Nothing was stored, read, written or committed."
     browser.save_screenshot(str(tmp_path / "trigger-form-after.png"))

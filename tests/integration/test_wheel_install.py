@@ -45,6 +45,11 @@ def _run(command: list[str], env: dict, cwd: Path, timeout: int = 600) -> str:
     return done.stdout + done.stderr
 
 
+def _unconstrained() -> dict:
+    """This environment without pip's constraint and requirement settings: pip's resolver alone."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PIP_CONSTRAINT", "PIP_REQUIRE"))}
+
+
 @pytest.fixture(scope="module")
 def airflow_only(tmp_path_factory):
     """A virtualenv with Apache Airflow only, then the wheel without extras, as on the Airflow
@@ -54,7 +59,7 @@ def airflow_only(tmp_path_factory):
     venv = work / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile", "--disable-pip-version-check"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_CONSTRAINT", "PIP_REQUIRE"))}
+    env = _unconstrained()
     _run([*pip, f"apache-airflow=={_tested_airflow()}"], env, work, timeout=900)
     _run([*pip, str(wheel)], env, work, timeout=900)
     return venv / "bin", work, wheel
@@ -124,8 +129,7 @@ def test_the_wheel_runs_a_pipeline_in_an_airflow_only_environment(airflow_only, 
     done = subprocess.run([str(bin_dir / "python"), "-c", probe], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "No package metadata was found for pyspark\n" in done.stderr, done.stderr[-500:]
     pip = [str(bin_dir / "python"), "-m", "pip", "install", "-q", "--no-compile", "--disable-pip-version-check"]
-    _run([*pip, f"{wheel}[spark]"], {k: v for k, v in os.environ.items()
-                                      if not k.startswith(("PIP_CONSTRAINT", "PIP_REQUIRE"))}, work, timeout=900)
+    _run([*pip, f"{wheel}[spark]"], _unconstrained(), work, timeout=900)
     versions = subprocess.run([str(bin_dir / "python"), "-c", "import importlib.metadata as m; "
                                "print(m.version('pyspark'), m.version('pyspark-client'))"], env=env,
                               capture_output=True, text=True, timeout=60, check=True).stdout.split()

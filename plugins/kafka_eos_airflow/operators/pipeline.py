@@ -468,9 +468,8 @@ class KafkaEosSparkSubmitOperator(SparkSubmitOperator):
         Kafka settings with their secrets in a file under ``folder`` (see
         :meth:`KafkaSettings.to_environ`). Nothing secret is in it: Airflow's Spark hook turns
         it into ``--conf`` arguments on YARN and Kubernetes masters."""
-        # The executors' Python (check_cluster_settings): this interpreter on a local master.
-        python = self.conf["spark.pyspark.python"] if self.conf and "spark.pyspark.python" in self.conf \
-            else (self.env_vars or {}).get("PYSPARK_PYTHON", sys.executable)
+        # The executors' Python: submit_conf put check_cluster_settings' choice in the conf.
+        python = (self.conf or {}).get("spark.pyspark.python", sys.executable)
         return {**(self.env_vars or {}), "PYSPARK_PYTHON": python, **settings.to_environ(folder / "kafka-client.json")}
 
 

@@ -66,7 +66,8 @@ class HungTransactionSensor(BaseSensorOperator):
         self.kafka_conn_id = kafka_conn_id or config.kafka_conn_id()
 
     def execute(self, context: Context) -> None:
-        derived = [t for p in self.pipelines for t in pipeline_topics(p)]
+        specs = [load_spec(p, import_transform=False) for p in self.pipelines]  # each file read once
+        derived = [t for spec in specs for t in spec_topics(spec)]
         topics = list(dict.fromkeys([*self.topics, *derived]))
         # A pipeline's topics may not exist before its first run (its manifest is made by the first
         # commit): watched once they do. A topic named in ``topics`` must exist.
@@ -75,14 +76,12 @@ class HungTransactionSensor(BaseSensorOperator):
             raise AirflowFailException(f"{self.task_id}: no topics to watch (give topics or pipelines)")
         older_than_s = self.older_than_s
         if older_than_s is None:
-            older_than_s = watch_threshold_s(load_spec(p, import_transform=False).sink.transaction_timeout_s
-                                             for p in self.pipelines)
+            older_than_s = watch_threshold_s(spec.sink.transaction_timeout_s for spec in specs)
         self.log.info("watching %d topic(s) for transactions open longer than %gs", len(topics), older_than_s)
         self.defer(
             trigger=HungTransactionTrigger(topics, self.kafka_conn_id, older_than_s, self.healthy_for_s,
                                            self.poll_interval_s, self.pipelines, missing_ok,
-                                           specs=[spec_document(load_spec(p, import_transform=False))
-                                                  for p in self.pipelines]),
+                                           specs=[spec_document(spec) for spec in specs]),
             method_name="execute_complete",
             # The trigger ends by itself after healthy_for_s; the margin covers slow looks.
             timeout=timedelta(seconds=self.healthy_for_s + 10 * self.poll_interval_s + 600))

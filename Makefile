@@ -126,10 +126,11 @@ $(JARS)/spark/.resolved: jvm/pom.xml
 	$(MVN) -P spark dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=../$(JARS)/spark
 	touch $@
 
-# kafka-eos's Spark Connect server plugin (jvm/connect, Java against Spark's own jars): the Connect
-# servers kafka-eos starts load it, and per_partition scope commits through them in one pass.
+# kafka-eos's JVM classes (jvm/connect, Java against Spark's own jars): the Spark Connect server
+# plugin (per_partition scope commits through Connect in one pass) and the Java Kafka client's
+# OAUTHBEARER login through a Python token callback; every Spark application kafka-eos starts has it.
 # A copy goes into the package (include/kafka_eos/jars/, not in git): the wheel carries it.
-$(JARS)/connect/.built: jvm/connect/pom.xml $(wildcard jvm/connect/src/main/java/io/kafkaeos/connect/*.java)
+$(JARS)/connect/.built: jvm/connect/pom.xml $(wildcard jvm/connect/src/main/java/io/kafkaeos/*/*.java)
 	rm -rf $(JARS)/connect jvm/connect/target include/kafka_eos/jars
 	mvn -q -B -s jvm/settings.xml -f jvm/connect/pom.xml package
 	mkdir -p $(JARS)/connect include/kafka_eos/jars

@@ -395,7 +395,13 @@ def secure_broker(tmp_path_factory):
     from kafka_eos.local.kafka import LocalBroker
 
     home = tmp_path_factory.mktemp("kafka-secure")
-    broker = LocalBroker(home=home, port=adjacent_free_ports(2), secure=True)
+    # OAUTHBEARER beside SCRAM, with Kafka's default validator of unsecured (unsigned) tokens, so a
+    # test can log in through a token callback of its own (kafka_eos_lab.oauth): its tokens name any
+    # principal, which then holds only what ACLs allow it. Not in `kafka-eos kafka start --secure`.
+    oauth = (("sasl.enabled.mechanisms", "SCRAM-SHA-512,OAUTHBEARER"),
+             ("listener.name.sasl_ssl.oauthbearer.sasl.jaas.config",
+              "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;"))
+    broker = LocalBroker(home=home, port=adjacent_free_ports(2), secure=True, overrides=oauth)
     broker.start()
     yield SecureBroker(broker)
     broker.stop()

@@ -1,21 +1,30 @@
-"""An OAuth 2 client-credentials token provider for kafka-python (the transaction admin API), the
-same flow librdkafka (``sasl.oauthbearer.method=oidc``) and the Java client
-(``OAuthBearerLoginCallbackHandler``) run themselves: POST ``grant_type=client_credentials`` to the
-token endpoint with the client id and secret, use the access token until shortly before it expires.
+"""OAUTHBEARER logins for the clients librdkafka does not serve.
+
+Two routes: OAuth 2 client credentials (``sasl.oauthbearer.method=oidc``), which librdkafka and the
+Java client (``OAuthBearerLoginCallbackHandler``) run themselves and kafka-python through
+:class:`ClientCredentialsTokenProvider` (POST ``grant_type=client_credentials`` to the token
+endpoint with the client id and secret, use the access token until shortly before it expires); and
+a Python token callback (``oauth_cb``, below), which every client kind calls.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import sys
 import threading
 import time
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Mapping
 
 from kafka.net.sasl.oauth import AbstractTokenProvider
 
 from kafka_eos.errors import KafkaEosError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Callable
 
 #: A token is fetched again this long before it expires.
 REFRESH_MARGIN_S = 60.0
@@ -60,3 +69,154 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):
             raise KafkaEosError(f"OAuth token endpoint {self.token_endpoint_url}: no access_token in its answer "
                                 f"({body.get('error', 'no error given')})")
         return body["access_token"], float(body.get("expires_in", 3600))
+
+
+# --- Token callbacks (librdkafka's ``oauth_cb``), for every client kind --------------------------
+#
+# A Kafka connection may log in through a Python token callback: confluent-kafka's ``oauth_cb``,
+# named in the settings by its dotted path (an Airflow connection's extra, where the Kafka
+# provider's ``[apache_kafka] callback_allowlist`` lets it; ``KAFKA_EOS_CLIENT_CONFIG`` for the CLI).
+# The path travels to every process of a run, and each client kind calls the same callable:
+# confluent-kafka directly, kafka-python through :class:`CallbackTokenProvider`, the Java client of
+# Spark's connector through ``io.kafkaeos.oauth.PythonTokenLoginCallbackHandler`` (jvm/connect),
+# which runs ``python -m kafka_eos.oauth <path>`` (:func:`main`).
+
+
+
+def resolve_callback(path: str) -> "Callable":
+    """The callable at ``path`` (``package.module.function``).
+
+    :raises KafkaEosError: not importable, or not a callable, naming the path.
+    """
+    import importlib
+
+    module, _, name = path.rpartition(".")
+    if not module:
+        raise KafkaEosError(f"callback {path!r}: not a dotted path (package.module.function)")
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        raise KafkaEosError(f"callback {path!r}: cannot import {module}: {exc}") from None
+    except AttributeError:
+        raise KafkaEosError(f"callback {path!r}: {module} has no {name}") from None
+    if not callable(value):
+        raise KafkaEosError(f"callback {path!r}: not callable")
+    return value
+
+
+@dataclass(frozen=True)
+class Token:
+    """What a token callback answered (confluent-kafka's ``oauth_cb`` shape)."""
+
+    value: str = field(repr=False)
+    #: When it expires, in seconds since the epoch.
+    expires_at: float
+    principal: str
+    extensions: Mapping[str, str] = field(default_factory=dict)
+
+
+def call_token_callback(callback: "Callable", config_str: str, path: str = "oauth_cb") -> Token:
+    """Call a token callback as librdkafka does (``callback(sasl.oauthbearer.config)``) and read its
+    answer: ``(token, expiry)``, ``(token, expiry, principal)`` or ``(token, expiry, principal,
+    extensions)``, the expiry in seconds since the epoch. A missing principal is the token's
+    ``sub`` claim where it is a JWT, else ``kafka-eos``.
+
+    :raises KafkaEosError: the answer has another shape, naming ``path``.
+    """
+    answer = callback(config_str)
+    if not isinstance(answer, (tuple, list)) or not 2 <= len(answer) <= 4 or not isinstance(answer[0], str):
+        raise KafkaEosError(f"token callback {path}: answered {type(answer).__name__}, not (token, expiry[, "
+                            "principal[, extensions]])")
+    token, expiry = answer[0], float(answer[1])
+    principal = answer[2] if len(answer) > 2 and answer[2] else _jwt_subject(token) or "kafka-eos"
+    extensions = {str(k): str(v) for k, v in (answer[3] if len(answer) > 3 and answer[3] else {}).items()}
+    return Token(token, expiry, str(principal), extensions)
+
+
+def _jwt_subject(token: str) -> str | None:
+    parts = token.split(".")
+    if len(parts) != 3:
+        return None
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except ValueError:
+        return None
+    return claims.get("sub") if isinstance(claims, dict) else None
+
+
+class CallbackTokenProvider(AbstractTokenProvider):
+    """kafka-python's token provider over a token callback: the token is kept until shortly before
+    it expires (:data:`REFRESH_MARGIN_S`, or half its life when that is shorter)."""
+
+    def __init__(self, path: str, config_str: str = "") -> None:
+        super().__init__()
+        self.path = path
+        self._callback = resolve_callback(path)
+        self._config = config_str
+        self._token: Token | None = None
+        self._refresh_at = 0.0
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:  # never the token or its argument
+        return f"CallbackTokenProvider({self.path!r})"
+
+    def _current(self) -> Token:
+        with self._lock:
+            if self._token is None or time.time() >= self._refresh_at:
+                now = time.time()
+                self._token = call_token_callback(self._callback, self._config, self.path)
+                self._refresh_at = now + min(self._token.expires_at - now - REFRESH_MARGIN_S,
+                                             (self._token.expires_at - now) / 2)
+            return self._token
+
+    def token(self) -> str:
+        return self._current().value
+
+    def extensions(self) -> dict:
+        return dict(self._current().extensions)
+
+
+def msk_iam_oauth_cb(config_str: str) -> tuple[str, float]:
+    """Amazon MSK IAM's token (aws-msk-iam-sasl-signer-python, the Kafka provider's ``msk`` extra),
+    for the region ``config_str`` names (``region=us-east-1``): what the Kafka provider's hook
+    injects for an MSK connection, as a dotted path every process of a run can call."""
+    from aws_msk_iam_sasl_signer import MSKAuthTokenProvider
+
+    fields = dict(part.split("=", 1) for part in config_str.split() if "=" in part)
+    if not fields.get("region"):
+        raise KafkaEosError("MSK IAM token: sasl.oauthbearer.config names no region (region=us-east-1)")
+    token, expiry_ms = MSKAuthTokenProvider.generate_auth_token(fields["region"])
+    return token, expiry_ms / 1000
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kafka_eos.oauth CALLBACK``: call the token callback with the text on standard input
+    (``sasl.oauthbearer.config``) and print the token, its expiry in epoch milliseconds, the
+    principal and one ``key=value`` line per SASL extension: the Java client's login
+    (``PythonTokenLoginCallbackHandler``) reads them. Errors go to standard error, one line."""
+    import contextlib
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m kafka_eos.oauth package.module.callback  (sasl.oauthbearer.config on stdin)",
+              file=sys.stderr)
+        return 2
+    config_str = sys.stdin.read()
+    try:
+        # Whatever the callback prints must not be taken for its answer.
+        with contextlib.redirect_stdout(sys.stderr):
+            token = call_token_callback(resolve_callback(args[0]), config_str, args[0])
+    except Exception as exc:  # noqa: BLE001 - the Java login reports this line and fails
+        print(f"kafka-eos: token callback {args[0]}: {exc}", file=sys.stderr)
+        return 1
+    lines = [token.value, str(int(token.expires_at * 1000)), token.principal,
+             *(f"{k}={v}" for k, v in token.extensions.items())]
+    if any("\n" in line for line in lines):
+        print(f"kafka-eos: token callback {args[0]}: a newline in its answer", file=sys.stderr)
+        return 1
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

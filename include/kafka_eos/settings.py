@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -45,6 +46,17 @@ REGISTRY_CONFIG_FILE_ENV = "KAFKA_EOS_SCHEMA_REGISTRY_CONFIG_FILE"
 #: librdkafka's own log lines go to this Python logger instead of stderr (see kafka_eos.logs).
 CLIENT_LOGGER = logging.getLogger("kafka_eos.librdkafka")
 
+
+#: librdkafka settings whose values are callables, which kafka-eos's settings hold as dotted paths
+#: (``package.module.function``, as the Kafka provider's connection extra does): the token callback
+#: serves every client kind (:mod:`kafka_eos.oauth`); the others confluent-kafka's clients only.
+CALLBACK_KEYS = ("oauth_cb", "error_cb", "throttle_cb", "stats_cb")
+#: Callbacks a kafka-eos client must not take: its own logger takes librdkafka's log lines, and its
+#: offsets are committed only in its transactions.
+REFUSED_CALLBACK_KEYS = ("log_cb", "on_commit", "on_delivery")
+#: Amazon MSK IAM's token callback (:func:`kafka_eos.oauth.msk_iam_oauth_cb`), its region in
+#: ``sasl.oauthbearer.config`` (``region=us-east-1``).
+MSK_IAM_CALLBACK = "kafka_eos.oauth.msk_iam_oauth_cb"
 
 #: librdkafka setting -> kafka-python argument, for what both clients have.
 _KAFKA_PYTHON_NAMES = {
@@ -126,20 +138,52 @@ class KafkaSettings:
     #: (:func:`kafka_eos.sinks.sql_store.database_url`). Not in repr: it holds a password.
     database_url: str | None = field(default=None, repr=False)
 
+    def __post_init__(self) -> None:
+        refused = sorted(k for k in self.extra if k in REFUSED_CALLBACK_KEYS)
+        if refused:
+            raise KafkaEosError(f"Kafka settings set {', '.join(refused)}: kafka-eos's clients take no such callback "
+                                "(their log lines go to its logger; offsets are committed only in its transactions)")
+
+    @property
+    def token_callback(self) -> str | None:
+        """The dotted path of the OAUTHBEARER token callback (``oauth_cb``) every client logs in
+        through; None: no callback."""
+        return self.extra.get("oauth_cb") or None
+
     def client_config(self, **overrides: object) -> dict:
-        """The librdkafka configuration dict for confluent-kafka clients. Their log lines go to
-        the ``kafka_eos.librdkafka`` Python logger, never straight to stderr."""
+        """The librdkafka configuration dict for confluent-kafka clients, callbacks (dotted paths in
+        the settings) resolved to their callables. Their log lines go to the ``kafka_eos.librdkafka``
+        Python logger, never straight to stderr.
+
+        :raises KafkaEosError: a callback that cannot be imported, naming it.
+        """
+        from kafka_eos.oauth import resolve_callback
+
         conf: dict = {"bootstrap.servers": self.bootstrap_servers, "logger": CLIENT_LOGGER, **self.extra}
+        for key in CALLBACK_KEYS:
+            if isinstance(conf.get(key), str):
+                conf[key] = resolve_callback(conf[key])
         conf.update(overrides)
         return conf
 
-    def spark_options(self) -> dict:
-        """The ``kafka.*`` options for Spark's Kafka connector (Java client names)."""
+    def spark_options(self, python: str | None = None) -> dict:
+        """The ``kafka.*`` options for Spark's Kafka connector (Java client names).
+
+        :param python: the interpreter (with kafka-eos) that the Java client's login runs a token
+            callback with, on the driver and the executors; None: this process's.
+        """
         opts = {"kafka.bootstrap.servers": self.bootstrap_servers}
         extra = dict(self.extra)
         user, password = extra.pop("sasl.username", None), extra.pop("sasl.password", None)
         oauth = _oidc(extra)
-        if oauth is not None:
+        if self.token_callback is not None:
+            # The Python token callback, called by kafka-eos's Java login handler (jvm/connect).
+            opts["kafka.sasl.login.callback.handler.class"] = JAVA_CALLBACK_HANDLER
+            fields = {"callback": self.token_callback, "python": python or sys.executable,
+                      "config": extra.get("sasl.oauthbearer.config", "")}
+            opts["kafka.sasl.jaas.config"] = (
+                f"{JAVA_OAUTH_MODULE} required " + " ".join(f'{k}="{_jaas_quoted(v)}"' for k, v in fields.items()) + ";")
+        elif oauth is not None:
             # librdkafka's built-in OIDC client-credentials flow, as the Java client's own.
             opts["kafka.sasl.oauthbearer.token.endpoint.url"] = oauth["token_endpoint_url"]
             opts["kafka.sasl.login.callback.handler.class"] = JAVA_OIDC_HANDLER
@@ -174,7 +218,12 @@ class KafkaSettings:
             if key in self.extra:
                 conf[name] = self.extra[key]
         oauth = _oidc(self.extra)
-        if oauth is not None:
+        if self.token_callback is not None:
+            from kafka_eos.oauth import CallbackTokenProvider
+
+            conf["sasl_oauth_token_provider"] = CallbackTokenProvider(
+                self.token_callback, self.extra.get("sasl.oauthbearer.config", ""))
+        elif oauth is not None:
             # kafka-python's token provider: loaded only by a connection that logs in with OIDC.
             from kafka_eos.oauth import ClientCredentialsTokenProvider
 
@@ -236,18 +285,26 @@ class KafkaSettings:
 #: ``-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls=<token endpoint>`` on Kafka 4 clients).
 JAVA_OIDC_HANDLER = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler"
 JAVA_OAUTH_MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
+#: kafka-eos's Java login through a Python token callback (jvm/connect; the jar is in every Spark
+#: application kafka-eos starts: :func:`kafka_eos.spark_io.connector_jars`).
+JAVA_CALLBACK_HANDLER = "io.kafkaeos.oauth.PythonTokenLoginCallbackHandler"
+
+
+def _jaas_quoted(value: str) -> str:
+    """``value`` inside a JAAS option's double quotes."""
+    return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _oidc(extra: Mapping[str, str]) -> dict | None:
     """librdkafka's OIDC settings (``sasl.mechanism=OAUTHBEARER``, ``sasl.oauthbearer.method=oidc``)
     as the fields of a client-credentials grant; None for any other mechanism."""
     mechanism = (extra.get("sasl.mechanism") or extra.get("sasl.mechanisms") or "").upper()
-    if mechanism != "OAUTHBEARER":
+    if mechanism != "OAUTHBEARER" or extra.get("oauth_cb"):
         return None
     if extra.get("sasl.oauthbearer.method", "default").lower() != "oidc":
-        raise KafkaEosError("sasl.mechanism OAUTHBEARER: only sasl.oauthbearer.method=oidc (client credentials) "
-                            "is passed to Spark's and the admin API's clients; set it with "
-                            "sasl.oauthbearer.client.id, .client.secret and .token.endpoint.url")
+        raise KafkaEosError("sasl.mechanism OAUTHBEARER: a token callback (oauth_cb) or sasl.oauthbearer.method=oidc "
+                            "(client credentials: sasl.oauthbearer.client.id, .client.secret and .token.endpoint.url) "
+                            "is what Spark's and the admin API's clients can log in with")
     missing = [k for k in ("sasl.oauthbearer.client.id", "sasl.oauthbearer.client.secret",
                            "sasl.oauthbearer.token.endpoint.url") if not extra.get(k)]
     if missing:

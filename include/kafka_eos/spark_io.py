@@ -30,17 +30,26 @@ SESSION_TIME_ZONE = "UTC"
 
 
 def connector_jars(environ=os.environ) -> list[str]:
-    """Jars of spark-sql-kafka-0-10 and its dependencies (``make jars`` resolves them)."""
+    """Jars of spark-sql-kafka-0-10 and its dependencies (``make jars`` resolves them), and
+    kafka-eos's own where it is built (the wheel carries it)."""
     raw = environ.get(SPARK_JARS_ENV)
     if raw and not Path(raw).is_dir():
-        return [j for j in raw.split(",") if j]
+        named = [j for j in raw.split(",") if j]
+        return [*named, *_own_jar(named)]
     folder = Path(raw) if raw else jars_dir("spark")
     jars = sorted(str(p) for p in folder.glob("*.jar"))
     if not any("spark-sql-kafka" in j for j in jars):
         raise KafkaEosError(f"no Spark Kafka connector (spark-sql-kafka jar) in {folder}: `kafka-eos spark jars` "
                             f"fetches it from Maven Central once (`make jars` in a checkout), or set {SPARK_JARS_ENV} "
                             "to a folder of them (an image's)")
-    return jars
+    return [*jars, *_own_jar(jars)]
+
+
+def _own_jar(jars: Sequence[str]) -> list[str]:
+    """kafka-eos's own jar (jvm/connect: the Java client's login through a Python token callback,
+    the Connect plugin) where it is built and not among ``jars`` already."""
+    own = connect_plugin_jar()
+    return [str(own)] if own is not None and not any(Path(j).name == own.name for j in jars) else []
 
 
 def connector_package() -> str:
@@ -439,7 +448,7 @@ def read_ranges(spark: "SparkSession", settings: KafkaSettings,
         assign.setdefault(r.topic, []).append(r.partition)
         starting.setdefault(r.topic, {})[str(r.partition)] = r.from_offset
         ending.setdefault(r.topic, {})[str(r.partition)] = r.until
-    kafka = {**settings.spark_options(), "kafka.isolation.level": "read_committed",
+    kafka = {**settings.spark_options(python=_executor_python(spark)), "kafka.isolation.level": "read_committed",
              "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS)}
     kafka["kafka.group.id"] = spark_reader_group(kafka)
     return (spark.read.format("kafka")
@@ -452,6 +461,15 @@ def read_ranges(spark: "SparkSession", settings: KafkaSettings,
             .option("failOnDataLoss", "true")
             .options(**({"maxRecordsPerPartition": str(max_records_per_task)} if max_records_per_task else {}))
             .load())
+
+
+def _executor_python(spark: "SparkSession") -> str | None:
+    """The executors' Python (``spark.pyspark.python``) where the session names one; None: this
+    process's (a local session's executors run it)."""
+    try:
+        return spark.conf.get("spark.pyspark.python", None) or None
+    except Exception:  # noqa: BLE001 - a session that cannot say: this process's interpreter
+        return None
 
 
 #: Spark's classes the lineage walk of :func:`read_layout` goes through.

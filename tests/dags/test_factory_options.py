@@ -197,11 +197,24 @@ def test_one_kafka_connection_serves_both_kafka_providers(kafka_settings, monkey
 
     from airflow.sdk import Connection
 
+    # Callbacks as the provider takes them: only what [apache_kafka] callback_allowlist lists.
     callback = Connection(conn_id="kafka_cb", conn_type="kafka", extra=json.dumps({
         "bootstrap.servers": "b:9092", "oauth_cb": "my_company.kafka.auth.oauth_cb"}))
-    with pytest.raises(AirflowException, match=r"^connection 'kafka_cb': extra sets oauth_cb: kafka-eos passes the "
-                                               r"connection to Spark's and kafka-python's clients too"):
+    monkeypatch.setenv("AIRFLOW__APACHE_KAFKA__CALLBACK_ALLOWLIST", "")
+    with pytest.raises(AirflowException, match=r"^connection 'kafka_cb': Refusing to resolve Kafka callback "
+                                               r"oauth_cb='my_company.kafka.auth.oauth_cb': the \[apache_kafka\] "
+                                               r"callback_allowlist is empty"):
         settings_from_connection(callback)
+    monkeypatch.setenv("AIRFLOW__APACHE_KAFKA__CALLBACK_ALLOWLIST", "kafka_eos_lab.oauth.unsecured_token")
+    with pytest.raises(AirflowException, match=r"^connection 'kafka_cb': Refusing .* not in the \[apache_kafka\] "
+                                               r"callback_allowlist \(kafka_eos_lab.oauth.unsecured_token\)"):
+        settings_from_connection(callback)
+    # One a kafka-eos client must not take, allowlisted or not.
+    logs = Connection(conn_id="kafka_log", conn_type="kafka", extra=json.dumps({
+        "bootstrap.servers": "b:9092", "log_cb": "kafka_eos_lab.oauth.unsecured_token"}))
+    with pytest.raises(AirflowException, match=r"^connection 'kafka_log': Kafka settings set log_cb: kafka-eos's "
+                                               r"clients take no such callback"):
+        settings_from_connection(logs)
 
 
 def test_a_specs_spark_section_reaches_spark_submit(tmp_path, monkeypatch):

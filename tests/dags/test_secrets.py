@@ -72,12 +72,14 @@ def test_a_dag_run_on_the_secured_broker_with_exactly_the_computed_acls_keeps_th
     acls.apply(admin, acls.required_acls(spec), f"User:{user}")
     produce_orders(admin, topics["orders"])
     # The connections live in the environment here (AIRFLOW_CONN_*, the harness's own store); the
-    # password is in the Kafka connection's password field, as the docs tell users to keep it.
+    # password is in the Kafka connection's extra (`sasl.password`), the one field the Kafka
+    # provider's form shows, as the docs tell users to keep it.
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EOS_KAFKA", json.dumps({
-        "conn_type": "kafka", "login": user, "password": password,
+        "conn_type": "kafka",
         "extra": {"bootstrap.servers": secure_broker.bootstrap, "security.protocol": "SASL_SSL",
-                  "sasl.mechanism": "SCRAM-SHA-512", "ssl.ca.location": user_settings.extra["ssl.ca.location"]}}))
+                  "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user, "sasl.password": password,
+                  "ssl.ca.location": user_settings.extra["ssl.ca.location"]}}))
     log_dirs = [local_dir() / "logs", secure_broker.broker.home / "logs"]  # kafka-eos's, Spark's, the broker's
     logs_before = {f: f.stat().st_size for d in log_dirs for f in d.rglob("*") if f.is_file()}
 

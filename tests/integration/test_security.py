@@ -208,3 +208,68 @@ def test_without_any_one_acl_a_run_fails_before_it_writes_and_names_the_missing_
         assert not [o for o in kafka_admin.committed_offsets(
             secured.admin, spec.source.group_id, [(spec.source.topics[0], p) for p in range(2)]).values()
             if o is not None]
+
+
+def test_an_airflow_kafka_connection_logs_every_client_in_through_its_allowlisted_token_callback(
+        secured, spark, tmp_path, unique, monkeypatch):
+    """The Kafka provider's route, unchanged: a ``kafka`` connection whose extra names an OAUTHBEARER
+    token callback (``oauth_cb``, a dotted path the ``[apache_kafka] callback_allowlist`` lists).
+    kafka-eos's hook builds its settings through the provider's config and carries the callback to
+    the run's every client: the planner's and the producers' confluent-kafka (driver and Spark's
+    Python workers), Spark's Java consumer (kafka-eos's login handler runs the same callable) and
+    kafka-python's transaction admin API. The principal exists only in the callback's tokens."""
+    from airflow.sdk.exceptions import AirflowException
+
+    from kafka_eos.settings import KafkaSettings
+    from kafka_eos_airflow.hooks.kafka import KafkaEosHook
+
+    path, spec = new_pipeline(secured, tmp_path, f"oauth-{unique}", "orders_enriched")
+    principal = f"oauth-{unique}"
+    grant(monkeypatch, secured, path, principal)
+    grant(monkeypatch, secured, path, principal, role="watchdog")
+    calls = tmp_path / "token-calls.log"
+    callback = "kafka_eos_lab.oauth.unsecured_token"
+    extra = {"bootstrap.servers": secured.bootstrap, "security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER",
+             "ssl.ca.location": secured.admin.extra["ssl.ca.location"], "oauth_cb": callback,
+             "sasl.oauthbearer.config": f"sub={principal} calls={calls}"}
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_OAUTH", json.dumps({"conn_type": "kafka", "extra": extra}))
+
+    # Not allowlisted: the provider's refusal, naming the connection and the callback.
+    monkeypatch.setenv("AIRFLOW__APACHE_KAFKA__CALLBACK_ALLOWLIST", "")
+    with pytest.raises(AirflowException, match=rf"^connection 'kafka_oauth': Refusing to resolve Kafka callback "
+                                               rf"oauth_cb='{callback}'"):
+        KafkaEosHook("kafka_oauth").get_settings()
+
+    monkeypatch.setenv("AIRFLOW__APACHE_KAFKA__CALLBACK_ALLOWLIST", f"some.other.cb, {callback}")
+    settings = KafkaEosHook("kafka_oauth").get_checked_settings()
+    assert settings.token_callback == callback
+    # What the Airflow task hands its Spark process: the callback's path in the 0600 settings file.
+    carried = settings.to_environ(tmp_path / "client.json")
+    assert json.loads((tmp_path / "client.json").read_text())["oauth_cb"] == callback
+    for name, value in carried.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("KAFKA_EOS_CLIENT_CONFIG", raising=False)
+    assert KafkaSettings.from_environ(carried).token_callback == callback
+
+    assert main(["run", str(path)]) == 0
+    assert main(["run", str(path)]) == 0  # caught up: nothing to do, nothing written twice
+    assert_exactly_once(secured.admin, spec)
+
+    # kafka-python's transaction admin API, as the same principal.
+    admin = kafka_admin.transaction_admin(settings)
+    try:
+        listed = admin.list_transactions()
+    finally:
+        admin.close()
+    states = {t.transactional_id: t.state.value for broker in listed.values() for t in broker}
+    # The principal sees its pipeline's transactions, each committed.
+    assert {states.get(spec.transactional_id(spec.source.topics[0], p)) for p in (0, 1)} == {"CompleteCommit"}
+
+    callers = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert {c["sub"] for c in callers} == {principal}
+    # Spark's Java consumer logged in through `python -m kafka_eos.oauth` (the login handler).
+    assert any(c["argv0"].endswith("kafka_eos/oauth.py") for c in callers), callers
+    # And the Python clients in this process called the callback themselves.
+    import os
+
+    assert any(c["pid"] == os.getpid() for c in callers), callers

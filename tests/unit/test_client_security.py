@@ -58,7 +58,7 @@ def test_oauthbearer_without_the_oidc_fields_is_named():
     with pytest.raises(KafkaEosError, match="sasl.oauthbearer.token.endpoint.url not set"):
         KafkaSettings("b:9093", extra={k: v for k, v in OIDC.items()
                                        if k != "sasl.oauthbearer.token.endpoint.url"}).spark_options()
-    with pytest.raises(KafkaEosError, match="only sasl.oauthbearer.method=oidc"):
+    with pytest.raises(KafkaEosError, match=r"^sasl.mechanism OAUTHBEARER: a token callback \(oauth_cb\) or sasl.oauthbearer.method=oidc"):
         KafkaSettings("b:9093", extra={"sasl.mechanism": "OAUTHBEARER"}).kafka_python_config()
 
 
@@ -91,3 +91,84 @@ def test_the_token_provider_runs_the_client_credentials_grant_and_reuses_the_tok
     [(auth, form)] = seen
     assert auth == "Basic ZXRsOnMzY3JldA=="  # etl:s3cret
     assert form == {"grant_type": ["client_credentials"], "scope": ["kafka"]}
+
+
+CALLBACK = {"security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER",
+            "oauth_cb": "kafka_eos_lab.oauth.unsecured_token", "sasl.oauthbearer.config": 'sub=etl note="a\\b"'}
+
+
+def test_a_token_callback_reaches_each_client_kind_as_the_same_callable():
+    from kafka_eos.oauth import CallbackTokenProvider
+    from kafka_eos.settings import JAVA_CALLBACK_HANDLER, JAVA_OAUTH_MODULE
+    from kafka_eos_lab.oauth import unsecured_token
+
+    settings = KafkaSettings("b:9093", extra=CALLBACK)
+    assert settings.client_config()["oauth_cb"] is unsecured_token
+    spark = settings.spark_options(python="/opt/py/bin/python3")
+    assert spark["kafka.sasl.login.callback.handler.class"] == JAVA_CALLBACK_HANDLER
+    # JAAS quoting: the argument's quotes and backslash survive.
+    assert spark["kafka.sasl.jaas.config"] == (
+        f'{JAVA_OAUTH_MODULE} required callback="kafka_eos_lab.oauth.unsecured_token" python="/opt/py/bin/python3" '
+        'config="sub=etl note=\\"a\\\\b\\"";')
+    provider = settings.kafka_python_config()["sasl_oauth_token_provider"]
+    assert isinstance(provider, CallbackTokenProvider)
+    token = provider.token()
+    assert token == provider.token()  # kept until shortly before it expires
+    assert json.loads(_b64decode(token.split(".")[1]))["sub"] == "etl"
+
+
+def _b64decode(part: str) -> bytes:
+    import base64
+
+    return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+
+
+def test_the_java_logins_command_prints_the_token_expiry_and_principal_and_names_a_bad_callback(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    calls = tmp_path / "calls"
+    ok = subprocess.run([sys.executable, "-m", "kafka_eos.oauth", "kafka_eos_lab.oauth.unsecured_token"],
+                        input=f"sub=etl calls={calls}", capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    token, expiry_ms, principal = ok.stdout.splitlines()
+    assert principal == "etl" and abs(int(expiry_ms) / 1000 - (time.time() + 3600)) < 60
+    assert token.count(".") == 2
+    assert json.loads(calls.read_text())["argv0"].endswith("kafka_eos/oauth.py")
+    bad = subprocess.run([sys.executable, "-m", "kafka_eos.oauth", "no_such_module.cb"], input="",
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and bad.stdout == ""
+    assert bad.stderr.strip().splitlines()[-1] == ("kafka-eos: token callback no_such_module.cb: callback "
+                                                  "'no_such_module.cb': cannot import no_such_module: No module "
+                                                  "named 'no_such_module'")
+
+
+def test_callbacks_kafka_eos_clients_must_not_take_are_refused_by_name():
+    with pytest.raises(KafkaEosError, match=r"^Kafka settings set log_cb, on_commit: kafka-eos's clients take no"):
+        KafkaSettings("b:9093", extra={"log_cb": "a.b", "on_commit": "a.c"})
+
+
+def test_the_kafka_providers_msk_iam_callback_travels_as_a_path_and_an_airflow_hooks_method_is_refused():
+    from functools import partial
+
+    from airflow.providers.apache.kafka.hooks.base import _msk_iam_oauth_cb
+    from airflow.sdk.exceptions import AirflowException
+
+    from kafka_eos.oauth import msk_iam_oauth_cb
+    from kafka_eos.settings import MSK_IAM_CALLBACK
+    from kafka_eos_airflow.hooks.kafka import _named_callback
+
+    # What the provider's hook adds for an MSK cluster (KafkaBaseHook._maybe_add_msk_iam_oauth).
+    assert _named_callback("msk", "oauth_cb", partial(_msk_iam_oauth_cb, "eu-west-1")) == \
+        {"oauth_cb": MSK_IAM_CALLBACK, "sasl.oauthbearer.config": "region=eu-west-1"}
+    assert KafkaSettings("b:9098", extra={"oauth_cb": MSK_IAM_CALLBACK}).client_config()["oauth_cb"] \
+        is msk_iam_oauth_cb
+
+    class ManagedKafkaHook:  # Google Managed Kafka's: a hook's method, callable only where Airflow is
+        def get_confluent_token(self, config_str):
+            return "t", 0.0
+
+    with pytest.raises(AirflowException, match=r"^connection 'gmk': the Kafka provider adds oauth_cb=.*which only "
+                                               r"this process can call"):
+        _named_callback("gmk", "oauth_cb", ManagedKafkaHook().get_confluent_token)

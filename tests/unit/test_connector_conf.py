@@ -27,6 +27,13 @@ def test_resolved_or_named_jars_are_used_as_they_are(tmp_path, monkeypatch):
     jars.mkdir(parents=True)
     for name in ("spark-sql-kafka-0-10_2.13-4.2.0.jar", "kafka-clients-3.9.2.jar"):
         (jars / name).write_bytes(b"")
-    assert connector_conf({}) == {"spark.jars": f"{jars / 'kafka-clients-3.9.2.jar'},"
-                                                f"{jars / 'spark-sql-kafka-0-10_2.13-4.2.0.jar'}"}
-    assert connector_conf({SPARK_JARS_ENV: "/a.jar,/b.jar"}) == {"spark.jars": "/a.jar,/b.jar"}
+    # kafka-eos's own jar (the Java login through a token callback) goes last, where it is built.
+    from kafka_eos.spark_io import PACKAGED_JARS
+
+    own = [str(PACKAGED_JARS / "kafka-eos-connect.jar")] if (PACKAGED_JARS / "kafka-eos-connect.jar").is_file() else []
+    assert connector_conf({})["spark.jars"].split(",") == [
+        str(jars / "kafka-clients-3.9.2.jar"), str(jars / "spark-sql-kafka-0-10_2.13-4.2.0.jar"), *own]
+    assert connector_conf({SPARK_JARS_ENV: "/a.jar,/b.jar"})["spark.jars"].split(",") == ["/a.jar", "/b.jar", *own]
+    # An image's folder that has it already: not twice.
+    assert connector_conf({SPARK_JARS_ENV: "/a.jar,/opt/kafka-eos-connect.jar"})["spark.jars"] == \
+        "/a.jar,/opt/kafka-eos-connect.jar"

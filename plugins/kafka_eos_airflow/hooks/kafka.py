@@ -15,9 +15,10 @@ from typing import Any
 from airflow.sdk import BaseHook, Connection
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowNotFoundException
 
+from kafka_eos.errors import KafkaEosError
 from kafka_eos.local.kafka import LocalBroker
 from kafka_eos.local.registry import LocalRegistry
-from kafka_eos.settings import KafkaSettings, RegistrySettings
+from kafka_eos.settings import CALLBACK_KEYS, MSK_IAM_CALLBACK, KafkaSettings, RegistrySettings
 from kafka_eos.spec import PipelineSpec
 from kafka_eos_airflow import config
 
@@ -35,8 +36,6 @@ BOOTSTRAP_KEY = "bootstrap.servers"
 #: read_committed, no auto commit), so they are left out rather than let near its checkpoints.
 APPLICATION_KEYS = ("group.id", "group.instance.id", "enable.auto.commit", "enable.auto.offset.store",
                     "auto.offset.reset", "isolation.level", "transactional.id", "enable.idempotence")
-#: Callback settings: Python callables, which the Spark and kafka-python clients cannot take.
-CALLBACK_KEYS = ("error_cb", "throttle_cb", "stats_cb", "log_cb", "oauth_cb", "on_commit", "on_delivery")
 
 
 class ConnectionNotDefined(AirflowFailException, AirflowNotFoundException):
@@ -52,14 +51,21 @@ def _setting(value: Any) -> str:
 
 
 def settings_from_connection(conn: Connection) -> KafkaSettings:
-    """Kafka settings from a ``kafka`` Connection.
+    """Kafka settings from a ``kafka`` Connection, as the Kafka provider's ``KafkaBaseHook`` builds
+    its config (apache-airflow-providers-apache-kafka: the extra as librdkafka settings, callbacks
+    named by dotted path resolved only when ``[apache_kafka] callback_allowlist`` lists them, Amazon
+    MSK IAM's token callback added for an MSK cluster with ``sasl.mechanism`` OAUTHBEARER).
 
-    ``extra`` holds ``bootstrap.servers`` (required) and any other librdkafka settings
-    (``security.protocol``, ``sasl.mechanism``, ``ssl.ca.location`` ...). The connection's
-    login and password, when set, become ``sasl.username`` and ``sasl.password`` (they win over
-    the same keys in extra), so the secret can live in the password field.
+    ``extra`` holds ``bootstrap.servers`` and every other setting, secrets included
+    (``sasl.password``, ``sasl.oauthbearer.client.secret``: the provider's form shows only the
+    extra, and Airflow masks these keys' values in logs). Callbacks stay dotted paths in the
+    settings, so that every process of a run (Spark's driver and executors, the stream's child
+    process) calls the same one: ``oauth_cb`` logs in every client kind (:mod:`kafka_eos.oauth`),
+    ``error_cb``/``throttle_cb``/``stats_cb`` serve the confluent-kafka clients. A connection's
+    login and password, where set, still become ``sasl.username`` and ``sasl.password``.
 
-    :raises AirflowException: the extra has no ``bootstrap.servers``.
+    :raises AirflowException: no ``bootstrap.servers``; a callback the allowlist does not list, or
+        one no process but this one could call; naming the connection.
     """
     extra: dict[str, Any] = dict(conn.extra_dejson)
     servers = extra.pop(BOOTSTRAP_KEY, None)
@@ -67,12 +73,11 @@ def settings_from_connection(conn: Connection) -> KafkaSettings:
         raise AirflowException(
             f"connection {conn.conn_id!r}: extra has no {BOOTSTRAP_KEY!r} "
             f'(e.g. {{"{BOOTSTRAP_KEY}": "broker-1:9092"}})')
-    callbacks = sorted(k for k in extra if k in CALLBACK_KEYS)
-    if callbacks:
-        raise AirflowException(
-            f"connection {conn.conn_id!r}: extra sets {', '.join(callbacks)}: kafka-eos passes the connection to "
-            "Spark's and kafka-python's clients too, which take no Python callbacks; use a connection without them "
-            "(for OAUTHBEARER: sasl.oauthbearer.method=oidc and its client settings)")
+    config = _provider_config(conn)
+    for key in CALLBACK_KEYS:
+        if key in config and key not in extra:
+            # Added by the provider's hook, not named in the extra: a managed cluster's token.
+            extra.update(_named_callback(conn.conn_id, key, config[key]))
     left_out = sorted(k for k in extra if k in APPLICATION_KEYS)
     if left_out:
         log.info("connection %r: leaving out %s (kafka-eos sets these per client)", conn.conn_id, ", ".join(left_out))
@@ -80,8 +85,45 @@ def settings_from_connection(conn: Connection) -> KafkaSettings:
         extra["sasl.username"] = conn.login
     if conn.password:
         extra["sasl.password"] = conn.password
-    return KafkaSettings(bootstrap_servers=str(servers),
-                         extra={str(k): _setting(v) for k, v in extra.items() if k not in APPLICATION_KEYS})
+    try:
+        return KafkaSettings(bootstrap_servers=str(servers),
+                             extra={str(k): _setting(v) for k, v in extra.items() if k not in APPLICATION_KEYS})
+    except KafkaEosError as exc:
+        raise AirflowException(f"connection {conn.conn_id!r}: {exc}") from None
+
+
+def _provider_config(conn: Connection) -> dict[str, Any]:
+    """The Kafka provider's config of ``conn`` (``KafkaBaseHook._build_config``: the allowlist
+    check, the managed clusters' token callbacks). Imported here, not at the top: the provider's
+    hook module loads confluent-kafka, which DAG parsing must not.
+
+    :raises AirflowException: no ``bootstrap.servers``, a callback not allowlisted, naming ``conn``.
+    """
+    from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
+
+    class _OfConnection(KafkaBaseHook):
+        def get_connection(self, conn_id: str) -> Connection:  # the connection in hand, not looked up again
+            return conn
+
+    try:
+        return _OfConnection(kafka_config_id=conn.conn_id)._build_config()
+    except (ValueError, ImportError) as exc:  # not allowlisted; allowlisted but not importable here
+        raise AirflowException(f"connection {conn.conn_id!r}: {exc}") from None
+
+
+def _named_callback(conn_id: str, key: str, callback: Any) -> dict[str, str]:
+    """The dotted path (and its argument) of a callback the Kafka provider's hook added, which
+    Spark's processes can call too.
+
+    :raises AirflowException: one they cannot (a method of an Airflow hook: Google Managed Kafka's).
+    """
+    target = getattr(callback, "func", None)
+    if key == "oauth_cb" and getattr(target, "__name__", "") == "_msk_iam_oauth_cb" and callback.args:
+        return {"oauth_cb": MSK_IAM_CALLBACK, "sasl.oauthbearer.config": f"region={callback.args[0]}"}
+    raise AirflowException(
+        f"connection {conn_id!r}: the Kafka provider adds {key}={callback!r}, which only this process can call "
+        "(Spark's driver and executors cannot); set extra's oauth_cb to a callback of your own, listed in "
+        "[apache_kafka] callback_allowlist, that gets the token where it runs")
 
 
 #: The client settings a registry connection's extra may hold (confluent-kafka's SchemaRegistryClient names).

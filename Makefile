@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 JARS   := .local/jars
 MVN    := mvn -q -B -s jvm/settings.xml -f jvm/pom.xml
 
-.PHONY: demo demo-avro test test-quick chaos soak bench bench-stream bench-page bench-scale structure wheel compat install jars postgres redis chromium compose-tool kafka-start kafka-stop cluster-up cluster-down airflow-up airflow-down clean
+.PHONY: demo demo-avro test test-quick chaos soak bench bench-stream bench-page bench-scale structure wheel compat compat-floors install jars postgres redis chromium compose-tool kafka-start kafka-stop cluster-up cluster-down airflow-up airflow-down clean
 
 demo: install jars
 	$(VENV)/bin/kafka-eos demo
@@ -87,6 +87,13 @@ compat: install jars
 	  [ $$status -eq 0 ] && result=passed || { result=FAILED; failed=1; }; \
 	  echo "compat: Kafka $$v: $$result" | tee -a .local/compat/results.txt; \
 	done; cat .local/compat/results.txt; exit $$failed
+
+# The other end of the declared ranges: the wheel installed into a fresh virtualenv with every
+# requirement pyproject.toml declares (and the spark extra) at its lowest declared version, Airflow
+# included, then a user's first pipeline end to end (kafka-eos new, a DAG file, `airflow dags test`
+# with spark-submit, exactly once): tests/integration/test_wheel_install.py at the floors.
+compat-floors: install jars
+	KAFKA_EOS_WHEEL_AT=floors $(VENV)/bin/pytest -q -p no:cacheprovider tests/integration/test_wheel_install.py
 
 # The distribution a user installs (docs/first-pipeline.md): dist/kafka_eos-<version>-py3-none-any.whl.
 # build/ goes first: setuptools would put an earlier build's files (since removed) in the wheel.

@@ -104,6 +104,10 @@ def resolve_callback(path: str) -> "Callable":
     return value
 
 
+#: A token said to live longer than this is taken for an expiry in the wrong unit.
+MAX_LIFETIME_S = 366 * 24 * 3600.0
+
+
 @dataclass(frozen=True)
 class Token:
     """What a token callback answered (confluent-kafka's ``oauth_cb`` shape)."""
@@ -128,9 +132,25 @@ def call_token_callback(callback: "Callable", config_str: str, path: str = "oaut
         raise KafkaEosError(f"token callback {path}: answered {type(answer).__name__}, not (token, expiry[, "
                             "principal[, extensions]])")
     token, expiry = answer[0], float(answer[1])
+    now = time.time()
+    if not now < expiry <= now + MAX_LIFETIME_S:
+        raise KafkaEosError(f"token callback {path}: its expiry {expiry:.0f} is not a time in the next year in seconds "
+                            f"since the epoch (now {now:.0f}; milliseconds?)")
     principal = answer[2] if len(answer) > 2 and answer[2] else _jwt_subject(token) or "kafka-eos"
     extensions = {str(k): str(v) for k, v in (answer[3] if len(answer) > 3 and answer[3] else {}).items()}
     return Token(token, expiry, str(principal), extensions)
+
+
+def checked_token_callback(callback: "Callable", path: str) -> "Callable":
+    """``callback`` as confluent-kafka's ``oauth_cb``, its answers checked by
+    :func:`call_token_callback` (the same rules as the other client kinds')."""
+
+    def oauth_cb(config_str: str) -> tuple:
+        token = call_token_callback(callback, config_str, path)
+        return token.value, token.expires_at, token.principal, dict(token.extensions)
+
+    oauth_cb.__wrapped__ = callback  # type: ignore[attr-defined]
+    return oauth_cb
 
 
 def _jwt_subject(token: str) -> str | None:
@@ -146,7 +166,7 @@ def _jwt_subject(token: str) -> str | None:
 
 class CallbackTokenProvider(AbstractTokenProvider):
     """kafka-python's token provider over a token callback: the token is kept until shortly before
-    it expires (:data:`REFRESH_MARGIN_S`, or half its life when that is shorter)."""
+    it expires (:data:`REFRESH_MARGIN_S` before, or half-way through a life shorter than twice that)."""
 
     def __init__(self, path: str, config_str: str = "") -> None:
         super().__init__()
@@ -165,8 +185,9 @@ class CallbackTokenProvider(AbstractTokenProvider):
             if self._token is None or time.time() >= self._refresh_at:
                 now = time.time()
                 self._token = call_token_callback(self._callback, self._config, self.path)
-                self._refresh_at = now + min(self._token.expires_at - now - REFRESH_MARGIN_S,
-                                             (self._token.expires_at - now) / 2)
+                life = self._token.expires_at - now
+                # A minute before it expires, or half-way through a short life; never at once.
+                self._refresh_at = now + max(life - REFRESH_MARGIN_S, life / 2, 1.0)
             return self._token
 
     def token(self) -> str:
@@ -211,8 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     lines = [token.value, str(int(token.expires_at * 1000)), token.principal,
              *(f"{k}={v}" for k, v in token.extensions.items())]
-    if any("\n" in line for line in lines):
-        print(f"kafka-eos: token callback {args[0]}: a newline in its answer", file=sys.stderr)
+    if any("\n" in line or "\r" in line for line in lines):
+        print(f"kafka-eos: token callback {args[0]}: a line break in its answer", file=sys.stderr)
         return 1
     sys.stdout.write("\n".join(lines) + "\n")
     return 0

@@ -157,12 +157,16 @@ class KafkaSettings:
 
         :raises KafkaEosError: a callback that cannot be imported, naming it.
         """
-        from kafka_eos.oauth import resolve_callback
+        from kafka_eos.oauth import checked_token_callback, resolve_callback
 
         conf: dict = {"bootstrap.servers": self.bootstrap_servers, "logger": CLIENT_LOGGER, **self.extra}
         for key in CALLBACK_KEYS:
             if isinstance(conf.get(key), str):
                 conf[key] = resolve_callback(conf[key])
+        if self.token_callback is not None:
+            # Its answers checked as every other client kind's are (an expiry in the past, or in
+            # milliseconds, would stop the token's refresh).
+            conf["oauth_cb"] = checked_token_callback(conf["oauth_cb"], self.token_callback)
         conf.update(overrides)
         return conf
 
@@ -179,17 +183,18 @@ class KafkaSettings:
         if self.token_callback is not None:
             # The Python token callback, called by kafka-eos's Java login handler (jvm/connect).
             opts["kafka.sasl.login.callback.handler.class"] = JAVA_CALLBACK_HANDLER
-            fields = {"callback": self.token_callback, "python": python or sys.executable,
-                      "config": extra.get("sasl.oauthbearer.config", "")}
-            opts["kafka.sasl.jaas.config"] = (
-                f"{JAVA_OAUTH_MODULE} required " + " ".join(f'{k}="{_jaas_quoted(v)}"' for k, v in fields.items()) + ";")
+            fields = {"callback": ("oauth_cb", self.token_callback), "python": ("python", python or sys.executable),
+                      "config": ("sasl.oauthbearer.config", extra.get("sasl.oauthbearer.config", ""))}
+            opts["kafka.sasl.jaas.config"] = f"{JAVA_OAUTH_MODULE} required " + " ".join(
+                f'{k}="{_jaas_quoted(v, name)}"' for k, (name, v) in fields.items()) + ";"
         elif oauth is not None:
             # librdkafka's built-in OIDC client-credentials flow, as the Java client's own.
             opts["kafka.sasl.oauthbearer.token.endpoint.url"] = oauth["token_endpoint_url"]
             opts["kafka.sasl.login.callback.handler.class"] = JAVA_OIDC_HANDLER
-            fields = [f'clientId="{oauth["client_id"]}"', f'clientSecret="{oauth["client_secret"]}"']
+            fields = [f'clientId="{_jaas_quoted(oauth["client_id"], "sasl.oauthbearer.client.id")}"',
+                      f'clientSecret="{_jaas_quoted(oauth["client_secret"], "sasl.oauthbearer.client.secret")}"']
             if oauth["scope"]:
-                fields.append(f'scope="{oauth["scope"]}"')
+                fields.append(f'scope="{_jaas_quoted(oauth["scope"], "sasl.oauthbearer.scope")}"')
             opts["kafka.sasl.jaas.config"] = f"{JAVA_OAUTH_MODULE} required {' '.join(fields)};"
         elif user is not None:
             mech = extra.get("sasl.mechanism", "PLAIN").upper()
@@ -199,7 +204,8 @@ class KafkaSettings:
                 else "org.apache.kafka.common.security.scram.ScramLoginModule"
             )
             opts["kafka.sasl.jaas.config"] = (
-                f'{module} required username="{user}" password="{password}";'
+                f'{module} required username="{_jaas_quoted(user, "sasl.username")}" '
+                f'password="{_jaas_quoted(password or "", "sasl.password")}";'
             )
         for key, value in extra.items():
             if key in ("security.protocol", "sasl.mechanism"):
@@ -237,7 +243,10 @@ class KafkaSettings:
 
         :raises FileExistsError: ``config_file`` exists (it is never overwritten or reused).
         """
-        env = {BOOTSTRAP_ENV: self.bootstrap_servers, CONNECT_TIMEOUT_ENV: str(self.connect_timeout_s)}
+        # CLIENT_CONFIG_ENV emptied: the child's settings are these, never merged with its parent's
+        # environment.
+        env = {BOOTSTRAP_ENV: self.bootstrap_servers, CONNECT_TIMEOUT_ENV: str(self.connect_timeout_s),
+               CLIENT_CONFIG_ENV: ""}
         if self.extra:
             fd = os.open(config_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as out:
@@ -290,8 +299,16 @@ JAVA_OAUTH_MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLog
 JAVA_CALLBACK_HANDLER = "io.kafkaeos.oauth.PythonTokenLoginCallbackHandler"
 
 
-def _jaas_quoted(value: str) -> str:
-    """``value`` inside a JAAS option's double quotes."""
+def _jaas_quoted(value: str, name: str) -> str:
+    """``value`` inside a JAAS option's double quotes (Kafka's ``JaasConfig`` reads it with Java's
+    ``StreamTokenizer``: backslash and quote escaped).
+
+    :raises KafkaEosError: a control character in it (a line break ends a quoted string there, and
+        what follows would be read as further options), naming the setting, never the value.
+    """
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise KafkaEosError(f"{name}: a control character (a line break?) in its value, which the Java client's "
+                            "login configuration cannot hold")
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
 

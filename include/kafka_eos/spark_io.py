@@ -448,6 +448,10 @@ def read_ranges(spark: "SparkSession", settings: KafkaSettings,
         assign.setdefault(r.topic, []).append(r.partition)
         starting.setdefault(r.topic, {})[str(r.partition)] = r.from_offset
         ending.setdefault(r.topic, {})[str(r.partition)] = r.until
+    if settings.token_callback is not None and connect_plugin_jar() is None:
+        raise KafkaEosError(f"the Kafka settings log in through a token callback ({settings.token_callback}), which "
+                            "Spark's Java client calls through kafka-eos's jar, and it is not built: `make jars` in a "
+                            "checkout (an installed wheel carries it)")
     kafka = {**settings.spark_options(python=_executor_python(spark)), "kafka.isolation.level": "read_committed",
              "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS)}
     kafka["kafka.group.id"] = spark_reader_group(kafka)
@@ -464,12 +468,13 @@ def read_ranges(spark: "SparkSession", settings: KafkaSettings,
 
 
 def _executor_python(spark: "SparkSession") -> str | None:
-    """The executors' Python (``spark.pyspark.python``) where the session names one; None: this
-    process's (a local session's executors run it)."""
+    """The executors' Python: ``spark.pyspark.python`` where the session names one, else
+    ``$PYSPARK_PYTHON``; None: this process's (a local session's executors run it)."""
     try:
-        return spark.conf.get("spark.pyspark.python", None) or None
-    except Exception:  # noqa: BLE001 - a session that cannot say: this process's interpreter
-        return None
+        named = spark.conf.get("spark.pyspark.python", None)
+    except Exception:  # noqa: BLE001 - a session that cannot say
+        named = None
+    return named or os.environ.get("PYSPARK_PYTHON") or None
 
 
 #: Spark's classes the lineage walk of :func:`read_layout` goes through.

@@ -7,6 +7,10 @@ user's own over a folder made by ``kafka-eos new`` parses, and that pipeline's D
 
 (The same wheel with the constraints file, requirements.txt, is installed by the first-pipeline
 guide's test.)
+
+``make compat-floors`` runs it at the other end of the ranges: with ``KAFKA_EOS_WHEEL_AT=floors``,
+every requirement the wheel declares (and its ``spark`` extra) is held at its lowest declared
+version (``name>=X`` installs ``name==X``), Airflow included, and the same run must pass.
 """
 
 from __future__ import annotations
@@ -45,6 +49,35 @@ def _run(command: list[str], env: dict, cwd: Path, timeout: int = 600) -> str:
     return done.stdout + done.stderr
 
 
+#: ``floors``: install every declared requirement at its lowest declared version.
+AT_ENV = "KAFKA_EOS_WHEEL_AT"
+
+
+def floor_pins() -> dict[str, str]:
+    """``{distribution: version}``: the lowest version each requirement of pyproject.toml's
+    ``dependencies`` and ``spark`` extra declares (``>=X`` or ``==X``)."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = {}
+    for line in [*project["dependencies"], *project["optional-dependencies"]["spark"]]:
+        req = Requirement(line)
+        (low,) = [s.version for s in req.specifier if s.operator in (">=", "==")]
+        pins[req.name.lower()] = low
+    return pins
+
+
+def _constraints(work: Path) -> list[str]:
+    """pip's arguments that hold the install at the floors (none unless ``KAFKA_EOS_WHEEL_AT=floors``)."""
+    if os.environ.get(AT_ENV) != "floors":
+        return []
+    path = work / "floors.txt"
+    path.write_text("".join(f"{name}=={version}\n" for name, version in floor_pins().items()))
+    return ["-c", str(path)]
+
+
 def _unconstrained() -> dict:
     """This environment without pip's constraint and requirement settings: pip's resolver alone."""
     return {k: v for k, v in os.environ.items() if not k.startswith(("PIP_CONSTRAINT", "PIP_REQUIRE"))}
@@ -60,8 +93,10 @@ def airflow_only(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile", "--disable-pip-version-check"]
     env = _unconstrained()
-    _run([*pip, f"apache-airflow=={_tested_airflow()}"], env, work, timeout=900)
-    _run([*pip, str(wheel)], env, work, timeout=900)
+    floors = _constraints(work)
+    airflow = floor_pins()["apache-airflow"] if floors else _tested_airflow()
+    _run([*pip, *floors, f"apache-airflow=={airflow}"], env, work, timeout=900)
+    _run([*pip, *floors, str(wheel)], env, work, timeout=900)
     return venv / "bin", work, wheel
 
 
@@ -129,11 +164,20 @@ def test_the_wheel_runs_a_pipeline_in_an_airflow_only_environment(airflow_only, 
     done = subprocess.run([str(bin_dir / "python"), "-c", probe], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "No package metadata was found for pyspark\n" in done.stderr, done.stderr[-500:]
     pip = [str(bin_dir / "python"), "-m", "pip", "install", "-q", "--no-compile", "--disable-pip-version-check"]
-    _run([*pip, f"{wheel}[spark]"], _unconstrained(), work, timeout=900)
+    _run([*pip, *_constraints(work), f"{wheel}[spark]"], _unconstrained(), work, timeout=900)
     versions = subprocess.run([str(bin_dir / "python"), "-c", "import importlib.metadata as m; "
                                "print(m.version('pyspark'), m.version('pyspark-client'))"], env=env,
                               capture_output=True, text=True, timeout=60, check=True).stdout.split()
     assert versions[0] == versions[1], versions  # one Spark, wherever both are installed
+    if os.environ.get(AT_ENV) == "floors":
+        # Really at the floors: each declared requirement is installed at its lowest version.
+        script = ("import importlib.metadata as m, json, sys; "
+                  "print(json.dumps({n: m.version(n) for n in json.loads(sys.argv[1])}))")
+        installed = json.loads(subprocess.run([str(bin_dir / "python"), "-c", script, json.dumps(list(floor_pins()))],
+                                              env=env, capture_output=True, text=True, timeout=60,
+                                              check=True).stdout)
+        assert {n: _release(v) for n, v in installed.items()} == \
+            {n: _release(v) for n, v in floor_pins().items()}, installed
 
     out = _run([str(bin_dir / "airflow"), "dags", "test", f"kafka_eos__{name}"], env, work, timeout=900)
     assert re.search(r"spark\.sql\.shuffle\.partitions=3", out), out[-3000:]  # the spec's `spark:` reached spark-submit
@@ -149,6 +193,16 @@ def test_the_wheel_runs_a_pipeline_in_an_airflow_only_environment(airflow_only, 
     lso = kafka_admin.partition_offsets(kafka_settings, tps)
     assert kafka_admin.committed_offsets(kafka_settings, spec["source"].get("group_id", f"kafka-eos.{name}"), tps) == \
         {tp: lso[tp].lso for tp in tps}
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``2.2`` and ``2.2.0`` alike."""
+    from packaging.version import Version
+
+    release = list(Version(version).release)
+    while release and release[-1] == 0:
+        release.pop()
+    return tuple(release)
 
 
 def _json_out(text: str):

@@ -103,7 +103,9 @@ def test_a_token_callback_reaches_each_client_kind_as_the_same_callable():
     from kafka_eos_lab.oauth import unsecured_token
 
     settings = KafkaSettings("b:9093", extra=CALLBACK)
-    assert settings.client_config()["oauth_cb"] is unsecured_token
+    oauth_cb = settings.client_config()["oauth_cb"]
+    assert oauth_cb.__wrapped__ is unsecured_token
+    assert oauth_cb("sub=etl")[2] == "etl"  # confluent-kafka's shape: (token, expiry, principal, extensions)
     spark = settings.spark_options(python="/opt/py/bin/python3")
     assert spark["kafka.sasl.login.callback.handler.class"] == JAVA_CALLBACK_HANDLER
     # JAAS quoting: the argument's quotes and backslash survive.
@@ -162,7 +164,7 @@ def test_the_kafka_providers_msk_iam_callback_travels_as_a_path_and_an_airflow_h
     # What the provider's hook adds for an MSK cluster (KafkaBaseHook._maybe_add_msk_iam_oauth).
     assert _named_callback("msk", "oauth_cb", partial(_msk_iam_oauth_cb, "eu-west-1")) == \
         {"oauth_cb": MSK_IAM_CALLBACK, "sasl.oauthbearer.config": "region=eu-west-1"}
-    assert KafkaSettings("b:9098", extra={"oauth_cb": MSK_IAM_CALLBACK}).client_config()["oauth_cb"] \
+    assert KafkaSettings("b:9098", extra={"oauth_cb": MSK_IAM_CALLBACK}).client_config()["oauth_cb"].__wrapped__ \
         is msk_iam_oauth_cb
 
     class ManagedKafkaHook:  # Google Managed Kafka's: a hook's method, callable only where Airflow is
@@ -172,3 +174,39 @@ def test_the_kafka_providers_msk_iam_callback_travels_as_a_path_and_an_airflow_h
     with pytest.raises(AirflowException, match=r"^connection 'gmk': the Kafka provider adds oauth_cb=.*which only "
                                                r"this process can call"):
         _named_callback("gmk", "oauth_cb", ManagedKafkaHook().get_confluent_token)
+
+
+def test_a_line_break_in_any_java_login_value_is_refused_naming_the_setting_not_the_value():
+    """A line break ends a quoted JAAS value, and what follows would be read as further options
+    (another callback, another interpreter): refused, for every login the Java client gets."""
+    injected = "x\ncallback='os.system' python='/usr/bin/python3' config='id';//"
+    for extra in ({**CALLBACK, "sasl.oauthbearer.config": injected},
+                  {"sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "u", "sasl.password": injected},
+                  {**OIDC, "sasl.oauthbearer.client.secret": injected}):
+        with pytest.raises(KafkaEosError, match=r"^(sasl\.oauthbearer\.config|sasl\.password|"
+                                                r"sasl\.oauthbearer\.client\.secret): a control character") as err:
+            KafkaSettings("b:9093", extra=extra).spark_options()
+        assert "os.system" not in str(err.value)
+
+
+def test_a_token_callbacks_expiry_must_be_a_time_ahead_in_seconds_and_short_lives_refresh_half_way(monkeypatch):
+    import time
+
+    from kafka_eos import oauth
+
+    now = time.time()
+    for expiry in (now - 10, now * 1000):  # past; milliseconds
+        with pytest.raises(KafkaEosError, match=r"^token callback cb: its expiry \d+ is not a time in the next year"):
+            oauth.call_token_callback(lambda _c, e=expiry: ("t", e), "", "cb")
+    calls = []
+
+    def short_lived(config_str):
+        calls.append(time.time())
+        return "t", time.time() + 30, "p"
+
+    monkeypatch.setattr(oauth, "resolve_callback", lambda path: short_lived)
+    provider = oauth.CallbackTokenProvider("x.short_lived")
+    provider.token()
+    provider.extensions()
+    provider.token()
+    assert len(calls) == 1  # a 30 s token is kept for 15 s, not fetched again at each call

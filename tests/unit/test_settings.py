@@ -24,7 +24,8 @@ def test_secrets_go_to_a_private_file_that_the_environment_names(tmp_path):
         settings.to_environ(tmp_path / "client.json")
     # No extra settings: no file.
     assert KafkaSettings("b:9092").to_environ(tmp_path / "none.json") == {
-        "KAFKA_BOOTSTRAP_SERVERS": "b:9092", "KAFKA_EOS_CONNECT_TIMEOUT_S": "10.0"}
+        "KAFKA_BOOTSTRAP_SERVERS": "b:9092", "KAFKA_EOS_CONNECT_TIMEOUT_S": "10.0",
+        "KAFKA_EOS_CLIENT_CONFIG": ""}  # the parent's own never mixes in
     assert not (tmp_path / "none.json").exists()
 
 

@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from airflow.sdk import BaseHook, Connection
+from airflow.sdk.log import mask_secret
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowNotFoundException
 
 from kafka_eos.errors import KafkaEosError
@@ -73,6 +74,13 @@ def settings_from_connection(conn: Connection) -> KafkaSettings:
         raise AirflowException(
             f"connection {conn.conn_id!r}: extra has no {BOOTSTRAP_KEY!r} "
             f'(e.g. {{"{BOOTSTRAP_KEY}": "broker-1:9092"}})')
+    odd = sorted(k for k in CALLBACK_KEYS if k in extra and not isinstance(extra[k], str))
+    if odd:
+        raise AirflowException(f"connection {conn.conn_id!r}: extra's {', '.join(odd)}: not a dotted path (a string)")
+    if extra.get("sasl.oauthbearer.config"):
+        # The token callback's argument may hold a secret; its key names none, so Airflow does
+        # not mask it by itself.
+        mask_secret(str(extra["sasl.oauthbearer.config"]))
     config = _provider_config(conn)
     for key in CALLBACK_KEYS:
         if key in config and key not in extra:

@@ -1,17 +1,16 @@
 package io.kafkaeos.oauth;
 
-import java.io.BufferedReader;
 import java.io.IOException;
-import java.io.InputStreamReader;
 import java.io.OutputStream;
 import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
 import java.util.Collections;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.TimeUnit;
-import java.util.stream.Collectors;
 
 import javax.security.auth.callback.Callback;
 import javax.security.auth.callback.UnsupportedCallbackException;
@@ -44,6 +43,8 @@ public final class PythonTokenLoginCallbackHandler implements AuthenticateCallba
 
     /** A callback that does not answer in this time fails the login (Kafka retries it). */
     static final long TIMEOUT_S = 60;
+    /** An answer longer than this is no token's (a callback that printed to its standard output). */
+    static final long MAX_ANSWER_BYTES = 1 << 20;
 
     private String python = "python3";
     private String callback;
@@ -85,38 +86,55 @@ public final class PythonTokenLoginCallbackHandler implements AuthenticateCallba
     }
 
     private OAuthBearerToken fetch() throws IOException {
-        Process process = new ProcessBuilder(python, "-m", "kafka_eos.oauth", callback)
-            .redirectError(ProcessBuilder.Redirect.INHERIT).start();
-        try (OutputStream in = process.getOutputStream()) {
-            in.write(config.getBytes(StandardCharsets.UTF_8));
-        }
-        List<String> lines;
-        try (BufferedReader out = new BufferedReader(new InputStreamReader(process.getInputStream(), StandardCharsets.UTF_8))) {
-            lines = out.lines().collect(Collectors.toList());
-        }
+        // The answer goes to a file of its own, read once the process has ended: a callback that
+        // hangs (or leaves a child holding a pipe) is killed at the timeout, never waited on forever.
+        Path answer = Files.createTempFile("kafka-eos-token", ".txt");
         try {
-            if (!process.waitFor(TIMEOUT_S, TimeUnit.SECONDS)) {
-                process.destroyForcibly();
-                throw new IOException("token callback " + callback + " did not answer in " + TIMEOUT_S + " s");
+            Process process = new ProcessBuilder(python, "-m", "kafka_eos.oauth", callback)
+                .redirectOutput(answer.toFile())
+                .redirectError(ProcessBuilder.Redirect.INHERIT).start();
+            try (OutputStream in = process.getOutputStream()) {
+                in.write(config.getBytes(StandardCharsets.UTF_8));
             }
-        } catch (InterruptedException e) {
-            process.destroyForcibly();
-            Thread.currentThread().interrupt();
-            throw new IOException("interrupted waiting for token callback " + callback, e);
-        }
-        if (process.exitValue() != 0 || lines.size() < 3) {
-            throw new IOException("token callback " + callback + " failed (exit " + process.exitValue()
-                + "; " + python + " -m kafka_eos.oauth printed its error above)");
-        }
-        Map<String, String> ext = new HashMap<>();
-        for (String line : lines.subList(3, lines.size())) {
-            int eq = line.indexOf('=');
-            if (eq > 0) {
-                ext.put(line.substring(0, eq), line.substring(eq + 1));
+            try {
+                if (!process.waitFor(TIMEOUT_S, TimeUnit.SECONDS)) {
+                    kill(process);
+                    throw new IOException("token callback " + callback + " did not answer in " + TIMEOUT_S + " s");
+                }
+            } catch (InterruptedException e) {
+                kill(process);
+                Thread.currentThread().interrupt();
+                throw new IOException("interrupted waiting for token callback " + callback, e);
             }
+            List<String> lines = Files.size(answer) > MAX_ANSWER_BYTES ? List.of()
+                : Files.readAllLines(answer, StandardCharsets.UTF_8);
+            if (process.exitValue() != 0 || lines.size() < 3) {
+                throw new IOException("token callback " + callback + " failed (exit " + process.exitValue()
+                    + "; " + python + " -m kafka_eos.oauth printed its error above)");
+            }
+            Map<String, String> ext = new HashMap<>();
+            for (String line : lines.subList(3, lines.size())) {
+                int eq = line.indexOf('=');
+                if (eq > 0) {
+                    ext.put(line.substring(0, eq), line.substring(eq + 1));
+                }
+            }
+            long expiresAtMs;
+            try {
+                expiresAtMs = Long.parseLong(lines.get(1).trim());
+            } catch (NumberFormatException e) {
+                throw new IOException("token callback " + callback + ": its expiry is not a number", e);
+            }
+            extensions = ext;
+            return new Token(lines.get(0), expiresAtMs, lines.get(2), System.currentTimeMillis());
+        } finally {
+            Files.deleteIfExists(answer);
         }
-        extensions = ext;
-        return new Token(lines.get(0), Long.parseLong(lines.get(1).trim()), lines.get(2), System.currentTimeMillis());
+    }
+
+    private static void kill(Process process) {
+        process.descendants().forEach(ProcessHandle::destroyForcibly);
+        process.destroyForcibly();
     }
 
     @Override

@@ -2,7 +2,7 @@
 
 import logging
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 # A library adds no handler of its own; this one keeps an unconfigured process (a Spark Python
 # worker) from printing kafka-eos and librdkafka warnings to stderr. Entry points configure

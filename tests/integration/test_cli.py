@@ -92,7 +92,7 @@ def test_version(capsys):
     # One version: the package's metadata is read from kafka_eos.__version__, which --version prints.
     from importlib import metadata
 
-    assert capsys.readouterr().out.strip() == f"kafka-eos {metadata.version('kafka-eos')}" == "kafka-eos 0.2.0"
+    assert capsys.readouterr().out.strip() == f"kafka-eos {metadata.version('kafka-eos')}" == "kafka-eos 0.3.0"
 
 
 def test_unreachable_broker_is_one_line_naming_the_address_within_the_connect_timeout(

@@ -15,7 +15,9 @@
   providers (:func:`kafka_eos_airflow.assets.kafka.sink_asset`).
 
 Imported by the tasks only: OpenLineage's client takes most of a second to import, which a DAG file's
-parse must not pay.
+parse must not pay. Without apache-airflow-providers-openlineage (the ``openlineage`` extra) the tasks
+report no OpenLineage (:func:`run_lineage` and :func:`stream_lineage` answer None); the assets and
+their events are Airflow's own and do not need it.
 """
 
 from __future__ import annotations
@@ -24,8 +26,15 @@ from typing import TYPE_CHECKING, Any
 
 import attr
 
-from airflow.providers.common.compat.openlineage.facet import (InputDataset, OutputDataset,
-                                                               OutputStatisticsOutputDatasetFacet, RunFacet)
+try:  # apache-airflow-providers-openlineage: the `openlineage` extra
+    from airflow.providers.openlineage.extractors import OperatorLineage
+except ImportError:  # not installed: the tasks report no OpenLineage (assets and their extra still)
+    OperatorLineage = None
+if OperatorLineage is not None:
+    from airflow.providers.common.compat.openlineage.facet import (InputDataset, OutputDataset,
+                                                                   OutputStatisticsOutputDatasetFacet, RunFacet)
+else:
+    RunFacet = object
 
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
@@ -148,9 +157,10 @@ def datasets(spec: PipelineSpec, settings: KafkaSettings, records_out: int,
 
 def run_lineage(spec: PipelineSpec, settings: KafkaSettings, plan: Plan, summary: dict[str, Any], mode: str,
                 side_key: str | None):
-    """The OpenLineage of a verified run: inputs, outputs (with their row counts) and the run facet."""
-    from airflow.providers.openlineage.extractors import OperatorLineage
-
+    """The OpenLineage of a verified run: inputs, outputs (with their row counts) and the run facet;
+    None without the OpenLineage provider."""
+    if OperatorLineage is None:
+        return None
     inputs, outputs = datasets(spec, settings, summary["records_out"], summary["dead_letters"])
     return OperatorLineage(inputs=inputs, outputs=outputs,
                            run_facets={"kafkaEos": run_facet(spec, plan, summary, mode, side_key)})
@@ -175,9 +185,10 @@ def stream_facet(spec: PipelineSpec, figures: list[dict[str, Any]], period_start
 
 
 def stream_lineage(spec: PipelineSpec, settings: KafkaSettings, facet: KafkaEosRunFacet):
-    """The OpenLineage of a stream task (its whole life: the COMPLETE event's)."""
-    from airflow.providers.openlineage.extractors import OperatorLineage
-
+    """The OpenLineage of a stream task (its whole life: the COMPLETE event's); None without the
+    OpenLineage provider."""
+    if OperatorLineage is None:
+        return None
     inputs, outputs = datasets(spec, settings, facet.recordsOut, facet.deadLetters)
     return OperatorLineage(inputs=inputs, outputs=outputs, run_facets={"kafkaEos": facet})
 
@@ -185,7 +196,9 @@ def stream_lineage(spec: PipelineSpec, settings: KafkaSettings, facet: KafkaEosR
 def emit_stream_period(context: Any, spec: PipelineSpec, settings: KafkaSettings, facet: KafkaEosRunFacet) -> None:
     """A RUNNING event of the stream task's OpenLineage run, for one period of its batches: what the
     provider's listener sends at the task's start and end, with the period's datasets and facet in
-    between. Nothing when the provider is disabled (no transport configured)."""
+    between. Nothing when the provider is disabled (no transport configured) or not installed."""
+    if OperatorLineage is None:
+        return
     from datetime import datetime, timezone
 
     from airflow.providers.openlineage import conf as ol_conf

@@ -158,6 +158,11 @@ def test_the_wheel_runs_a_pipeline_in_an_airflow_only_environment(airflow_only, 
     assert {f"kafka_eos__{name}", f"kafka_eos_stream__{name}", "kafka_eos_watchdog",
             "kafka_eos_runbook_abort_transaction"} <= listed, listed
 
+    # No OpenLineage provider without its extra: the DAG below runs (and verifies) without lineage.
+    done = subprocess.run([str(bin_dir / "python"), "-c", "import airflow.providers.openlineage"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "No module named 'airflow.providers.openlineage'" in done.stderr, done.stderr[-500:]
+
     # Everything so far ran on Spark Connect's client alone (the Spark provider's pyspark-client):
     # no pyspark distribution, no Spark jars. The workers that run the Spark task add the extra.
     probe = "import importlib.metadata as m; print(m.version('pyspark-client'), end=' '); m.version('pyspark')"

@@ -115,7 +115,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c requirements.txt -r requirements-dev.txt -e ".[spark,postgres,sqlite,celery,protoc,metrics,openlineage]"
+	$(PY) -m pip install -q -c requirements.txt -r requirements-dev.txt -e ".[spark,postgres,sqlite,celery,protoc,metrics,openlineage,iceberg]"
 	@# The lab (include/kafka_eos_lab: benchmarks, fault matrix, soak, the fault probe) is the
 	@# repository's and never in the wheel: on this environment's path through a path file.
 	echo "$(CURDIR)/include" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kafka_eos_lab.pth"

@@ -67,7 +67,7 @@ def _spec(args, import_transform: bool = True) -> PipelineSpec:
 
 def _print_drift(drift) -> None:
     for d in drift:
-        print(f"  DRIFT {d.topic}-{d.partition}: SQL sink at {d.sink}, Kafka mirror at {d.kafka} "
+        print(f"  DRIFT {d.topic}-{d.partition}: the sink's own checkpoint at {d.sink}, Kafka mirror at {d.kafka} "
               "(`kafka-eos run` repairs it)")
 
 

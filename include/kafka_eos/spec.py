@@ -9,7 +9,7 @@ import importlib
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -65,13 +65,20 @@ SUBJECT_STRATEGIES = ("topic_name", "record_name", "topic_record_name")
 
 @dataclass(frozen=True)
 class SinkSpec:
-    kind: str  # kafka | sql
+    kind: str  # kafka | sql | iceberg
     commit: str = "atomic"  # atomic | per_partition
     topic: str | None = None  # kafka
     dlq_topic: str | None = None  # kafka (and optional for sql: dead letters also to a table)
-    table: str | None = None  # sql
+    table: str | None = None  # sql; iceberg: ``namespace.table`` (namespace ``default`` when none)
     key_columns: tuple[str, ...] = ()  # sql: the upsert key
-    merge: str = "replace"  # sql: replace | add (add sums the non-key columns on conflict)
+    #: sql: replace | add (add sums the non-key columns on conflict); iceberg: append
+    merge: str = "replace"
+    #: iceberg: where the catalog puts new tables' files (a folder or an object store URI); None:
+    #: kafka-eos's local folder (``.local/iceberg/warehouse``) for the embedded catalog (``url: local``).
+    warehouse: str | None = None
+    #: iceberg: the catalog's name, as the other engines that share the catalog's database name it
+    #: (Spark's ``spark.sql.catalog.<name>``, Trino's): a SQL catalog's rows are per name.
+    catalog: str = "kafka_eos"
     # sql: SQLAlchemy URL, or ``local`` (kafka-eos's development SQLite file under .local/sql/):
     # for the CLI outside Airflow. Not in repr: once ${VAR} is expanded it can hold a password,
     # and reprs end up in logs and tracebacks.
@@ -172,6 +179,11 @@ class SinkKind:
     #: Fields :func:`spec_document` always writes for this kind, and those it writes when not default.
     fields: tuple[str, ...]
     optional_fields: tuple[tuple[str, Any], ...] = ()
+    #: ``url: local``: the development database under ``.local/`` (``{name}``: the pipeline's).
+    local_database: str = "sql/{name}.db"
+    #: Why side runs (replays, backfills) of this kind are refused whatever the spec says; None:
+    #: they need only the spec's place for them.
+    no_side_runs: str | None = None
 
 
 SINK_KINDS: dict[str, SinkKind] = {
@@ -185,6 +197,13 @@ SINK_KINDS: dict[str, SinkKind] = {
                     described="SQL table `{table}` (merge `{merge}`; dead letters: table `{dead_letters_table}`)",
                     checks=("database",),
                     fields=("key_columns", "merge")),
+    # Side runs (a branch of the table) are not built yet: backfill_table stays None, so they are refused.
+    "iceberg": SinkKind("table", "dead_letters_table", "backfill_table", transactional=False, promoted_by_sql=False,
+                        described="Iceberg table `{table}` (dead letters: table `{dead_letters_table}`)",
+                        checks=("database",), fields=("merge",),
+                        optional_fields=(("warehouse", None), ("catalog", "kafka_eos")),
+                        local_database="iceberg/catalog.db",
+                        no_side_runs="side runs into a branch of the table are not built yet"),
 }
 
 
@@ -486,8 +505,9 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
     _known(snk, where, "sink.", {"kind", "topic", "dlq_topic", "commit", "table",
                                  "key_columns", "merge", "url", "conn_id", "transaction_timeout_s", "backfill_topic",
                                  "backfill_dlq_topic", "backfill_table", "on_refused_record", "format",
-                                 "key_format", "subject_strategy", "schema", "key_schema", "auto_register"})
-    kind = _choice(snk, where, "kind", ("kafka", "sql"), "sink.", required=True)
+                                 "key_format", "subject_strategy", "schema", "key_schema", "auto_register",
+                                 "warehouse", "catalog"})
+    kind = _choice(snk, where, "kind", ("kafka", "sql", "iceberg"), "sink.", required=True)
     commit = _choice(snk, where, "commit", ("atomic", "per_partition"), "sink.")
     key_columns = snk.get("key_columns", [])
     if not isinstance(key_columns, list) or not all(isinstance(c, str) for c in key_columns):
@@ -497,7 +517,9 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
         topic=_opt_topic(snk, where, "topic"),
         dlq_topic=_opt_topic(snk, where, "dlq_topic"),
         table=snk.get("table"), key_columns=tuple(key_columns),
-        merge=_choice(snk, where, "merge", ("replace", "add"), "sink."),
+        merge=_choice(snk, where, "merge", ("append",) if kind == "iceberg" else ("replace", "add"), "sink."),
+        warehouse=_opt_str(snk, where, "warehouse", "sink."),
+        catalog=_opt_str(snk, where, "catalog", "sink.") or "kafka_eos",
         url=_expand_url(snk.get("url"), where, environ),
         conn_id=_opt_str(snk, where, "conn_id", "sink."),
         transaction_timeout_s=_positive_int(snk, where, "transaction_timeout_s", 300, "sink."),
@@ -541,6 +563,8 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
                 raise SpecError(f"{where}: sink.{field_}: a schema file needs sink.{'format' if field_ == 'schema' else 'key_format'} "
                                 f"{' or '.join(REGISTRY_FORMATS)}")
         # dlq_topic is optional: without it, a dead letter fails the batch (nothing is committed).
+    elif kind == "iceberg":
+        sink = _iceberg_sink(sink, snk, where, environ)
     else:
         if not sink.table or not isinstance(sink.table, str):
             raise SpecError(f"{where}: sink.table: required for a sql sink")
@@ -581,6 +605,28 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
     return PipelineSpec(name=name, source=source, transform=transform, sink=sink,
                         schedule=schedule, manifest_topic=manifest, path=where,
                         spark_conf=_spark_conf(top.get("spark"), where))
+
+
+def _iceberg_sink(sink: SinkSpec, snk: dict, where: str, environ) -> SinkSpec:
+    """An Iceberg sink's checks; its dead letters go to the table ``<table>_dead_letters``."""
+    if not sink.table or not isinstance(sink.table, str) or not all(sink.table.split(".")):
+        raise SpecError(f"{where}: sink.table: required for an iceberg sink ('namespace.table', or 'table' in "
+                        "namespace 'default')")
+    if sink.commit != "atomic":
+        raise SpecError(f"{where}: sink.commit: an iceberg sink commits one snapshot on the driver: use 'atomic'")
+    for field_ in ("topic", "dlq_topic", "backfill_topic", "backfill_dlq_topic", "backfill_table", "key_columns",
+                   "transaction_timeout_s", "format", "key_format", "schema", "key_schema", "subject_strategy",
+                   "auto_register"):
+        if field_ in snk:
+            raise SpecError(f"{where}: sink.{field_}: not for an iceberg sink (results go to sink.table, dead letters "
+                            "to its table <table>_dead_letters; side runs into a branch are not built yet)")
+    if sink.conn_id is None and (snk.get("url") is None or (environ is not None and sink.url is None)):
+        raise SpecError(f"{where}: sink: an iceberg sink needs its catalog's database: sink.conn_id (an Airflow "
+                        "connection) or sink.url (a SQLAlchemy URL; 'local' for kafka-eos's embedded catalog)")
+    if sink.warehouse is None and sink.url != "local":
+        raise SpecError(f"{where}: sink.warehouse: required for an iceberg sink whose catalog is not the embedded "
+                        "one (url: local): where the catalog puts the table's files")
+    return replace(sink, dead_letters_table=f"{sink.table}_dead_letters")
 
 
 def _spark_conf(raw: Any, where: str) -> dict[str, str]:

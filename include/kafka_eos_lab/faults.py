@@ -10,7 +10,9 @@ name it in ``KAFKA_EOS_PROBES`` so that every process they start installs it too
   ``before_commit`` (offsets and manifest in the transaction, before ``commit_transaction``),
   ``after_commit`` (committed, before the run reports it: a task killed before its success is recorded);
 - SQL sink: ``before_sql_commit`` (rows and offsets written, before the database commit),
-  ``after_sql_commit`` (committed, before the Kafka mirror).
+  ``after_sql_commit`` (committed, before the Kafka mirror);
+- Iceberg sink: ``before_iceberg_commit`` (dead letters committed, the results not yet written),
+  ``after_iceberg_commit`` (the table's snapshot committed, before the Kafka mirror).
 
 Two more settings, for the cluster tests (a Spark worker hands them to its executors):
 ``KAFKA_EOS_CRASH_KILL=executor`` kills the Spark executor JVM this process (a Python worker)

@@ -110,6 +110,11 @@ def output_places(spec: PipelineSpec, settings: KafkaSettings) -> list[tuple[str
     places = []
     if sink.kind == "kafka":
         places.append(("output", f"kafka://{server}", sink.topic, f"kafka://{server}/{sink.topic}"))
+    elif sink.kind == "iceberg":
+        from kafka_eos.sinks.iceberg_store import IcebergStore
+        from kafka_eos.sinks.sql_store import database_url
+
+        places += IcebergStore(spec, database_url(spec, settings)).places()
     else:
         from kafka_eos.sinks.sql_store import database_url
 

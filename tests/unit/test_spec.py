@@ -298,3 +298,24 @@ def test_formats_are_checked_and_round_trip(tmp_path):
         parse_spec(_with("sink", {**GOOD["sink"], "format": "avro", "schema": "nope.avsc"}), str(tmp_path / "p.yaml"))
     with pytest.raises(SpecError, match=r"sink\.format: not for a sql sink"):
         parse_spec({**GOOD, "sink": {"kind": "sql", "table": "t", "format": "avro"}}, "p.yaml")
+
+
+def test_an_iceberg_sink_names_its_table_catalog_and_warehouse_and_commits_atomically():
+    from kafka_eos.backfill.places import check_side_runs
+    from kafka_eos.spec import spec_document
+
+    spec = parse_spec({**GOOD, "sink": {"kind": "iceberg", "table": "lake.orders", "url": "local"}}, "s.yaml")
+    assert (spec.sink.merge, spec.sink.catalog, spec.sink.warehouse) == ("append", "kafka_eos", None)
+    assert spec.sink.dead_letters_table == "lake.orders_dead_letters"
+    assert parse_spec(spec_document(spec), "s.yaml") == spec
+    for sink, needle in (
+            ({"table": "lake.orders"}, r"sink: an iceberg sink needs its catalog's database"),
+            ({"table": "lake.orders", "url": "postgresql://h/cat"}, r"sink.warehouse: required"),
+            ({"table": "lake..orders", "url": "local"}, r"sink.table: required for an iceberg sink"),
+            ({"table": "o", "url": "local", "commit": "per_partition"}, r"sink.commit: an iceberg sink commits one"),
+            ({"table": "o", "url": "local", "merge": "upsert"}, r"sink.merge: 'upsert' is not one of append"),
+            ({"table": "o", "url": "local", "topic": "t"}, r"sink.topic: not for an iceberg sink")):
+        with pytest.raises(SpecError, match=rf"^s.yaml: {needle}"):
+            parse_spec({**GOOD, "sink": {"kind": "iceberg", **sink}}, "s.yaml")
+    with pytest.raises(SpecError, match=r"a backfill of a iceberg sink is refused: side runs into a branch"):
+        check_side_runs(spec, "backfill")

@@ -20,6 +20,8 @@ RANGE_COLUMN, GENERATION_COLUMN = "kafka_eos_range", "kafka_eos_generation"
 def check_side_runs(spec: PipelineSpec, kind: str = "side run") -> None:
     """:raises SpecError: ``spec`` has no place of its own for side runs' results (a Kafka sink
         without ``sink.backfill_topic``, a SQL sink without ``sink.backfill_table``)."""
+    if spec.sink.about.no_side_runs:
+        raise SpecError(f"{spec.path}: a {kind} of a {spec.sink.kind} sink is refused: {spec.sink.about.no_side_runs}")
     if not spec.sink.backfill_target:
         raise SpecError(f"{spec.path}: sink.{spec.sink.about.backfill}: required for a {kind} of a {spec.sink.kind} "
                         f"sink (its results never go to the live output {spec.sink.about.target})")

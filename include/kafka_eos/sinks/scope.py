@@ -10,6 +10,7 @@ from __future__ import annotations
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.sinks.atomic import AtomicSink
 from kafka_eos.sinks.base import Sink
+from kafka_eos.sinks.iceberg import IcebergSink
 from kafka_eos.sinks.per_partition import PerPartitionSink
 from kafka_eos.sinks.sql import SqlSink
 from kafka_eos.spec import PipelineSpec
@@ -19,6 +20,7 @@ SCOPES: dict[tuple[str, str], type[Sink]] = {
     ("kafka", "atomic"): AtomicSink,
     ("kafka", "per_partition"): PerPartitionSink,
     ("sql", "atomic"): SqlSink,
+    ("iceberg", "atomic"): IcebergSink,
 }
 
 

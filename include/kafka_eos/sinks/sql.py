@@ -108,7 +108,7 @@ class SqlSink(Sink):
         store = self.store
         table = store.results_table(output.results) if output.results is not None else None
         began = time.monotonic()
-        dead_spool = Spool(self._dead_rows(plan, output.dead_letters, output.undecodable))
+        dead_spool = Spool(dead_letter_rows(self.spec, plan, output.dead_letters, output.undecodable))
         spooled = time.monotonic()
         result_spool = fetched(output.results, ArrowSpool) if output.results is not None else None
         computed = time.monotonic()
@@ -121,28 +121,6 @@ class SqlSink(Sink):
             if result_spool is not None:
                 result_spool.close()
         return status, out, dead
-
-    def _dead_rows(self, plan: Plan, *frames: "DataFrame | None"):
-        """The dead-letter rows of ``frames`` (the transform's, then the undecodable records)."""
-        from pyspark.sql import functions as F
-
-        for frame in frames:
-            if frame is None:
-                continue
-            # A struct key or value (a decoded record) as its JSON text; a dead letter without one: null.
-            frame = frame.select(*(dead_letter_bytes(c, frame.schema[c].dataType).alias(c) if c in frame.columns
-                                   else F.lit(None).cast("binary").alias(c) for c in ("key", "value")),
-                                 "topic", "partition", "offset", DLQ_REASON)
-            # One job, every task at once, as Arrow (the results' way): not a job per task (unless the
-            # whole is over spark.driver.maxResultSize: batches.fetched).
-            spool = fetched(frame, ArrowSpool)
-            try:
-                for row in spool.rows():
-                    yield {"pipeline": self.spec.name, "topic": row["topic"], "partition": row["partition"],
-                           "offset": row["offset"], "key": as_bytes(row["key"]), "value": as_bytes(row["value"]),
-                           "reason": row[DLQ_REASON], "run_id": plan.run_id}
-            finally:
-                spool.close()
 
     def checkpoints(self, tps: list[TP], group: dict[TP, int | None]) -> tuple[dict[TP, int | None], list[Drift]]:
         """The sink's offsets table is the truth; its Kafka mirror (``group``) may lag behind (a
@@ -190,3 +168,27 @@ class SqlSink(Sink):
     def close(self) -> None:
         if self._store is not None:
             self._store.engine.dispose()
+
+
+def dead_letter_rows(spec: PipelineSpec, plan: Plan, *frames: "DataFrame | None"):
+    """The dead-letter rows of ``frames`` (a transform's, then the undecodable records): the
+    source record's place, key and value as bytes (a decoded one as its JSON text), the reason."""
+    from pyspark.sql import functions as F
+
+    for frame in frames:
+        if frame is None:
+            continue
+        # A struct key or value (a decoded record) as its JSON text; a dead letter without one: null.
+        frame = frame.select(*(dead_letter_bytes(c, frame.schema[c].dataType).alias(c) if c in frame.columns
+                               else F.lit(None).cast("binary").alias(c) for c in ("key", "value")),
+                             "topic", "partition", "offset", DLQ_REASON)
+        # One job, every task at once, as Arrow (the results' way): not a job per task (unless the
+        # whole is over spark.driver.maxResultSize: batches.fetched).
+        spool = fetched(frame, ArrowSpool)
+        try:
+            for row in spool.rows():
+                yield {"pipeline": spec.name, "topic": row["topic"], "partition": row["partition"],
+                       "offset": row["offset"], "key": as_bytes(row["key"]), "value": as_bytes(row["value"]),
+                       "reason": row[DLQ_REASON], "run_id": plan.run_id}
+        finally:
+            spool.close()

@@ -66,8 +66,8 @@ LOCAL_URL = "local"
 
 
 def local_url(spec: PipelineSpec) -> str:
-    """The SQLite file that ``sink.url: local`` names."""
-    return f"sqlite:///{local_dir() / 'sql' / (spec.name + '.db')}"
+    """The SQLite file that ``sink.url: local`` names (the sink kind's development database)."""
+    return f"sqlite:///{local_dir() / spec.sink.about.local_database.format(name=spec.name)}"
 
 
 #: The entry point group through which an installed Airflow provider resolves a connection id:
@@ -111,7 +111,7 @@ def database_url(spec: PipelineSpec, settings: KafkaSettings | None = None, fall
                      spec.path, sink.conn_id)
     url = url or sink.url
     if url is None:
-        raise SpecError(f"{spec.path}: sink: a sql sink needs sink.conn_id or sink.url")
+        raise SpecError(f"{spec.path}: sink: a {sink.kind} sink needs sink.conn_id or sink.url")
     return local_url(spec) if url == LOCAL_URL else url
 
 

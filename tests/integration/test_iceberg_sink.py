@@ -1,0 +1,223 @@
+"""The Iceberg table sink, exactly once: every committed source record once in the table (read back
+with PyIceberg's own scan, not kafka-eos's reader), none of an aborted transaction, the offsets in
+the snapshot summary at the LSO and mirrored to the group; a retry and a caught-up run commit
+nothing; a crash before and after the catalog commit; a compaction between two runs loses no
+offset; dead letters once in their table, a crash between their snapshot and the table's included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+
+import pytest
+import yaml
+
+from kafka_eos import kafka_admin, probes
+from kafka_eos.batch import run_batch
+from kafka_eos.cli import main
+from kafka_eos.errors import CheckpointConflict
+from kafka_eos.pipeline import prepare_plan, verify
+from kafka_eos.sample_data import produce_orders
+from kafka_eos.spec import spec_document
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def iceberg_spec(make_spec, tmp_path, unique):
+    """An Iceberg pipeline (orders as rows, dead letters apart) on a SQLite catalog of its own."""
+
+    def build(**sink):
+        sink = {"url": f"sqlite:///{tmp_path / 'catalog.db'}", **sink}
+        return make_spec("spark_apps.transforms.orders:as_rows", "iceberg", "atomic",
+                         table=f"lake.orders_{unique.replace('-', '_')}", warehouse=(tmp_path / "warehouse").as_uri(),
+                         **sink)
+
+    return build
+
+
+def run_once(spark, spec, settings, run_id):
+    plan = prepare_plan(spec, settings, run_id)
+    summary = run_batch(spark, spec, plan, settings)
+    verify(spec, settings, plan)
+    return plan, summary
+
+
+def capped(spec, n):
+    return dataclasses.replace(spec, source=dataclasses.replace(spec.source, max_records_per_partition=n))
+
+
+def catalog(spec):
+    """The pipeline's catalog, opened by PyIceberg directly."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    return SqlCatalog(spec.sink.catalog, uri=spec.sink.url, warehouse=spec.sink.warehouse)
+
+
+def table_rows(spec, name=None) -> list[dict]:
+    from kafka_eos.sinks.iceberg_store import identifier
+
+    return catalog(spec).load_table(identifier(name or spec.sink.table)).scan().to_arrow().to_pylist()
+
+
+def snapshot_offsets(spec) -> dict:
+    from kafka_eos.sinks.iceberg_store import identifier
+
+    summary = catalog(spec).load_table(identifier(spec.sink.table)).current_snapshot().summary
+    raw = json.loads(summary[f"kafka-eos.{spec.name}.offsets"])
+    return {(t, int(p)): o for t, parts in raw.items() for p, o in parts.items()}
+
+
+def assert_exactly_once(spec, settings, truth):
+    rows = table_rows(spec)
+    assert Counter(r["order_id"] for r in rows) == Counter(o["order_id"] for o in truth.committed)
+    assert not {r["order_id"] for r in rows} & set(truth.aborted)
+    dead = table_rows(spec, spec.sink.dead_letters_table)
+    assert all(n == 1 for n in Counter((d["partition"], d["offset"]) for d in dead).values())  # none twice
+    assert len(dead) == truth.malformed
+    offsets = snapshot_offsets(spec)
+    lso = kafka_admin.partition_offsets(settings, list(offsets))
+    mirror = kafka_admin.committed_offsets(settings, spec.source.group_id, list(offsets))
+    assert offsets == {tp: lso[tp].lso for tp in offsets} == mirror
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_runs_commit_one_snapshot_each_with_their_offsets_exactly_once_over_aborted_input(
+        spark, kafka_settings, iceberg_spec, tmp_path, monkeypatch, capsys, backend, request):
+    """On a SQL catalog in SQLite and in PostgreSQL."""
+    spec = iceberg_spec(**({"url": request.getfixturevalue("postgres_url")} if backend == "postgres" else {}))
+    topic = spec.source.topics[0]
+    truth = produce_orders(kafka_settings, topic, 240, abort_every=3, malformed_every=11)
+    assert truth.aborted and truth.malformed
+
+    run_once(spark, capped(spec, 30), kafka_settings, "run-1")
+    first = catalog(spec).load_table(("lake", spec.sink.table.split(".")[1])).current_snapshot().snapshot_id
+    run_once(spark, spec, kafka_settings, "run-2")
+    _, again = run_once(spark, spec, kafka_settings, "run-2")  # a retried task: same run id
+    assert again.status in ("noop", "empty")
+    _, caught_up = run_once(spark, spec, kafka_settings, "run-3")
+    assert caught_up.status == "empty"
+    table = catalog(spec).load_table(("lake", spec.sink.table.split(".")[1]))
+    # One snapshot per committing run (the retry and the caught-up run added none).
+    assert [s.snapshot_id for s in table.snapshots()][0] == first and len(table.snapshots()) == 2
+    assert table.current_snapshot().summary[f"kafka-eos.{spec.name}.run"] == "run-2"
+    assert_exactly_once(spec, kafka_settings, truth)
+
+    # `kafka-eos checkpoint` reads the table's offsets beside the group's and reports a mirror left
+    # behind (as a crash between the catalog commit and the mirror leaves it); the next run repairs it.
+    offsets = snapshot_offsets(spec)
+    behind = next(iter(offsets))
+    kafka_admin.alter_group_offsets(kafka_settings, spec.source.group_id, {behind: 0})
+    path = tmp_path / "lake.yaml"
+    path.write_text(yaml.safe_dump(spec_document(spec)))
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_settings.bootstrap_servers)
+    capsys.readouterr()
+    assert main(["checkpoint", str(path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {(r["topic"], r["partition"]): r["checkpoint"] for r in report["partitions"]} == offsets
+    assert report["drift"] == [{"topic": behind[0], "partition": behind[1], "sink": offsets[behind], "kafka": 0}]
+    run_once(spark, spec, kafka_settings, "run-4")
+    assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, list(offsets)) == offsets
+
+
+@pytest.mark.parametrize("at,then", [("before_iceberg_commit", "same plan"), ("before_iceberg_commit", "new plan"),
+                                     ("after_iceberg_commit", "same plan")])
+def test_a_run_that_dies_before_or_after_the_catalog_commit_is_finished_once(
+        spark, kafka_settings, iceberg_spec, at, then, monkeypatch):
+    """In process, the run stops dead at the point (nothing after it runs); then the same plan again
+    (Airflow's retry) or a new plan over more records (the CLI's next run): every record once. Before
+    the catalog commit the dead letters are committed already (their own snapshot), the table not."""
+    spec = iceberg_spec()
+    topic = spec.source.topics[0]
+    truth = produce_orders(kafka_settings, topic, 150, abort_every=4, malformed_every=9)
+
+    class Died(BaseException):
+        """What a SIGKILL at the point leaves: nothing after it ran."""
+
+    class Kill:
+        def point(self, name):
+            if name == at:
+                raise Died(name)
+
+        def armed(self, name):
+            return name == at
+
+        def carried(self):
+            return {}
+
+    monkeypatch.setattr(probes, "_probe", Kill())
+    plan = prepare_plan(spec, kafka_settings, "run-1")
+    with pytest.raises(Died):
+        run_batch(spark, spec, plan, kafka_settings)
+    monkeypatch.setattr(probes, "_probe", None)
+    if at == "before_iceberg_commit":
+        assert table_rows(spec) == [] and len(table_rows(spec, spec.sink.dead_letters_table)) == truth.malformed
+    if then == "same plan":
+        run_batch(spark, spec, plan, kafka_settings)
+    more = produce_orders(kafka_settings, topic, 60, first_seq=150, abort_every=3, malformed_every=7,
+                          transactional_id=f"more-{spec.name}")
+    run_once(spark, spec, kafka_settings, "run-2")
+    truth.committed += more.committed
+    truth.aborted += more.aborted
+    truth.malformed += more.malformed
+    assert_exactly_once(spec, kafka_settings, truth)
+
+
+@pytest.mark.parametrize("at", ["after_iceberg_commit", pytest.param("before_iceberg_commit", marks=pytest.mark.chaos)])
+def test_a_spark_job_sigkilled_at_the_catalog_commit_then_retried_is_exactly_once(
+        spark, kafka_settings, iceberg_spec, tmp_path, at):
+    """The Spark task as Airflow runs it (spark-submit), SIGKILLed at the point, then its retry."""
+    from test_faults import spark_submit, write_spec_file
+
+    spec = iceberg_spec()
+    truth = produce_orders(kafka_settings, spec.source.topics[0], 200, abort_every=4, malformed_every=9)
+    plan = prepare_plan(spec, kafka_settings, "run-1")
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(plan.to_json())
+    killed = spark_submit(write_spec_file(spec, tmp_path / "spec.yaml"), plan_file, kafka_settings, at)
+    assert killed.returncode != 0, killed.stdout[-2000:]
+    committed = snapshot_offsets(spec) if table_rows(spec) else {}
+    assert bool(committed) == (at == "after_iceberg_commit")
+    # Killed after the catalog commit: the table holds the run, the mirror and the record do not yet.
+    mirror = kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [r.tp for r in plan.active])
+    assert all(mirror[r.tp] is None for r in plan.active)
+
+    again = prepare_plan(spec, kafka_settings, "run-1")
+    assert again.ranges == plan.ranges
+    retried = run_batch(spark, spec, again, kafka_settings)
+    assert retried.status == ("noop" if at == "after_iceberg_commit" else "committed")
+    verify(spec, kafka_settings, again)
+    assert_exactly_once(spec, kafka_settings, truth)
+
+
+def test_a_compaction_between_two_runs_keeps_the_offsets_and_a_stale_plan_is_refused(
+        spark, kafka_settings, iceberg_spec):
+    from pyiceberg.expressions import AlwaysTrue
+
+    spec = iceberg_spec()
+    topic = spec.source.topics[0]
+    truth = produce_orders(kafka_settings, topic, 120, abort_every=5, malformed_every=0)
+    stale = prepare_plan(spec, kafka_settings, "stale")
+    run_once(spark, spec, kafka_settings, "run-1")
+
+    # A maintenance rewrite of every data file (what compaction commits: an overwrite whose summary
+    # has none of kafka-eos's properties).
+    table = catalog(spec).load_table(("lake", spec.sink.table.split(".")[1]))
+    whole = table.scan().to_arrow()
+    table.overwrite(whole, overwrite_filter=AlwaysTrue())
+    assert f"kafka-eos.{spec.name}.offsets" not in catalog(spec).load_table(
+        ("lake", spec.sink.table.split(".")[1])).current_snapshot().summary.additional_properties
+
+    more = produce_orders(kafka_settings, topic, 80, first_seq=120, abort_every=3, malformed_every=0,
+                          transactional_id=f"more-{spec.name}")
+    run_once(spark, spec, kafka_settings, "run-2")  # its plan starts at the offsets before the rewrite
+    truth.committed += more.committed
+    truth.aborted += more.aborted
+    assert_exactly_once(spec, kafka_settings, truth)
+    # A plan made before run 1 expected the first offsets: refused, nothing written.
+    with pytest.raises(CheckpointConflict, match=r"Iceberg table .* is at \d+, the plan of run 'stale' expected"):
+        run_batch(spark, spec, stale, kafka_settings)
+    assert_exactly_once(spec, kafka_settings, truth)

@@ -389,3 +389,43 @@ def test_a_replay_from_the_trigger_form_writes_the_range_to_the_backfill_topic_o
     run_dag(pipelines_module, name, LOGICAL_DATE + timedelta(minutes=4), run_conf={**everything, "reprocess": True})
     out = read_committed(kafka_settings, topics["backfill"])
     assert sorted(dict(m.headers())["kafka-eos.generation"] for m in out) == [b"1"] * 6 + [b"2"] * 6
+
+
+def test_an_iceberg_pipelines_dag_run_commits_its_table_through_a_catalog_connection(
+        airflow_db, connections, kafka_settings, pipelines_module, lineage_events, unique, tmp_path, postgres_url,
+        monkeypatch):
+    """The Iceberg sink under Airflow: its SQL catalog's database comes from an Airflow connection
+    (``sink.conn_id``), which the tasks resolve and hand to spark-submit; the table holds each valid
+    order once, its dead letter in its own table, the snapshot's offsets at the end and mirrored; the
+    lineage and the asset name the table by its location."""
+    from pyiceberg.catalog.sql import SqlCatalog
+    from sqlalchemy.engine import make_url
+
+    name = f"ice-{unique}"
+    topics = {"orders": f"{name}.orders"}
+    kafka_admin.create_topics(kafka_settings, {topics["orders"]: 3})
+    url = make_url(postgres_url)
+    monkeypatch.setenv("AIRFLOW_CONN_ICEBERG_CATALOG", json.dumps({
+        "conn_type": "postgres", "host": url.host, "port": url.port, "login": url.username,
+        "password": url.password, "schema": url.database}))
+    path = write_spec("revenue_per_minute", name, topics, {})
+    raw = yaml.safe_load(path.read_text())
+    table = f"lake.{name.replace('-', '_')}"
+    raw["transform"] = "spark_apps.transforms.orders:as_rows"
+    raw["sink"] = {"kind": "iceberg", "table": table, "conn_id": "iceberg_catalog",
+                   "warehouse": (tmp_path / "warehouse").as_uri()}
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    produce_orders(kafka_settings, topics["orders"])
+
+    dag_run = run_dag(pipelines_module, name)
+
+    assert_checkpoint_at_end(kafka_settings, f"kafka-eos.{name}", topics["orders"])
+    catalog = SqlCatalog("kafka_eos", uri=postgres_url, warehouse=(tmp_path / "warehouse").as_uri())
+    rows = catalog.load_table(table).scan().to_arrow().to_pylist()
+    assert sorted(r["order_id"] for r in rows) == sorted(o["order_id"] for o in VALID_ORDERS)
+    dead = catalog.load_table(f"{table}_dead_letters").scan().to_arrow().to_pylist()
+    assert [(d["key"], d["value"], d["reason"]) for d in dead] == [(b"bad-1", MALFORMED, "malformed JSON")]
+    location = catalog.load_table(table).location().rstrip("/")
+    lineage = verified_lineage(lineage_events, dag_run)
+    assert lineage["outputs"][0] == ("file", location[len("file://"):], len(VALID_ORDERS))
+    assert [e["uri"] for e in asset_events(dag_run)] == [location]

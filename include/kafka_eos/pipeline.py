@@ -206,6 +206,8 @@ def _refresh_skipped(spec: PipelineSpec, holder: str) -> Refreshed:
 
 def _refresh(spec: PipelineSpec, settings: KafkaSettings, every: bool, next_in_s: float | None) -> Refreshed:
     """:func:`refresh_checkpoints`' commit, once no stream can start beside it."""
+    with sink_of(spec, settings) as sink:
+        sink.keep_checkpoints()
     tps = source_partitions(spec, settings)
     cks, drift, times = _checkpoints_and_times(spec, settings, tps)
     if drift:

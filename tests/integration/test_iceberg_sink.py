@@ -17,10 +17,11 @@ import yaml
 from kafka_eos import kafka_admin, probes
 from kafka_eos.batch import run_batch
 from kafka_eos.cli import main
-from kafka_eos.errors import CheckpointConflict
+from kafka_eos.errors import CheckpointConflict, SpecError
 from kafka_eos.pipeline import prepare_plan, verify
 from kafka_eos.sample_data import produce_orders
 from kafka_eos.spec import spec_document
+from test_exactly_once import capped, run_once
 
 pytestmark = pytest.mark.integration
 
@@ -36,17 +37,6 @@ def iceberg_spec(make_spec, tmp_path, unique):
                          **sink)
 
     return build
-
-
-def run_once(spark, spec, settings, run_id):
-    plan = prepare_plan(spec, settings, run_id)
-    summary = run_batch(spark, spec, plan, settings)
-    verify(spec, settings, plan)
-    return plan, summary
-
-
-def capped(spec, n):
-    return dataclasses.replace(spec, source=dataclasses.replace(spec.source, max_records_per_partition=n))
 
 
 def catalog(spec):
@@ -221,3 +211,68 @@ def test_a_compaction_between_two_runs_keeps_the_offsets_and_a_stale_plan_is_ref
     with pytest.raises(CheckpointConflict, match=r"Iceberg table .* is at \d+, the plan of run 'stale' expected"):
         run_batch(spark, spec, stale, kafka_settings)
     assert_exactly_once(spec, kafka_settings, truth)
+
+
+def compact_and_expire(spec, refresh_between: bool, settings) -> None:
+    """A rewrite of every data file (what compaction commits: a snapshot with none of kafka-eos's
+    summary properties), then every snapshot before the newest expired."""
+    from pyiceberg.expressions import AlwaysTrue
+
+    from kafka_eos.pipeline import refresh_checkpoints
+    from kafka_eos.sinks.iceberg_store import identifier
+
+    table = catalog(spec).load_table(identifier(spec.sink.table))
+    table.overwrite(table.scan().to_arrow(), overwrite_filter=AlwaysTrue())
+    if refresh_between:
+        refresh_checkpoints(spec, settings)  # the watchdog's: no checkpoint is due
+    table = catalog(spec).load_table(identifier(spec.sink.table))
+    older = [s.snapshot_id for s in table.snapshots() if s.snapshot_id != table.current_snapshot().snapshot_id]
+    table.maintenance.expire_snapshots().by_ids(older).commit()
+
+
+def test_offsets_outlive_a_compaction_and_the_expiry_of_older_snapshots_once_a_refresh_carried_them(
+        spark, kafka_settings, iceberg_spec):
+    """A compaction's snapshot holds no kafka-eos offsets: expiring every snapshot before it would
+    leave the table without them. The pipeline's refresh (the watchdog's) carries them into a
+    snapshot of no files first."""
+    spec = iceberg_spec()
+    topic = spec.source.topics[0]
+    truth = produce_orders(kafka_settings, topic, 90, abort_every=4, malformed_every=0)
+    run_once(spark, spec, kafka_settings, "run-1")
+    compact_and_expire(spec, True, kafka_settings)
+    more = produce_orders(kafka_settings, topic, 40, first_seq=90, abort_every=3, malformed_every=0,
+                          transactional_id=f"more-{spec.name}")
+    run_once(spark, spec, kafka_settings, "run-2")
+    truth.committed += more.committed
+    truth.aborted += more.aborted
+    assert_exactly_once(spec, kafka_settings, truth)
+
+
+def test_offsets_expired_from_the_table_stop_the_pipeline_instead_of_starting_it_over(
+        spark, kafka_settings, iceberg_spec):
+    from kafka_eos.errors import CheckpointLost
+
+    spec = iceberg_spec()
+    produce_orders(kafka_settings, spec.source.topics[0], 60, abort_every=4, malformed_every=0)
+    run_once(spark, spec, kafka_settings, "run-1")
+    compact_and_expire(spec, False, kafka_settings)
+    with pytest.raises(CheckpointLost, match=r"its offsets are gone from the table"):
+        prepare_plan(spec, kafka_settings, "run-2")
+
+
+def test_an_output_with_a_column_the_table_lacks_fails_the_run_naming_it_and_commits_nothing(
+        spark, kafka_settings, iceberg_spec, transforms_from):
+    spec = iceberg_spec()
+    produce_orders(kafka_settings, spec.source.topics[0], 30, abort_every=0, malformed_every=0)
+    run_once(spark, capped(spec, 3), kafka_settings, "run-1")
+    before = snapshot_offsets(spec)
+    module = transforms_from("wider_orders", "from pyspark.sql import functions as F\n"
+                             "from spark_apps.transforms.orders import as_rows\n\n"
+                             "def wider(df):\n"
+                             "    results, dead = as_rows(df)\n"
+                             "    return results.withColumn('note', F.lit('new')), dead\n")
+    wider = dataclasses.replace(spec, transform=f"{module}:wider")
+    with pytest.raises(SpecError, match=rf"^Iceberg table {spec.sink.table}: the transform's output does not fit its "
+                                        r"schema .*note.*; evolve the table's schema first"):
+        run_once(spark, wider, kafka_settings, "run-2")
+    assert snapshot_offsets(spec) == before

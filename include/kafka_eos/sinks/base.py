@@ -17,8 +17,10 @@ that does. The model is quix-streams' single commit point over polymorphic sinks
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Iterator, NamedTuple
 
 from kafka_eos.kafka_admin import TP
 from kafka_eos.plan import Plan
@@ -129,6 +131,10 @@ class Sink(ABC):
     def repair(self, drift: list[Drift]) -> None:
         """Republish the sink's own checkpoints to the group (nothing for a Kafka sink)."""
 
+    def keep_checkpoints(self) -> None:
+        """At each refresh, due or not (the watchdog's, ``kafka-eos checkpoint --refresh``): what
+        keeps the sink's own checkpoints where maintenance could lose them (nothing for most)."""
+
     def verify(self, plan: Plan) -> None:
         """After a run: what the scope can check beyond the checkpoints (see :func:`kafka_eos.pipeline.verify`)."""
 
@@ -146,3 +152,127 @@ class Sink(ABC):
 
     def __exit__(self, *_exc) -> None:
         self.close()
+
+
+class MirroredSink(Sink):
+    """A sink that keeps its own checkpoints (a database's offsets table, a table's snapshot
+    summary) and mirrors them to the Kafka group offsets: the sink is the truth, the mirror may lag
+    behind it (a crash between the sink's commit and the mirror) but never lead."""
+
+    #: It reads its source more than once anyway (persisted): two passes from the start.
+    decodes_in_one_pass = False
+    #: The type of :attr:`store`: built from the spec and the sink's database URL.
+    store_type: type
+
+    def __init__(self, spec: PipelineSpec, settings: KafkaSettings, keep: bool = False) -> None:
+        super().__init__(spec, settings, keep)
+        self._store = None
+
+    @property
+    def store(self):
+        """The sink's own store (its database, built at first use: the URL the settings carry, the
+        connection ``sink.conn_id``, else ``sink.url``)."""
+        if self._store is None:
+            from kafka_eos.sinks.sql_store import database_url
+
+            self._store = self.store_type(self.spec, database_url(self.spec, self.settings))
+        return self._store
+
+    #: The sink in words, for its errors (``SQL sink 'orders'``).
+    @property
+    @abstractmethod
+    def place(self) -> str: ...
+
+    @abstractmethod
+    def own_checkpoints(self, tps: list[TP]) -> dict[TP, int | None]:
+        """The sink's own checkpoints of ``tps``."""
+
+    @abstractmethod
+    def publish(self, tps: list[TP], planned_ms: int | None = None) -> dict:
+        """The sink's checkpoints of ``tps``, as they are now, to the group; returns what was published."""
+
+    @abstractmethod
+    def move(self, plan: Plan) -> None:
+        """:meth:`reset`'s own step: the sink's checkpoints of ``plan``'s active ranges moved, no rows."""
+
+    @contextmanager
+    def counted(self, source: "DataFrame | None") -> Iterator[int]:
+        """The source's record count, the source persisted meanwhile: the results, the dead letters
+        and the count each read it (an aggregating transform's output says nothing of its input
+        size), and Kafka is read once."""
+        if source is None:
+            yield 0
+            return
+        source.persist()
+        try:
+            yield source.count()
+        finally:
+            source.unpersist()
+
+    def finish(self, plan: Plan, record: dict, outcome: Outcome) -> Outcome:
+        """After the sink's commit: the mirror (standard lag tools see progress; the planner repairs
+        it if this is lost), then a committed run's manifest record."""
+        from kafka_eos.manifest import COMMITTED, ManifestStore, now_iso, run_key
+
+        self.publish([r.tp for r in plan.active], plan.planned_ms)
+        if outcome.status == COMMITTED:
+            ManifestStore.of(self.spec, self.settings).put(
+                run_key(self.spec.name, plan.run_id),
+                {**record, "status": COMMITTED, "records_in": outcome.records_in, "records_out": outcome.records_out,
+                 "dead_letters": outcome.dead_letters, "committed_at": now_iso(),
+                 "finished_at": datetime.now(timezone.utc).isoformat()})
+        return outcome
+
+    def checkpoints(self, tps: list[TP], group: dict[TP, int | None]) -> tuple[dict[TP, int | None], list[Drift]]:
+        """:raises CheckpointConflict: the Kafka mirror is ahead of the sink."""
+        from kafka_eos.errors import CheckpointConflict
+
+        sink = self.own_checkpoints(tps)
+        drift = []
+        for tp in tps:
+            s, k = sink.get(tp), group.get(tp)
+            if s == k:
+                continue
+            if k is not None and (s is None or k > s):
+                raise CheckpointConflict(
+                    f"{tp[0]}-{tp[1]}: group {self.spec.source.group_id!r} is at {k} but the {self.place} is at "
+                    f"{s}: the Kafka checkpoint is ahead of the sink; reset the group to the sink's offsets")
+            drift.append(Drift(tp[0], tp[1], s, k))
+        return sink, drift
+
+    def repair(self, drift: list[Drift]) -> None:
+        """Republish the sink's checkpoints to the group, as they are now, not as the drift was read."""
+        self.publish([(d.topic, d.partition) for d in drift if d.sink is not None])
+
+    def refresh(self, plan: Plan) -> None:
+        """The sink's checkpoints as they are now to the group."""
+        self.publish([r.tp for r in plan.ranges], plan.planned_ms)
+
+    def reset(self, plan: Plan) -> None:
+        """The sink's checkpoints moved (:meth:`move`). A Kafka mirror behind the sink is repaired by
+        the next plan; one ahead of it stops the pipeline: so the mirror goes back before the sink
+        does, and forward after it."""
+        from kafka_eos.kafka_admin import alter_group_offsets
+
+        moving = plan.active
+        if not moving:
+            return
+        back = {r.tp: r.until for r in moving if r.expected is not None and r.until < r.expected}
+        if back:
+            alter_group_offsets(self.settings, self.spec.source.group_id, back)
+        self.move(plan)
+        alter_group_offsets(self.settings, self.spec.source.group_id, {r.tp: r.until for r in moving})
+
+
+def results_apart(output: Output) -> Output:
+    """``output`` with a results frame's dead letters (rows with a ``dlq_reason``) apart, where the
+    transform did not give them apart itself."""
+    from pyspark.sql import functions as F
+
+    from kafka_eos.transforms import DLQ_REASON
+
+    results, dead_letters = output.results, output.dead_letters
+    if results is not None and dead_letters is None and DLQ_REASON in results.columns:
+        dead_letters = results.where(F.col(DLQ_REASON).isNotNull())
+        results = results.where(F.col(DLQ_REASON).isNull()).drop(DLQ_REASON)
+    return output._replace(results=results, dead_letters=dead_letters)

@@ -19,7 +19,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Iterable, Iterator
 
-from kafka_eos.errors import CheckpointConflict, SpecError
+from kafka_eos.errors import CheckpointConflict, CheckpointLost, SpecError
 from kafka_eos.kafka_admin import TP
 from kafka_eos.paths import local_dir
 from kafka_eos.plan import Plan
@@ -35,10 +35,15 @@ log = logging.getLogger(__name__)
 #: The summary properties of a kafka-eos snapshot (``{pipeline}``: the pipeline's name).
 OFFSETS_KEY = "kafka-eos.{pipeline}.offsets"
 RUN_KEY = "kafka-eos.{pipeline}.run"
+#: A table property set by a pipeline's first commit (its run id): the pipeline has committed to
+#: this table, so offsets missing from an expired ancestry are lost, not never written.
+MARKER_KEY = "kafka-eos.{pipeline}.first-run"
 _OFFSETS_PREFIX, _OFFSETS_SUFFIX = "kafka-eos.", ".offsets"
 #: Arrow bytes gathered before they are written as data files: the driver holds at most this much
 #: of a run's results (PyIceberg then splits them by ``write.target-file-size-bytes``).
 CHUNK_BYTES = 128 << 20
+#: How often a run's commit is checked and tried again after other commits moved the table.
+COMMIT_ATTEMPTS = 5
 #: The dead-letter table's columns.
 DEAD_LETTER_COLUMNS = ("pipeline", "topic", "partition", "offset", "key", "value", "reason", "run_id")
 
@@ -93,7 +98,7 @@ class IcebergStore:
 
         ident = identifier(name)
         self.catalog.create_namespace_if_not_exists(ident[0])
-        optional = pa.schema([f.with_nullable(True) for f in schema])
+        optional = pa.schema([_optional(f) for f in schema])
         return self.catalog.create_table_if_not_exists(ident, schema=optional)
 
     def results_table(self, spark_schema) -> "Table":
@@ -131,10 +136,22 @@ class IcebergStore:
 
     def offsets(self, table: "Table | None", pipeline: str | None = None) -> dict[TP, int]:
         """A pipeline's checkpoints in ``table`` (this one's by default): the newest snapshot of
-        ``main`` that has them, looking through snapshots that do not (a compaction's)."""
+        ``main`` that has them, looking through snapshots that do not (a compaction's).
+
+        :raises CheckpointLost: the ancestry ends at an expired snapshot before one that has them
+            (kafka-eos cannot tell "never committed" from "expired": the pipeline must not start over).
+        """
         key = OFFSETS_KEY.format(pipeline=pipeline or self.spec.name)
         for summary in _ancestry(table):
-            raw = summary.get(key)
+            if summary is _EXPIRED:
+                if MARKER_KEY.format(pipeline=pipeline or self.spec.name) not in table.properties:
+                    return {}  # it never committed here (a table it adopts, with expired history)
+                raise CheckpointLost(
+                    f"Iceberg table {'.'.join(table.name())}: the snapshots since pipeline "
+                    f"{pipeline or self.spec.name!r}'s last commit were compacted and its snapshot was expired: "
+                    "its offsets are gone from the table; reset it explicitly (`kafka-eos reset`) from the group's "
+                    "mirror or a known offset")
+            raw = summary.additional_properties.get(key)
             if raw is not None:
                 return _parse_offsets(raw, key)
         return {}
@@ -144,6 +161,8 @@ class IcebergStore:
         what a new snapshot carries forward."""
         found: dict[str, str] = {}
         for summary in _ancestry(table):
+            if summary is _EXPIRED:
+                break
             for key, value in summary.additional_properties.items():
                 if key.startswith(_OFFSETS_PREFIX) and key.endswith(_OFFSETS_SUFFIX) and key not in found:
                     found[key] = value
@@ -181,6 +200,7 @@ class IcebergStore:
         from pyiceberg.io.pyarrow import _dataframe_to_data_files, schema_to_pyarrow
 
         target = schema_to_pyarrow(table.schema(), include_field_ids=False)
+        checked = False
         files: list = []
         rows = 0
         chunk: list = []
@@ -196,7 +216,11 @@ class IcebergStore:
         for batch in batches:
             if not batch.num_rows:
                 continue
-            chunk.append(_utc(batch))
+            batch = _utc(batch)
+            if not checked:
+                self._check_schema(table, batch.schema)
+                checked = True
+            chunk.append(batch)
             size += batch.nbytes
             rows += batch.num_rows
             if size >= CHUNK_BYTES:
@@ -204,33 +228,119 @@ class IcebergStore:
         flush()
         return files, rows
 
-    def commit_files(self, table: "Table", plan: Plan, files: list["DataFile"], place: str) -> bool:
-        """One snapshot of ``table``'s ``main`` adding ``files``, its summary holding the plan's
-        offsets (and every other pipeline's, carried forward) and the run: committed only if
-        ``main`` is still the snapshot whose offsets :meth:`check` read (the catalog's
-        compare-and-set); PyIceberg's own retry onto a newer snapshot is off.
+    def _check_schema(self, table: "Table", schema: "pa.Schema") -> None:
+        """:raises SpecError: ``schema`` has a field ``table`` lacks (top level or nested) or a type
+        it cannot take without loss (Iceberg's promotion rules), naming the table: never a column
+        dropped or narrowed in silence. (Evolve the table's schema first: the catalog's tools.)"""
+        from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible
+
+        try:
+            _check_pyarrow_schema_compatible(table.schema(), provided_schema=schema,
+                                             format_version=table.metadata.format_version)
+        except ValueError as exc:
+            first = str(exc).strip().splitlines()[0]
+            raise SpecError(f"Iceberg table {'.'.join(table.name())}: the transform's output does not fit its schema "
+                            f"({first}); evolve the table's schema first") from None
+
+    def commit_files(self, table: "Table", plan: Plan, files: list["DataFile"]) -> bool:
+        """One snapshot of the results table's ``main`` adding ``files``, its summary holding the
+        plan's offsets (and every other pipeline's, carried forward) and the run: committed only if
+        ``main`` is still the snapshot whose offsets were checked (the catalog's compare-and-set;
+        PyIceberg's own retry, which rebases onto a newer snapshot past the check, is off). Another
+        commit meanwhile (a compaction, another pipeline) that left this pipeline's checkpoint where
+        it was: checked again on the new snapshot and tried again, :data:`COMMIT_ATTEMPTS` times.
 
         :returns: False when a concurrent attempt committed the plan first (a no-op).
-        :raises CheckpointConflict: another commit moved the checkpoint elsewhere.
+        :raises CheckpointConflict: another commit moved this pipeline's checkpoint.
         """
         from pyiceberg.exceptions import CommitFailedException
 
-        offsets = self.offsets(table)
-        offsets.update({r.tp: r.until for r in plan.active})
-        properties = {**self.carried(table), self.offsets_key: _format_offsets(offsets), self.run_key: plan.run_id}
-        tx = _without_retries(table).transaction()
-        with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
-            for data_file in files:
-                append.append_data_file(data_file)
+        for attempt in range(COMMIT_ATTEMPTS):
+            offsets = self.offsets(table)
+            offsets.update({r.tp: r.until for r in plan.active})
+            properties = {**self.carried(table), self.offsets_key: _format_offsets(offsets),
+                          self.run_key: plan.run_id}
+            marker = MARKER_KEY.format(pipeline=self.spec.name)
+            try:
+                _append(table, files, properties,
+                        {} if marker in table.properties else {marker: plan.run_id})
+                return True
+            except CommitFailedException:
+                table = self.catalog.load_table(table.name())
+                if not self.check(table, plan, "table"):
+                    return False  # a concurrent attempt of the same plan committed it
+                log.info("Iceberg table %s moved while run %s committed (attempt %d): checked again",
+                         self.spec.sink.table, plan.run_id, attempt + 1)
+        raise CheckpointConflict(f"Iceberg table {self.spec.sink.table!r}: moved by other commits "
+                                 f"{COMMIT_ATTEMPTS} times while run {plan.run_id!r} committed; nothing of it was "
+                                 "committed")
+
+    def new_dead_letters(self, table: "Table", plan: Plan, rows: Iterable[dict]) -> Iterator[dict]:
+        """The dead-letter rows of ``plan`` that ``table`` does not hold yet (this pipeline's, by
+        topic, partition and offset): an earlier attempt of the same range (a crash between its
+        dead letters' snapshot and the table's, a replay after a reset) wrote the others."""
+        from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan, Or
+
+        ranges = [r for r in plan.active if not r.empty]
+        held: set[tuple[str, int, int]] = set()
+        if ranges and table.current_snapshot() is not None:
+            per_range = [And(EqualTo("topic", r.topic), EqualTo("partition", r.partition),
+                             GreaterThanOrEqual("offset", r.from_offset), LessThan("offset", r.until))
+                         for r in ranges]
+            where = And(EqualTo("pipeline", self.spec.name), per_range[0] if len(per_range) == 1 else Or(*per_range))
+            found = table.scan(row_filter=where, selected_fields=("topic", "partition", "offset")).to_arrow()
+            held = {(t, p, o) for t, p, o in zip(*(found.column(c).to_pylist() for c in ("topic", "partition", "offset")))}
+        return (row for row in rows if (row["topic"], row["partition"], row["offset"]) not in held)
+
+    def commit_dead_letters(self, table: "Table", plan: Plan, files: list["DataFile"]) -> None:
+        """The dead letters' snapshot, committed only if the dead-letter table is still the one
+        :meth:`new_dead_letters` read (else the run fails: its retry reads it again).
+
+        :raises CheckpointConflict: the dead-letter table moved meanwhile.
+        """
+        from pyiceberg.exceptions import CommitFailedException
+
         try:
-            tx.commit_transaction()
+            _append(table, files, {self.run_key: plan.run_id})
         except CommitFailedException:
-            now = self.offsets(self.catalog.load_table(table.name()))
-            if all(now.get(r.tp) == r.until for r in plan.active):
-                return False  # a concurrent attempt of the same plan committed it
-            raise CheckpointConflict(f"Iceberg {place} {'.'.join(table.name())}: another commit moved it while run "
-                                     f"{plan.run_id!r} committed; nothing of the run was committed there") from None
+            raise CheckpointConflict(f"Iceberg dead-letter table {self.spec.sink.dead_letters_table!r}: moved while run "
+                                     f"{plan.run_id!r} wrote its dead letters; nothing of the run was committed") \
+                from None
+
+    def carry(self, table: "Table") -> bool:
+        """Where the newest snapshot of ``table`` does not hold this pipeline's offsets (a compaction
+        committed after it), a snapshot of no files that holds them again, so that expiring the older
+        snapshots keeps them. Returns whether it committed one (a concurrent commit: not now)."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        current = table.current_snapshot()
+        if current is None or current.summary is None or self.offsets_key in current.summary.additional_properties:
+            return False
+        offsets = self.offsets(table)
+        if not offsets:
+            return False
+        try:
+            _append(table, [], {**self.carried(table), self.offsets_key: _format_offsets(offsets)})
+        except CommitFailedException:
+            return False
         return True
+
+
+def _append(table: "Table", files: list["DataFile"], properties: dict[str, str],
+            table_properties: dict[str, str] | None = None) -> None:
+    """One fast-append snapshot of ``files`` with ``properties`` in its summary (and
+    ``table_properties`` set on the table in the same commit), committed only onto the snapshot
+    ``table`` was loaded at.
+
+    :raises CommitFailedException: ``main`` moved meanwhile.
+    """
+    tx = _without_retries(table).transaction()
+    if table_properties:
+        tx.set_properties(table_properties)
+    with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
+        for data_file in files:
+            append.append_data_file(data_file)
+    tx.commit_transaction()
 
 
 def _without_retries(table: "Table") -> "Table":
@@ -243,8 +353,15 @@ def _without_retries(table: "Table") -> "Table":
     return Table(table.name(), metadata, table.metadata_location, table.io, table.catalog)
 
 
+#: What :func:`_ancestry` yields where a parent snapshot has been expired.
+_EXPIRED = object()
+
+
 def _ancestry(table: "Table | None") -> Iterator:
-    """The summaries of ``table``'s ``main`` branch, newest first."""
+    """The summaries of ``table``'s ``main`` branch, newest first; :data:`_EXPIRED` last where the
+    ancestry ends at a parent that has been expired: a parent that is gone, or a snapshot without
+    one that is not the table's first (its sequence number above 1: expiry clears the survivor's
+    parent; a format-1 table has no sequence numbers, and its truncated ancestry cannot be told)."""
     if table is None:
         return
     snapshot = table.current_snapshot()
@@ -252,8 +369,30 @@ def _ancestry(table: "Table | None") -> Iterator:
         if snapshot.summary is not None:
             yield snapshot.summary
         if snapshot.parent_snapshot_id is None:
+            if (snapshot.sequence_number or 0) > 1:
+                yield _EXPIRED
             return
-        snapshot = table.metadata.snapshot_by_id(snapshot.parent_snapshot_id)
+        parent = table.metadata.snapshot_by_id(snapshot.parent_snapshot_id)
+        if parent is None:
+            yield _EXPIRED
+            return
+        snapshot = parent
+
+
+def _optional(field: "pa.Field") -> "pa.Field":
+    """``field`` and every field nested in it nullable."""
+    import pyarrow as pa
+
+    t = field.type
+    if pa.types.is_struct(t):
+        t = pa.struct([_optional(t.field(i)) for i in range(t.num_fields)])
+    elif pa.types.is_list(t):
+        t = pa.list_(_optional(t.value_field))
+    elif pa.types.is_large_list(t):
+        t = pa.large_list(_optional(t.value_field))
+    elif pa.types.is_map(t):
+        t = pa.map_(t.key_field, _optional(t.item_field))
+    return field.with_type(t).with_nullable(True)
 
 
 def _format_offsets(offsets: dict[TP, int]) -> str:

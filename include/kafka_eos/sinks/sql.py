@@ -13,26 +13,22 @@ pipeline's :class:`~kafka_eos.sinks.sql_store.SqlStore` (docs/architecture.md, "
    attempt committed, a no-op), the dead letters, the results (rows the database refuses become
    dead letters too).
 5. The checkpoints mirrored to the Kafka group offsets (the planner repairs a mirror left behind:
-   :meth:`SqlSink.checkpoints`, :meth:`SqlSink.repair`), then the run's manifest record.
+   :meth:`MirroredSink.checkpoints`, :meth:`MirroredSink.repair`), then the run's manifest record.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-from kafka_eos.errors import CheckpointConflict
 from kafka_eos.probes import point
 from kafka_eos.formats import dead_letter_bytes
-from kafka_eos.kafka_admin import TP, alter_group_offsets
-from kafka_eos.manifest import COMMITTED, ManifestStore, now_iso, run_key
+from kafka_eos.kafka_admin import TP
 from kafka_eos.plan import Plan
-from kafka_eos.settings import KafkaSettings
-from kafka_eos.sinks.base import Drift, Outcome, Output, Sink
+from kafka_eos.sinks.base import MirroredSink, Outcome, Output, results_apart
 from kafka_eos.sinks.batches import fetched
-from kafka_eos.sinks.sql_store import ArrowSpool, SqlStore, Spool, as_bytes, database_url
+from kafka_eos.sinks.sql_store import ArrowSpool, SqlStore, Spool, as_bytes
 from kafka_eos.spec import PipelineSpec
 from kafka_eos.transforms import DLQ_REASON
 
@@ -42,22 +38,11 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 
-class SqlSink(Sink):
+class SqlSink(MirroredSink):
     """A SQL sink (the module's steps)."""
 
-    #: It reads its source more than once anyway (persisted): two passes from the start.
-    decodes_in_one_pass = False
-
-    def __init__(self, spec: PipelineSpec, settings: KafkaSettings, keep: bool = False) -> None:
-        super().__init__(spec, settings, keep)
-        self._store: SqlStore | None = None
-
-    @property
-    def store(self) -> SqlStore:
-        """The pipeline's tables (an engine, built at first use)."""
-        if self._store is None:
-            self._store = SqlStore(self.spec, database_url(self.spec, self.settings))
-        return self._store
+    store_type = SqlStore
+    store: SqlStore
 
     def _start(self) -> None:
         """1. The offsets and dead-letter tables (and a SQLite file's folder)."""
@@ -68,40 +53,22 @@ class SqlSink(Sink):
         # pyspark: not at the top, where every process that plans (a DAG processor too) would load it.
         from pyspark.sql import functions as F
 
-        results, dead_letters = output.results, output.dead_letters
-        if results is not None and dead_letters is None and DLQ_REASON in results.columns:
-            dead_letters = results.where(F.col(DLQ_REASON).isNotNull())
-            results = results.where(F.col(DLQ_REASON).isNull()).drop(DLQ_REASON)
+        output = results_apart(output)
+        results = output.results
         if results is not None:
             for name, value in self.spec.sink.columns:  # a side run's range and generation
                 results = results.withColumn(name, F.lit(value))
-        return output._replace(results=results, dead_letters=dead_letters)
+        return output._replace(results=results)
 
     def commit(self, plan: Plan, output: Output, record: dict) -> Outcome:
         """Steps 3–5."""
-        source = output.source
-        # An aggregating transform's output says nothing of its input size: count the source.
-        # Results, dead letters and the count each read it: persist it so Kafka is read once.
-        if source is not None:
-            source.persist()
-        try:
-            counting = time.monotonic()
-            records_in = source.count() if source is not None else 0
+        counting = time.monotonic()
+        with self.counted(output.source) as records_in:
             log.info("SQL sink %s: source read and counted in %.2f s", self.spec.sink.table, time.monotonic() - counting)
             status, out, dead = self._commit(plan, output)
-        finally:
-            if source is not None:
-                source.unpersist()
         point("after_sql_commit")
-        # 5. The mirror: standard lag tools see progress; the planner repairs it if this is lost.
-        self.store.publish_checkpoints(self.settings, [r.tp for r in plan.active], plan.planned_ms)
-        if status == COMMITTED:
-            ManifestStore.of(self.spec, self.settings).put(
-                run_key(self.spec.name, plan.run_id),
-                {**record, "status": COMMITTED, "records_in": records_in, "records_out": out,
-                 "dead_letters": dead, "committed_at": now_iso(),
-                 "finished_at": datetime.now(timezone.utc).isoformat()})
-        return Outcome(status, records_in, out, dead)
+        # 5. The mirror, then the run's manifest record.
+        return self.finish(plan, record, Outcome(status, records_in, out, dead))
 
     def _commit(self, plan: Plan, output: Output) -> tuple[str, int, int]:
         """Steps 3 (the spools) and 4 (the database transaction)."""
@@ -122,48 +89,22 @@ class SqlSink(Sink):
                 result_spool.close()
         return status, out, dead
 
-    def checkpoints(self, tps: list[TP], group: dict[TP, int | None]) -> tuple[dict[TP, int | None], list[Drift]]:
-        """The sink's offsets table is the truth; its Kafka mirror (``group``) may lag behind (a
-        crash between the database commit and the mirror) but never lead.
+    @property
+    def place(self) -> str:
+        return f"SQL sink {self.spec.sink.table!r}"
 
-        :raises CheckpointConflict: the Kafka mirror is ahead of the sink.
-        """
-        sink = self.store.checkpoints(tps)
-        drift = []
-        for tp in tps:
-            s, k = sink.get(tp), group.get(tp)
-            if s == k:
-                continue
-            if k is not None and (s is None or k > s):
-                raise CheckpointConflict(
-                    f"{tp[0]}-{tp[1]}: group {self.spec.source.group_id!r} is at {k} but the SQL sink "
-                    f"{self.spec.sink.table!r} is at {s}: the Kafka checkpoint is ahead of the sink; "
-                    "reset the group to the sink's offsets")
-            drift.append(Drift(tp[0], tp[1], s, k))
-        return sink, drift
+    def own_checkpoints(self, tps: list[TP]) -> dict[TP, int | None]:
+        """The sink's offsets table: the truth."""
+        return self.store.checkpoints(tps)
 
-    def repair(self, drift: list[Drift]) -> None:
-        """Republish the sink's checkpoints to the group, as they are now, not as the drift was
-        read (see :meth:`SqlStore.publish_checkpoints`)."""
-        self.store.publish_checkpoints(self.settings, [(d.topic, d.partition) for d in drift if d.sink is not None])
+    def publish(self, tps: list[TP], planned_ms: int | None = None) -> dict:
+        """Read and published while the offsets rows are locked (see :meth:`SqlStore.publish_checkpoints`)."""
+        return self.store.publish_checkpoints(self.settings, tps, planned_ms)
 
-    def refresh(self, plan: Plan) -> None:
-        """The sink's checkpoints as they are now, a run's commit held off meanwhile, to the group."""
-        self.store.publish_checkpoints(self.settings, [r.tp for r in plan.ranges], plan.planned_ms)
-
-    def reset(self, plan: Plan) -> None:
-        """The offsets rows moved in a database transaction of no rows. A Kafka mirror behind the
-        sink is repaired by the next plan; one ahead of it stops the pipeline. So the mirror goes
-        back before the sink does, and forward after it."""
-        moving = plan.active
-        if not moving:
-            return
-        back = {r.tp: r.until for r in moving if r.expected is not None and r.until < r.expected}
-        if back:
-            alter_group_offsets(self.settings, self.spec.source.group_id, back)
+    def move(self, plan: Plan) -> None:
+        """The offsets rows moved in a database transaction of no rows."""
         self.store.create_tables()
         self.store.commit(plan, None, None, iter(()))
-        alter_group_offsets(self.settings, self.spec.source.group_id, {r.tp: r.until for r in moving})
 
     def close(self) -> None:
         if self._store is not None:

@@ -76,6 +76,9 @@ class SinkSpec:
     #: iceberg: where the catalog puts new tables' files (a folder or an object store URI); None:
     #: kafka-eos's local folder (``.local/iceberg/warehouse``) for the embedded catalog (``url: local``).
     warehouse: str | None = None
+    #: iceberg: a new table's partition fields, Spark SQL's words (``days(ts)``, ``bucket(16, id)``,
+    #: ``truncate(4, name)``, ``hours``/``months``/``years``, a bare column: identity).
+    partition_by: tuple[str, ...] = ()
     #: iceberg: the catalog's name, as the other engines that share the catalog's database name it
     #: (Spark's ``spark.sql.catalog.<name>``, Trino's): a SQL catalog's rows are per name.
     catalog: str = "kafka_eos"
@@ -201,7 +204,7 @@ SINK_KINDS: dict[str, SinkKind] = {
     "iceberg": SinkKind("table", "dead_letters_table", "backfill_table", transactional=False, promoted_by_sql=False,
                         described="Iceberg table `{table}` (dead letters: table `{dead_letters_table}`)",
                         checks=("database",), fields=("merge",),
-                        optional_fields=(("warehouse", None), ("catalog", "kafka_eos")),
+                        optional_fields=(("warehouse", None), ("catalog", "kafka_eos"), ("partition_by", ())),
                         local_database="iceberg/catalog.db",
                         no_side_runs="side runs into a branch of the table are not built yet"),
 }
@@ -258,8 +261,9 @@ def spec_document(spec: PipelineSpec) -> dict:
     if s.on_refused_record != "dead_letter":
         sink["on_refused_record"] = s.on_refused_record
     for key, default in s.about.optional_fields:
-        if getattr(s, key) != default:
-            sink[key] = getattr(s, key)
+        value = getattr(s, key)
+        if value != default:
+            sink[key] = list(value) if isinstance(value, tuple) else value
     src = spec.source
     doc = {"name": spec.name, "transform": spec.transform, "sink": sink, "manifest_topic": spec.manifest_topic,
            "source": {"topics": list(src.topics), "group_id": src.group_id,
@@ -506,7 +510,7 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
                                  "key_columns", "merge", "url", "conn_id", "transaction_timeout_s", "backfill_topic",
                                  "backfill_dlq_topic", "backfill_table", "on_refused_record", "format",
                                  "key_format", "subject_strategy", "schema", "key_schema", "auto_register",
-                                 "warehouse", "catalog"})
+                                 "warehouse", "catalog", "partition_by"})
     kind = _choice(snk, where, "kind", ("kafka", "sql", "iceberg"), "sink.", required=True)
     commit = _choice(snk, where, "commit", ("atomic", "per_partition"), "sink.")
     key_columns = snk.get("key_columns", [])
@@ -520,6 +524,7 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
         merge=_choice(snk, where, "merge", ("append",) if kind == "iceberg" else ("replace", "add"), "sink."),
         warehouse=_opt_str(snk, where, "warehouse", "sink."),
         catalog=_opt_str(snk, where, "catalog", "sink.") or "kafka_eos",
+        partition_by=_partition_by(snk, where),
         url=_expand_url(snk.get("url"), where, environ),
         conn_id=_opt_str(snk, where, "conn_id", "sink."),
         transaction_timeout_s=_positive_int(snk, where, "transaction_timeout_s", 300, "sink."),
@@ -534,6 +539,8 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
         key_schema=_schema_file(snk, where, "key_schema"),
         auto_register=_bool(snk, where, "auto_register", True, "sink."),
     )
+    if sink.partition_by and kind != "iceberg":
+        raise SpecError(f"{where}: sink.partition_by: only for an iceberg sink")
     if kind == "kafka":
         if not sink.topic:
             raise SpecError(f"{where}: sink.topic: required for a kafka sink")
@@ -605,6 +612,33 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
     return PipelineSpec(name=name, source=source, transform=transform, sink=sink,
                         schedule=schedule, manifest_topic=manifest, path=where,
                         spark_conf=_spark_conf(top.get("spark"), where))
+
+
+#: ``sink.partition_by``'s words: ``transform(column)``, ``transform(n, column)`` or a bare column.
+PARTITION_FIELD = re.compile(r"^\s*(?:(years|months|days|hours|identity)\(\s*(\w+)\s*\)"
+                             r"|(bucket|truncate)\(\s*(\d+)\s*,\s*(\w+)\s*\)|(\w+))\s*$")
+
+
+def partition_field(text: str) -> tuple[str, str]:
+    """``days(ts)`` as (``ts``, Iceberg's ``day``); ``bucket(16, id)`` as (``id``, ``bucket[16]``);
+    ``col`` as (``col``, ``identity``)."""
+    m = PARTITION_FIELD.match(text)
+    if m is None:
+        raise ValueError(text)
+    if m.group(6):
+        return m.group(6), "identity"
+    if m.group(1):
+        return m.group(2), {"years": "year", "months": "month", "days": "day", "hours": "hour"}.get(
+            m.group(1), m.group(1))
+    return m.group(5), f"{m.group(3)}[{int(m.group(4))}]"
+
+
+def _partition_by(snk: dict, where: str) -> tuple[str, ...]:
+    raw = snk.get("partition_by", [])
+    if not isinstance(raw, list) or not all(isinstance(f, str) and PARTITION_FIELD.match(f) for f in raw):
+        raise SpecError(f"{where}: sink.partition_by: must be a list of partition fields: days(col), hours(col), "
+                        "months(col), years(col), bucket(n, col), truncate(n, col) or col")
+    return tuple(raw)
 
 
 def _iceberg_sink(sink: SinkSpec, snk: dict, where: str, environ) -> SinkSpec:

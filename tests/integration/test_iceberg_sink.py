@@ -276,3 +276,24 @@ def test_an_output_with_a_column_the_table_lacks_fails_the_run_naming_it_and_com
                                         r"schema .*note.*; evolve the table's schema first"):
         run_once(spark, wider, kafka_settings, "run-2")
     assert snapshot_offsets(spec) == before
+
+
+def test_a_new_table_takes_the_specs_partition_fields_and_each_file_holds_one_partition(
+        spark, kafka_settings, iceberg_spec):
+    from kafka_eos.sinks.iceberg_store import identifier
+
+    spec = iceberg_spec(partition_by=["days(event_time)", "bucket(4, customer_id)"])
+    truth = produce_orders(kafka_settings, spec.source.topics[0], 120, abort_every=4, malformed_every=10)
+    run_once(spark, capped(spec, 20), kafka_settings, "run-1")
+    run_once(spark, spec, kafka_settings, "run-2")
+    assert_exactly_once(spec, kafka_settings, truth)
+    table = catalog(spec).load_table(identifier(spec.sink.table))
+    assert [(f.name, str(f.transform)) for f in table.spec().fields] == [
+        ("event_time_day", "day"), ("customer_id_bucket_4", "bucket[4]")]
+    partitions = {tuple(task.file.partition) for task in table.scan().plan_files()}
+    assert len(partitions) > 1 and all(None not in p for p in partitions)
+    # A partition filter prunes to the files of that day: every row it gives is of that day.
+    day = table.scan().to_arrow().column("event_time")[0].as_py().date()
+    rows = table.scan(row_filter=f"event_time >= '{day}T00:00:00+00:00' and event_time < "
+                                 f"'{day}T23:59:59.999999+00:00'").to_arrow().to_pylist()
+    assert rows and {r["event_time"].date() for r in rows} == {day}

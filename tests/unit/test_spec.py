@@ -319,3 +319,12 @@ def test_an_iceberg_sink_names_its_table_catalog_and_warehouse_and_commits_atomi
             parse_spec({**GOOD, "sink": {"kind": "iceberg", **sink}}, "s.yaml")
     with pytest.raises(SpecError, match=r"a backfill of a iceberg sink is refused: side runs into a branch"):
         check_side_runs(spec, "backfill")
+    parted = parse_spec({**GOOD, "sink": {"kind": "iceberg", "table": "t", "url": "local",
+                                          "partition_by": ["days(ts)", "bucket(16, id)", "region"]}}, "s.yaml")
+    assert parse_spec(spec_document(parted), "s.yaml").sink.partition_by == ("days(ts)", "bucket(16, id)", "region")
+    for bad in (["weeks(ts)"], "days(ts)", ["bucket(id)"]):
+        with pytest.raises(SpecError, match=r"^s.yaml: sink.partition_by: must be a list of partition fields"):
+            parse_spec({**GOOD, "sink": {"kind": "iceberg", "table": "t", "url": "local", "partition_by": bad}},
+                       "s.yaml")
+    with pytest.raises(SpecError, match=r"^s.yaml: sink.partition_by: only for an iceberg sink"):
+        parse_spec({**GOOD, "sink": {**GOOD["sink"], "partition_by": ["x"]}}, "s.yaml")

@@ -102,10 +102,25 @@ class IcebergStore:
         return self.catalog.create_table_if_not_exists(ident, schema=optional)
 
     def results_table(self, spark_schema) -> "Table":
-        """The results table, created from the transform's output schema where missing."""
+        """The results table, created from the transform's output schema where missing, with the
+        spec's partition fields (``sink.partition_by``; an existing table keeps its own spec).
+
+        :raises SpecError: a partition field the output's columns cannot take, naming it.
+        """
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        return self.create_table(self.spec.sink.table, to_arrow_schema(spark_schema, timezone="UTC"))
+        from kafka_eos.spec import partition_field
+
+        table = self.create_table(self.spec.sink.table, to_arrow_schema(spark_schema, timezone="UTC"))
+        if self.spec.sink.partition_by and table.current_snapshot() is None and table.spec().is_unpartitioned():
+            try:
+                with table.update_spec() as update:
+                    for text in self.spec.sink.partition_by:
+                        update.add_field(*partition_field(text))
+            except ValueError as exc:
+                raise SpecError(f"{self.spec.path}: sink.partition_by: {exc}") from None
+            table = self.catalog.load_table(table.name())
+        return table
 
     def dead_letters_table(self) -> "Table":
         import pyarrow as pa

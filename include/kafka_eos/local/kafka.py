@@ -426,9 +426,13 @@ def _wait_ready(bootstrap: str, timeout_s: float, proc: subprocess.Popen | None 
         time.sleep(0.2)
     settings = settings or KafkaSettings(cluster or bootstrap)
     last_error = "no brokers in metadata"
+    # One client for every try: a client made and dropped each half second while the broker starts
+    # is destroyed while it connects, a path on which librdkafka has aborted the process (seen once,
+    # in this wait after a restart).
+    admin = AdminClient(settings.client_config())
     while time.monotonic() < deadline:
         try:
-            if AdminClient(settings.client_config()).list_topics(timeout=2).brokers:
+            if admin.list_topics(timeout=2).brokers:
                 break
         except Exception as exc:  # noqa: BLE001 - any failure here means "not yet"
             last_error = str(exc)

@@ -157,12 +157,14 @@ class KafkaSettings:
 
         :raises KafkaEosError: a callback that cannot be imported, naming it.
         """
-        from kafka_eos.oauth import checked_token_callback, resolve_callback
-
         conf: dict = {"bootstrap.servers": self.bootstrap_servers, "logger": CLIENT_LOGGER, **self.extra}
-        for key in CALLBACK_KEYS:
-            if isinstance(conf.get(key), str):
-                conf[key] = resolve_callback(conf[key])
+        if any(key in self.extra for key in CALLBACK_KEYS):
+            # kafka_eos.oauth (and kafka-python's token provider base) only where a callback is named.
+            from kafka_eos.oauth import checked_token_callback, resolve_callback
+
+            for key in CALLBACK_KEYS:
+                if isinstance(conf.get(key), str):
+                    conf[key] = resolve_callback(conf[key])
         if self.token_callback is not None:
             # Its answers checked as every other client kind's are (an expiry in the past, or in
             # milliseconds, would stop the token's refresh).

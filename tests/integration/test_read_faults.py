@@ -107,6 +107,10 @@ def _run_fault(spark, kafka_settings, make_spec, transforms_from, unique, commit
     if commit == "sql":
         _run_sql_fault(spark, kafka_settings, make_spec, transforms_from, unique, kind, point)
         return
+    if commit == "iceberg":
+        _run_iceberg_fault(spark, kafka_settings, make_spec, transforms_from, unique, kind, point,
+                           request.getfixturevalue("tmp_path"))
+        return
     if commit == "per_partition-two-passes":
         request.getfixturevalue("two_passes")
     module = transforms_from(f"faulty_{unique.replace('-', '_')}", FAULTY.format(kind=kind, at=POINTS[point]))
@@ -173,7 +177,34 @@ def _run_sql_fault(spark, kafka_settings, make_spec, transforms_from, unique, ki
     assert len(values) == 2 * RECORDS and set(values) == produced[0] | produced[1]
 
 
-QUICK = [("per_partition", "jvm", point) for point in POINTS] + [("sql", "jvm", "mid")] + [
+def _run_iceberg_fault(spark, kafka_settings, make_spec, transforms_from, unique, kind, point, tmp_path):
+    """The Iceberg sink: data files written from the driver as Spark's results arrive, then one
+    snapshot; a fault anywhere in the read fails the job before that snapshot (the files written so
+    far are orphans no snapshot names)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    module = transforms_from(f"faulty_{unique.replace('-', '_')}", FAULTY.format(kind=kind, at=POINTS[point]))
+    spec = make_spec(f"{module}:faulty", "iceberg", "atomic", partitions=2, table="lake.results",
+                     warehouse=(tmp_path / "warehouse").as_uri())
+    produced = _source(kafka_settings, spec)
+    plan = prepare_plan(spec, kafka_settings, "run-1")
+    with pytest.raises(Exception) as failed:
+        run_batch(spark, spec, plan, kafka_settings)
+    assert CAUSE[kind] in str(failed.value), str(failed.value)[-2000:]
+    catalog = SqlCatalog(spec.sink.catalog, uri=spec.sink.url, warehouse=spec.sink.warehouse)
+    assert catalog.load_table("lake.results").scan().to_arrow().num_rows == 0
+    assert set(kafka_admin.committed_offsets(kafka_settings, spec.source.group_id,
+                                             [r.tp for r in plan.ranges]).values()) == {None}
+
+    fixed = transforms_from(f"fixed_{unique.replace('-', '_')}", FAULTY.format(kind=kind, at=-1))
+    spec = dataclasses.replace(spec, transform=f"{fixed}:faulty")
+    run_batch(spark, spec, prepare_plan(spec, kafka_settings, "run-1"), kafka_settings)
+    verify(spec, kafka_settings, plan)
+    values = [bytes(v).decode() for v in catalog.load_table("lake.results").scan().to_arrow().column("value").to_pylist()]
+    assert len(values) == 2 * RECORDS and set(values) == produced[0] | produced[1]
+
+
+QUICK = [("per_partition", "jvm", point) for point in POINTS] + [("sql", "jvm", "mid"), ("iceberg", "jvm", "mid")] + [
     ("per_partition", "python_kill", "boundary"), ("per_partition-two-passes", "jvm", "mid"), ("atomic", "jvm", "mid")]
 
 
@@ -183,7 +214,7 @@ def test_a_fault_inside_the_read_commits_nothing_of_its_partition(spark, kafka_s
     _run_fault(spark, kafka_settings, make_spec, transforms_from, unique, commit, kind, point, request)
 
 
-GRID = [cell for cell in itertools.product(["per_partition", "per_partition-two-passes", "atomic", "sql"],
+GRID = [cell for cell in itertools.product(["per_partition", "per_partition-two-passes", "atomic", "sql", "iceberg"],
                                            ["jvm", "python", "python_kill"], list(POINTS)) if cell not in QUICK]
 
 

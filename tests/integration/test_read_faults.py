@@ -154,27 +154,15 @@ def _run_sql_fault(spark, kafka_settings, make_spec, transforms_from, unique, ki
     Spark computed everything; a fault anywhere in the read fails the job before it."""
     from sqlalchemy import create_engine, inspect, text
 
-    module = transforms_from(f"faulty_{unique.replace('-', '_')}", FAULTY.format(kind=kind, at=POINTS[point]))
-    spec = make_spec(f"{module}:faulty", "sql", "atomic", partitions=2, key_columns=["topic", "partition", "offset"])
-    produced = _source(kafka_settings, spec)
-    plan = prepare_plan(spec, kafka_settings, "run-1")
-    with pytest.raises(Exception) as failed:
-        run_batch(spark, spec, plan, kafka_settings)
-    assert CAUSE[kind] in str(failed.value), str(failed.value)[-2000:]
-    engine = create_engine(spec.sink.url)
-    if inspect(engine).has_table("results"):
+    def values(spec) -> list[bytes]:
+        engine = create_engine(spec.sink.url)
+        if not inspect(engine).has_table("results"):
+            return []
         with engine.connect() as conn:
-            assert conn.execute(text("select count(*) from results")).scalar() == 0
-    assert set(kafka_admin.committed_offsets(kafka_settings, spec.source.group_id,
-                                             [r.tp for r in plan.ranges]).values()) == {None}
+            return [bytes(v) for (v,) in conn.execute(text("select value from results"))]
 
-    fixed = transforms_from(f"fixed_{unique.replace('-', '_')}", FAULTY.format(kind=kind, at=-1))
-    spec = dataclasses.replace(spec, transform=f"{fixed}:faulty")
-    run_batch(spark, spec, prepare_plan(spec, kafka_settings, "run-1"), kafka_settings)
-    verify(spec, kafka_settings, plan)
-    with engine.connect() as conn:
-        values = [bytes(v).decode() for (v,) in conn.execute(text("select value from results"))]
-    assert len(values) == 2 * RECORDS and set(values) == produced[0] | produced[1]
+    _run_table_fault(spark, kafka_settings, make_spec, transforms_from, unique, kind, point, values,
+                     "sql", key_columns=["topic", "partition", "offset"])
 
 
 def _run_iceberg_fault(spark, kafka_settings, make_spec, transforms_from, unique, kind, point, tmp_path):
@@ -183,16 +171,26 @@ def _run_iceberg_fault(spark, kafka_settings, make_spec, transforms_from, unique
     far are orphans no snapshot names)."""
     from pyiceberg.catalog.sql import SqlCatalog
 
+    def values(spec) -> list[bytes]:
+        catalog = SqlCatalog(spec.sink.catalog, uri=spec.sink.url, warehouse=spec.sink.warehouse)
+        return [bytes(v) for v in catalog.load_table("lake.results").scan().to_arrow().column("value").to_pylist()]
+
+    _run_table_fault(spark, kafka_settings, make_spec, transforms_from, unique, kind, point, values,
+                     "iceberg", table="lake.results", warehouse=(tmp_path / "warehouse").as_uri())
+
+
+def _run_table_fault(spark, kafka_settings, make_spec, transforms_from, unique, kind, point, values, sink_kind,
+                     **sink):
+    """A sink that commits on the driver, into a table whose ``value`` column ``values(spec)`` reads:
+    after the fault no row and no checkpoint; the retry (the fault gone) writes every record once."""
     module = transforms_from(f"faulty_{unique.replace('-', '_')}", FAULTY.format(kind=kind, at=POINTS[point]))
-    spec = make_spec(f"{module}:faulty", "iceberg", "atomic", partitions=2, table="lake.results",
-                     warehouse=(tmp_path / "warehouse").as_uri())
+    spec = make_spec(f"{module}:faulty", sink_kind, "atomic", partitions=2, **sink)
     produced = _source(kafka_settings, spec)
     plan = prepare_plan(spec, kafka_settings, "run-1")
     with pytest.raises(Exception) as failed:
         run_batch(spark, spec, plan, kafka_settings)
     assert CAUSE[kind] in str(failed.value), str(failed.value)[-2000:]
-    catalog = SqlCatalog(spec.sink.catalog, uri=spec.sink.url, warehouse=spec.sink.warehouse)
-    assert catalog.load_table("lake.results").scan().to_arrow().num_rows == 0
+    assert values(spec) == []
     assert set(kafka_admin.committed_offsets(kafka_settings, spec.source.group_id,
                                              [r.tp for r in plan.ranges]).values()) == {None}
 
@@ -200,8 +198,8 @@ def _run_iceberg_fault(spark, kafka_settings, make_spec, transforms_from, unique
     spec = dataclasses.replace(spec, transform=f"{fixed}:faulty")
     run_batch(spark, spec, prepare_plan(spec, kafka_settings, "run-1"), kafka_settings)
     verify(spec, kafka_settings, plan)
-    values = [bytes(v).decode() for v in catalog.load_table("lake.results").scan().to_arrow().column("value").to_pylist()]
-    assert len(values) == 2 * RECORDS and set(values) == produced[0] | produced[1]
+    written = [v.decode() for v in values(spec)]
+    assert len(written) == 2 * RECORDS and set(written) == produced[0] | produced[1]
 
 
 QUICK = [("per_partition", "jvm", point) for point in POINTS] + [("sql", "jvm", "mid"), ("iceberg", "jvm", "mid")] + [

@@ -617,6 +617,30 @@ def cmd_topics(args) -> int:
     return 0
 
 
+def cmd_backfill(args) -> int:
+    from kafka_eos.backfill.promote import parse_side, promote
+
+    spec, settings = _spec(args, import_transform=False), _settings(args)
+    done = promote(spec, settings, parse_side(args.side), apply=args.yes)
+    if args.json:
+        _print_json(done)
+        return 0
+    if "tables" in done:
+        print(table([[t["table"], t["action"], t["files"], t["rows"], t["snapshot"] if t["snapshot"] is not None else "-"]
+                     for t in done["tables"]], ["table", "action", "files", "rows", "main's snapshot"]))
+        if not args.yes:
+            print(f"dry run: nothing was promoted; `kafka-eos backfill promote {args.pipeline} {args.side} --yes` "
+                  f"promotes branch {done['branch']} onto main")
+        return 0
+    print(done["statement"])
+    if done["caveat"]:
+        print(f"  note: {done['caveat']}")
+    print(f"promoted: {done['rows']} row(s) upserted into the live table" if args.yes else
+          f"dry run: nothing was promoted; `kafka-eos backfill promote {args.pipeline} {args.side} --yes` runs it "
+          "(keyed tables)")
+    return 0
+
+
 def cmd_validate(args) -> int:
     from kafka_eos.validate import validate
 
@@ -818,6 +842,19 @@ def build_parser() -> argparse.ArgumentParser:
     tca.add_argument("--yes", action="store_true", help="really create them")
     tca.add_argument("--json", action="store_true", help="print JSON for scripts")
     tca.set_defaults(func=cmd_topics)
+    bf = command("backfill", None, "side runs' results into the live place (promote)")
+    bf_actions = bf.add_subparsers(dest="action", required=True, metavar="ACTION")
+    bfp = bf_actions.add_parser("promote", help="move a finished replay's or backfill's results into the live place: "
+                                                "an Iceberg sink's branch onto main (a fast-forward where main has not "
+                                                "moved), a keyed SQL table's rows by the run's statement; once; a dry "
+                                                "run without --yes")
+    _common_flags(bfp, suppress=True)
+    bfp.add_argument("pipeline", help="a name in the pipelines folder or a path to a YAML file")
+    bfp.add_argument("side", help="the side run, as its run's note names it: <replay|backfill>.<key>.g<generation> "
+                                  "(or its Iceberg branch, kafka-eos.<that>)")
+    bfp.add_argument("--yes", action="store_true", help="really promote it")
+    bfp.add_argument("--json", action="store_true", help="print JSON for scripts")
+    bfp.set_defaults(func=cmd_backfill)
     command("validate", cmd_validate, "check a pipeline without running it: its spec and transform, its topics, "
                                       "the brokers' transaction timeout, its checkpoints, its database",
             json_flag=True, pipeline=True)

@@ -106,6 +106,8 @@ class SinkSpec:
     columns: tuple[tuple[str, Any], ...] = ()
     #: sql: the table of dead letters (a side run's go to a table of its own; not in YAML).
     dead_letters_table: str = "kafka_eos_dead_letters"
+    #: iceberg: the branch of the tables a run commits to: ``main``, a side run's own (not in YAML).
+    branch: str = "main"
     #: A record (kafka) or row (sql) the sink refuses for its own sake (too large for the topic or
     #: the producer, a value the database's column or constraint refuses): ``dead_letter`` (a
     #: dead letter holding a reference to the source record, in the same transaction) or ``fail``
@@ -173,8 +175,11 @@ class SinkKind:
     #: are the group's offsets committed in them (the manifest remembers them); else the sink's
     #: database holds its own checkpoints and the group mirrors them.
     transactional: bool
-    #: A side run's rows are promoted into the live place by a SQL statement the run's note gives.
-    promoted_by_sql: bool
+    #: How a checked side run's results reach the live place: ``sql`` (a statement the run's note
+    #: gives, ``kafka-eos backfill promote`` runs it), ``branch`` (the side run's branch of the live
+    #: table, fast-forwarded or appended onto ``main`` by ``kafka-eos backfill promote``), None
+    #: (they stay where they are: consumers read the backfill topic).
+    promoted_by: str | None
     #: How a DAG's page names the place (``str.format`` over the sink's fields).
     described: str
     #: What ``kafka-eos validate`` checks of this kind beyond what every pipeline needs.
@@ -190,23 +195,22 @@ class SinkKind:
 
 
 SINK_KINDS: dict[str, SinkKind] = {
-    "kafka": SinkKind("topic", "dlq_topic", "backfill_topic", transactional=True, promoted_by_sql=False,
+    "kafka": SinkKind("topic", "dlq_topic", "backfill_topic", transactional=True, promoted_by=None,
                       described="Kafka topic `{topic}` (dead letters: topic `{dlq_topic}`)",
                       checks=("transaction timeout", "output schemas"),
                       fields=("transaction_timeout_s",),
                       optional_fields=(("format", "json"), ("key_format", "raw"), ("subject_strategy", "topic_name"),
                                        ("schema", None), ("key_schema", None), ("auto_register", True))),
-    "sql": SinkKind("table", "dead_letters_table", "backfill_table", transactional=False, promoted_by_sql=True,
+    "sql": SinkKind("table", "dead_letters_table", "backfill_table", transactional=False, promoted_by="sql",
                     described="SQL table `{table}` (merge `{merge}`; dead letters: table `{dead_letters_table}`)",
                     checks=("database",),
                     fields=("key_columns", "merge")),
-    # Side runs (a branch of the table) are not built yet: backfill_table stays None, so they are refused.
-    "iceberg": SinkKind("table", "dead_letters_table", "backfill_table", transactional=False, promoted_by_sql=False,
+    # Side runs write a branch of the live table (and of its dead letters' table) of their own.
+    "iceberg": SinkKind("table", "dead_letters_table", "table", transactional=False, promoted_by="branch",
                         described="Iceberg table `{table}` (dead letters: table `{dead_letters_table}`)",
                         checks=("database",), fields=("merge",),
                         optional_fields=(("warehouse", None), ("catalog", "kafka_eos"), ("partition_by", ())),
-                        local_database="iceberg/catalog.db",
-                        no_side_runs="side runs into a branch of the table are not built yet"),
+                        local_database="iceberg/catalog.db"),
 }
 
 
@@ -653,7 +657,7 @@ def _iceberg_sink(sink: SinkSpec, snk: dict, where: str, environ) -> SinkSpec:
                    "auto_register"):
         if field_ in snk:
             raise SpecError(f"{where}: sink.{field_}: not for an iceberg sink (results go to sink.table, dead letters "
-                            "to its table <table>_dead_letters; side runs into a branch are not built yet)")
+                            "to its table <table>_dead_letters; side runs to a branch of both)")
     if sink.conn_id is None and (snk.get("url") is None or (environ is not None and sink.url is None)):
         raise SpecError(f"{where}: sink: an iceberg sink needs its catalog's database: sink.conn_id (an Airflow "
                         "connection) or sink.url (a SQLAlchemy URL; 'local' for kafka-eos's embedded catalog)")

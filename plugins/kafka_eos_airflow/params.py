@@ -127,6 +127,7 @@ def _side_results(spec: PipelineSpec) -> str:
     """Where a replay's results go, for the form (never the live output, table or dead letters)."""
     if spec.sink.backfill_target is None:
         return f" Needs `sink.{spec.sink.about.backfill}` in the spec: a replay never writes the live output."
-    promote = (" The run's note gives the SQL statement that copies a checked replay into the live table."
-               if spec.sink.about.promoted_by_sql else "")
+    promote = {"sql": " The run's note gives the SQL statement that copies a checked replay into the live table.",
+               "branch": " The run's note gives the command that promotes a checked replay onto main."}.get(
+        spec.sink.about.promoted_by, "")
     return f" Results go to {writes_to(spec)}, never to the live output.{promote}"

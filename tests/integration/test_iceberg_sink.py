@@ -297,3 +297,98 @@ def test_a_new_table_takes_the_specs_partition_fields_and_each_file_holds_one_pa
     rows = table.scan(row_filter=f"event_time >= '{day}T00:00:00+00:00' and event_time < "
                                  f"'{day}T23:59:59.999999+00:00'").to_arrow().to_pylist()
     assert rows and {r["event_time"].date() for r in rows} == {day}
+
+
+def test_a_replay_writes_a_branch_of_its_own_and_main_changes_only_when_it_is_promoted(
+        spark, kafka_settings, iceberg_spec, tmp_path, monkeypatch, capsys):
+    """A replay of a committed range commits to a branch of the live table (its dead letters to that
+    branch of their table), its offsets under its own name there: ``main`` is unchanged, a retry
+    adds nothing. ``kafka-eos backfill promote`` moves it onto ``main``: an append of the branch's
+    files where ``main`` moved since the branch was cut, a fast-forward where it did not; once."""
+    from kafka_eos.backfill.side import REPLAY, prepare, side_spec
+    from kafka_eos.sinks.iceberg_store import identifier
+
+    spec = iceberg_spec()
+    topic = spec.source.topics[0]
+    truth = produce_orders(kafka_settings, topic, 120, abort_every=4, malformed_every=10)
+    run_once(spark, spec, kafka_settings, "run-1")
+    live = snapshot_offsets(spec)
+    name = identifier(spec.sink.table)
+    before = catalog(spec).load_table(name).current_snapshot().snapshot_id
+
+    def replay(key, attempt, reprocess=False):
+        side, plan, _ = prepare(spec, kafka_settings, f"replay-{attempt}", REPLAY, key, attempt,
+                                lambda: ({tp: (0, end) for tp, end in live.items()}, []), reprocess)
+        return side, run_batch(spark, side_spec(spec, side), plan, kafka_settings)
+
+    def branch_rows(table_name, branch):
+        table = catalog(spec).load_table(identifier(table_name))
+        return table.scan(snapshot_id=table.snapshot_by_name(branch).snapshot_id).to_arrow().to_pylist()
+
+    side, summary = replay("all", "r#0")
+    assert (summary.status, summary.records_out) == ("committed", len(truth.committed))
+    branch = f"kafka-eos.{side.suffix}"
+    table = catalog(spec).load_table(name)
+    assert table.current_snapshot().snapshot_id == before  # main: unchanged
+    assert_exactly_once(spec, kafka_settings, truth)
+    on_branch = Counter(r["order_id"] for r in branch_rows(spec.sink.table, branch))
+    assert on_branch == Counter({o["order_id"]: 2 for o in truth.committed})  # main's at the cut + the replay's
+    side_offsets = json.loads(table.snapshot_by_name(branch).summary[f"kafka-eos.{spec.name}.{side.suffix}.offsets"])
+    assert {(t, int(p)): o for t, parts in side_offsets.items() for p, o in parts.items()} == live
+    dead = branch_rows(spec.sink.dead_letters_table, branch)
+    assert Counter(d["pipeline"] for d in dead) == {spec.name: truth.malformed,
+                                                    f"{spec.name}.{side.suffix}": truth.malformed}
+    assert replay("all", "r#0")[1].status in ("empty", "noop")  # a retry: done, nothing added
+    assert len(catalog(spec).load_table(name).snapshots()) == 2
+    replayed = Counter(o["order_id"] for o in truth.committed)
+
+    # The live pipeline goes on: main moves past the branch's cut.
+    more = produce_orders(kafka_settings, topic, 40, first_seq=120, abort_every=3, malformed_every=0,
+                          transactional_id=f"more-{spec.name}")
+    run_once(spark, spec, kafka_settings, "run-2")
+    truth.committed += more.committed
+    truth.aborted += more.aborted
+    assert_exactly_once(spec, kafka_settings, truth)
+
+    path = tmp_path / "lake.yaml"
+    path.write_text(yaml.safe_dump(spec_document(spec)))
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_settings.bootstrap_servers)
+
+    def promote(*flags):
+        capsys.readouterr()
+        assert main(["backfill", "promote", str(path), side.suffix, "--json", *flags]) == 0
+        return {t["table"]: t for t in json.loads(capsys.readouterr().out)["tables"]}
+
+    dry = promote()
+    assert (dry[spec.sink.table]["action"], dry[spec.sink.table]["rows"]) == ("append", sum(replayed.values()))
+    assert_exactly_once(spec, kafka_settings, truth)  # a dry run changed nothing
+    done = promote("--yes")
+    # The results table's main moved (run 2), the dead letters' did not (run 2 had none).
+    assert [done[t]["action"] for t in (spec.sink.table, spec.sink.dead_letters_table)] == ["append", "fast-forward"]
+    assert Counter(d["pipeline"] for d in table_rows(spec, spec.sink.dead_letters_table)) == Counter(
+        d["pipeline"] for d in dead)
+    rows = Counter(r["order_id"] for r in table_rows(spec))
+    assert rows == Counter(o["order_id"] for o in truth.committed) + replayed
+    lso = kafka_admin.partition_offsets(kafka_settings, list(live))
+    assert snapshot_offsets(spec) == {tp: lso[tp].lso for tp in live}  # main's offsets carried
+    assert promote("--yes")[spec.sink.table]["action"] == "promoted before"
+    assert Counter(r["order_id"] for r in table_rows(spec)) == rows
+    assert run_once(spark, spec, kafka_settings, "run-3")[1].status == "empty"
+
+    # A second generation, cut from main as it is now and promoted while main stays there: a fast-forward.
+    side2, summary2 = replay("all", "r#1", reprocess=True)
+    assert (side2.generation, summary2.status) == (2, "committed")
+    head = catalog(spec).load_table(name).snapshot_by_name(f"kafka-eos.{side2.suffix}").snapshot_id
+    capsys.readouterr()
+    assert main(["backfill", "promote", str(path), f"kafka-eos.{side2.suffix}", "--yes", "--json"]) == 0
+    forwarded = json.loads(capsys.readouterr().out)["tables"][0]
+    assert (forwarded["action"], forwarded["snapshot"]) == ("fast-forward", head)
+    assert Counter(r["order_id"] for r in table_rows(spec)) == rows + replayed
+    # The live offsets survived the fast-forward: the next live run reads only what is new.
+    last = produce_orders(kafka_settings, topic, 30, first_seq=160, abort_every=3, malformed_every=0,
+                          transactional_id=f"last-{spec.name}")
+    run_once(spark, spec, kafka_settings, "run-4")
+    assert Counter(r["order_id"] for r in table_rows(spec)) == rows + replayed + Counter(
+        o["order_id"] for o in last.committed)
+    lso = kafka_admin.partition_offsets(kafka_settings, list(live))
+    assert snapshot_offsets(spec) == {tp: lso[tp].lso for tp in live}

@@ -143,17 +143,25 @@ def test_sql_side_runs_write_a_table_of_their_own_never_the_live_one(spark, kafk
     assert (side2.generation, again.records_out) == (2, 4)
     assert len(_sql_rows(db, "select * from revenue_bf")) == 8
 
-    # The statement the run's note gives: the operator promotes the checked replay into the live table.
-    from sqlalchemy import text
+    # The statement the run's note gives: the operator promotes the checked replay into the live table
+    # (`kafka-eos backfill promote`: a dry run prints it, --yes runs it; a keyed table's upsert, so twice
+    # is once).
+    import yaml
 
     from kafka_eos.backfill.side import promote_statement
-    from kafka_eos.sinks.sql_store import make_engine
+    from kafka_eos.cli import main
+    from kafka_eos.spec import spec_document
 
     statement = promote_statement(spec, side)
     assert statement.startswith('INSERT INTO "revenue" (') and f"\"kafka_eos_range\" = '{key}'" in statement
-    with make_engine(spec.sink.url).begin() as conn:
-        conn.execute(text(statement))
-    assert [n for _m, n in _sql_rows(db, "select minute, order_count from revenue")] == [1, 1, 1, 2, 1, 1]
+    path = tmp_path / "revenue.yaml"
+    path.write_text(yaml.safe_dump(spec_document(spec)))
+    flags = ["--bootstrap", kafka_settings.bootstrap_servers, "--json"]
+    assert main(["backfill", "promote", str(path), side.suffix, *flags]) == 0
+    assert [n for _m, n in _sql_rows(db, "select minute, order_count from revenue")] == [1, 2, 1, 3, 1, 1]
+    for _ in range(2):
+        assert main(["backfill", "promote", str(path), side.suffix, "--yes", *flags]) == 0
+        assert [n for _m, n in _sql_rows(db, "select minute, order_count from revenue")] == [1, 1, 1, 2, 1, 1]
 
     # A SQL spec without a table for side runs refuses them, naming the field.
     bare = make_spec("spark_apps.transforms.revenue:revenue_per_minute", "sql", "atomic", partitions=2,

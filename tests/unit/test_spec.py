@@ -317,8 +317,21 @@ def test_an_iceberg_sink_names_its_table_catalog_and_warehouse_and_commits_atomi
             ({"table": "o", "url": "local", "topic": "t"}, r"sink.topic: not for an iceberg sink")):
         with pytest.raises(SpecError, match=rf"^s.yaml: {needle}"):
             parse_spec({**GOOD, "sink": {"kind": "iceberg", **sink}}, "s.yaml")
-    with pytest.raises(SpecError, match=r"a backfill of a iceberg sink is refused: side runs into a branch"):
-        check_side_runs(spec, "backfill")
+    # Side runs commit to a branch of the live table of their own (and of its dead letters' table).
+    check_side_runs(spec, "backfill")
+    from kafka_eos.backfill.promote import parse_side
+    from kafka_eos.backfill.side import Side, side_spec
+    from kafka_eos.errors import PlanError
+
+    side = parse_side("kafka-eos.backfill.20260301T120000Z-20260301T120500Z.g2")
+    assert side == Side("backfill", "20260301T120000Z-20260301T120500Z", 2) == parse_side(side.suffix)
+    sspec = side_spec(spec, side)
+    assert (sspec.sink.table, sspec.sink.dead_letters_table, sspec.sink.branch) == (
+        spec.sink.table, spec.sink.dead_letters_table, f"kafka-eos.{side.suffix}")
+    assert spec.sink.branch == "main" and parse_spec(spec_document(sspec), "s.yaml").sink.branch == "main"
+    for bad in ("backfill.k", "live.k.g1", "replay.k.g0", "replay.a.b.g1"):
+        with pytest.raises(PlanError, match=rf"side run {bad!r}: not a side run's name"):
+            parse_side(bad)
     parted = parse_spec({**GOOD, "sink": {"kind": "iceberg", "table": "t", "url": "local",
                                           "partition_by": ["days(ts)", "bucket(16, id)", "region"]}}, "s.yaml")
     assert parse_spec(spec_document(parted), "s.yaml").sink.partition_by == ("days(ts)", "bucket(16, id)", "region")

@@ -1,7 +1,7 @@
 """Where side runs (replays, backfills) write, and how their results reach the live place: what
 a Kafka sink's records and a SQL sink's rows carry to tell ranges and generations apart, the
-checks that a spec has places of its own for them, and the statement that promotes a checked
-SQL side run into the live table.
+branch an Iceberg side run writes, the checks that a spec has places of its own for them, and
+the statement that promotes a checked SQL side run into the live table.
 
 No Kafka client here: the DAG factory and the trigger form read it at parse time.
 """
@@ -15,6 +15,14 @@ from kafka_eos.spec import PipelineSpec
 RANGE_HEADER, GENERATION_HEADER = "kafka-eos.range", "kafka-eos.generation"
 #: Columns a SQL side run's table has beyond the live table's: which range and which generation.
 RANGE_COLUMN, GENERATION_COLUMN = "kafka_eos_range", "kafka_eos_generation"
+#: An Iceberg side run's branch of the live table (and of its dead letters' table):
+#: ``kafka-eos.<kind>.<key>.g<generation>``.
+BRANCH_PREFIX = "kafka-eos."
+
+
+def side_branch(suffix: str) -> str:
+    """The Iceberg branch of the side run whose name is ``suffix`` (``backfill.<key>.g1``)."""
+    return BRANCH_PREFIX + suffix
 
 
 def check_side_runs(spec: PipelineSpec, kind: str = "side run") -> None:
@@ -30,7 +38,10 @@ def check_side_runs(spec: PipelineSpec, kind: str = "side run") -> None:
 def writes_to(spec: PipelineSpec) -> str:
     """Where side runs of ``spec`` write, in words (the trigger form, a run's summary)."""
     s = spec.sink
-    if not s.about.promoted_by_sql:
+    if s.about.promoted_by == "branch":
+        return (f"a branch of Iceberg table `{s.table}` of its own, `{BRANCH_PREFIX}<kind>.<key>.g<generation>` "
+                f"(dead letters: that branch of `{s.dead_letters_table}`)")
+    if s.about.promoted_by is None:
         dlq = f"; dead letters to `{s.backfill_dlq_topic or s.backfill_topic}`" if s.dlq_topic else ""
         return f"topic `{s.backfill_topic}` (headers {RANGE_HEADER}, {GENERATION_HEADER}){dlq}"
     return (f"table `{s.backfill_table}` in the sink's database (columns {RANGE_COLUMN}, {GENERATION_COLUMN}); "

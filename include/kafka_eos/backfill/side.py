@@ -14,7 +14,10 @@ A side run is the pipeline's own batch step under another identity (:func:`side_
   SQL sinks: ``sink.backfill_table`` in the sink's own database — the live table's columns plus
   :data:`RANGE_COLUMN` and :data:`GENERATION_COLUMN` (part of its key) — and its dead letters to
   ``<backfill_table>_dead_letters``; :func:`promote_sql` is the statement an operator runs to
-  move a checked backfill into the live table;
+  move a checked backfill into the live table (``kafka-eos backfill promote`` runs it). Iceberg
+  sinks: a branch of the live table of its own, ``kafka-eos.<kind>.<key>.g<generation>`` (and that
+  branch of the dead letters' table), cut from ``main`` at its first commit, its offsets in its
+  snapshots under its own name; ``kafka-eos backfill promote`` moves it onto ``main``;
 - its plans, summaries and checkpoint records in the run manifest are under its own name, which
   the live pipeline's lookups never take for its own.
 
@@ -34,7 +37,7 @@ from datetime import datetime
 from typing import Callable
 
 from kafka_eos.backfill.places import (GENERATION_COLUMN, GENERATION_HEADER, RANGE_COLUMN, RANGE_HEADER,  # noqa: F401
-                                       check_side_runs, promote_sql, writes_to)
+                                       check_side_runs, promote_sql, side_branch, writes_to)
 from kafka_eos.backfill.positions import PositionError, ensure_end_known, resolve, timed_positions
 from kafka_eos.errors import CheckpointConflict, DataLossError, PlanError
 from kafka_eos.kafka_admin import TP
@@ -93,6 +96,8 @@ def side_spec(spec: PipelineSpec, side: Side) -> PipelineSpec:
         dlq = (sink.backfill_dlq_topic or sink.backfill_topic) if sink.dlq_topic else None
         sink = dataclasses.replace(sink, topic=sink.backfill_topic, dlq_topic=dlq, headers=(
             (RANGE_HEADER, side.key.encode()), (GENERATION_HEADER, str(side.generation).encode())))
+    elif sink.about.promoted_by == "branch":
+        sink = dataclasses.replace(sink, branch=side_branch(side.suffix))  # the live catalog ("local": one for all)
     else:
         # The sink's own database (``local``'s SQLite file is named after the live pipeline).
         sink = dataclasses.replace(

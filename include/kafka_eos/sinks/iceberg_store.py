@@ -7,6 +7,10 @@ of its ``main`` branch that has one (a maintenance snapshot without it, a compac
 through to its ancestors). Every kafka-eos commit carries forward the offsets of every pipeline the
 ancestry names, so the newest kafka-eos snapshot holds them all.
 
+A side run (a replay, a backfill) commits to a branch of its own (``sink.branch``), cut from ``main``
+at its first commit: its offsets are the summary of that branch's snapshots, under its own name;
+:meth:`IcebergStore.promote` moves a branch onto ``main``.
+
 The catalog: PyIceberg's ``SqlCatalog`` over a SQLAlchemy URL (PostgreSQL, SQLite; ``url: local`` is
 kafka-eos's embedded one, ``.local/iceberg/catalog.db``), resolved as a SQL sink's database is
 (``sink.conn_id``, else ``sink.url``); the warehouse: ``sink.warehouse``, else the local folder
@@ -19,7 +23,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Iterable, Iterator
 
-from kafka_eos.errors import CheckpointConflict, CheckpointLost, SpecError
+from kafka_eos.errors import CheckpointConflict, CheckpointLost, PlanError, SpecError
 from kafka_eos.kafka_admin import TP
 from kafka_eos.paths import local_dir
 from kafka_eos.plan import Plan
@@ -35,6 +39,9 @@ log = logging.getLogger(__name__)
 #: The summary properties of a kafka-eos snapshot (``{pipeline}``: the pipeline's name).
 OFFSETS_KEY = "kafka-eos.{pipeline}.offsets"
 RUN_KEY = "kafka-eos.{pipeline}.run"
+#: A table property set by the commit that promoted a side run's branch onto ``main`` (the
+#: branch's snapshot it promoted).
+PROMOTED_KEY = "kafka-eos.promoted.{branch}"
 #: A table property set by a pipeline's first commit (its run id): the pipeline has committed to
 #: this table, so offsets missing from an expired ancestry are lost, not never written.
 MARKER_KEY = "kafka-eos.{pipeline}.first-run"
@@ -80,6 +87,7 @@ class IcebergStore:
         self.catalog = SqlCatalog(spec.sink.catalog, uri=url, warehouse=warehouse(spec))
         self.offsets_key = OFFSETS_KEY.format(pipeline=spec.name)
         self.run_key = RUN_KEY.format(pipeline=spec.name)
+        self.branch = spec.sink.branch
 
     # -- tables -------------------------------------------------------------------------------
 
@@ -157,7 +165,7 @@ class IcebergStore:
             (kafka-eos cannot tell "never committed" from "expired": the pipeline must not start over).
         """
         key = OFFSETS_KEY.format(pipeline=pipeline or self.spec.name)
-        for summary in _ancestry(table):
+        for summary in _ancestry(table, self.branch):
             if summary is _EXPIRED:
                 if MARKER_KEY.format(pipeline=pipeline or self.spec.name) not in table.properties:
                     return {}  # it never committed here (a table it adopts, with expired history)
@@ -175,7 +183,7 @@ class IcebergStore:
         """Every pipeline's offsets the ancestry of ``table``'s ``main`` names, each the newest:
         what a new snapshot carries forward."""
         found: dict[str, str] = {}
-        for summary in _ancestry(table):
+        for summary in _ancestry(table, self.branch):
             if summary is _EXPIRED:
                 break
             for key, value in summary.additional_properties.items():
@@ -278,7 +286,8 @@ class IcebergStore:
             marker = MARKER_KEY.format(pipeline=self.spec.name)
             try:
                 _append(table, files, properties,
-                        {} if marker in table.properties else {marker: plan.run_id})
+                        {} if marker in table.properties or self.branch != MAIN else {marker: plan.run_id},
+                        self.branch)
                 return True
             except CommitFailedException:
                 table = self.catalog.load_table(table.name())
@@ -298,12 +307,14 @@ class IcebergStore:
 
         ranges = [r for r in plan.active if not r.empty]
         held: set[tuple[str, int, int]] = set()
-        if ranges and table.current_snapshot() is not None:
+        head = _head(table, self.branch)
+        if ranges and head is not None:
             per_range = [And(EqualTo("topic", r.topic), EqualTo("partition", r.partition),
                              GreaterThanOrEqual("offset", r.from_offset), LessThan("offset", r.until))
                          for r in ranges]
             where = And(EqualTo("pipeline", self.spec.name), per_range[0] if len(per_range) == 1 else Or(*per_range))
-            found = table.scan(row_filter=where, selected_fields=("topic", "partition", "offset")).to_arrow()
+            found = table.scan(row_filter=where, selected_fields=("topic", "partition", "offset"),
+                               snapshot_id=head.snapshot_id).to_arrow()
             held = {(t, p, o) for t, p, o in zip(*(found.column(c).to_pylist() for c in ("topic", "partition", "offset")))}
         return (row for row in rows if (row["topic"], row["partition"], row["offset"]) not in held)
 
@@ -316,7 +327,7 @@ class IcebergStore:
         from pyiceberg.exceptions import CommitFailedException
 
         try:
-            _append(table, files, {self.run_key: plan.run_id})
+            _append(table, files, {self.run_key: plan.run_id}, branch=self.branch)
         except CommitFailedException:
             raise CheckpointConflict(f"Iceberg dead-letter table {self.spec.sink.dead_letters_table!r}: moved while run "
                                      f"{plan.run_id!r} wrote its dead letters; nothing of the run was committed") \
@@ -329,7 +340,8 @@ class IcebergStore:
         from pyiceberg.exceptions import CommitFailedException
 
         current = table.current_snapshot()
-        if current is None or current.summary is None or self.offsets_key in current.summary.additional_properties:
+        if self.branch != MAIN or current is None or current.summary is None \
+                or self.offsets_key in current.summary.additional_properties:
             return False
         offsets = self.offsets(table)
         if not offsets:
@@ -340,22 +352,123 @@ class IcebergStore:
             return False
         return True
 
+    # -- side runs -----------------------------------------------------------------------------
+
+    def promote(self, branch: str, apply: bool) -> list[dict]:
+        """Move side-run branch ``branch`` of the results and dead-letter tables onto ``main`` (this
+        store's pipeline is the live one): a fast-forward where ``main`` has not moved since the
+        branch was cut (``main`` becomes the branch's snapshot, which carries ``main``'s offsets),
+        else one snapshot on ``main`` appending the data files the branch's own snapshots added,
+        carrying ``main``'s offsets. Each table's promotion is one compare-and-set commit that also
+        sets the table property ``kafka-eos.promoted.<branch>``: a second promote of the same
+        branch does nothing. A table without the branch (a side run with no dead letters) is left.
+
+        :param apply: False: what it would do, committing nothing (a dry run).
+        :returns: per table: ``{"table", "action" (fast-forward | append | promoted before | no
+            branch), "files", "rows", "snapshot"}``.
+        :raises PlanError: neither table has the branch.
+        :raises CheckpointConflict: ``main`` moved while it was promoted (nothing of that table was).
+        """
+        from pyiceberg.exceptions import CommitFailedException
+
+        done = []
+        for name in (self.spec.sink.table, self.spec.sink.dead_letters_table):
+            table = self.table(name)
+            head = table.metadata.snapshot_by_name(branch) if table is not None else None
+            entry = {"table": name, "action": "no branch", "files": 0, "rows": 0, "snapshot": None}
+            done.append(entry)
+            if head is None or branch == MAIN:
+                continue
+            marker = PROMOTED_KEY.format(branch=branch)
+            if marker in table.properties:
+                entry.update(action="promoted before", snapshot=int(table.properties[marker]))
+                continue
+            main = table.current_snapshot()
+            on_main = {sid for sid in _snapshot_ids(table, main)}
+            own = []  # the branch's own snapshots, newest first, down to where it left main
+            snapshot = head
+            while snapshot is not None and snapshot.snapshot_id not in on_main:
+                own.append(snapshot)
+                snapshot = table.metadata.snapshot_by_id(snapshot.parent_snapshot_id) \
+                    if snapshot.parent_snapshot_id is not None else None
+            if any(s.summary is None or s.summary.operation.value != "append" for s in own):
+                raise SpecError(f"Iceberg table {name!r}: branch {branch!r} has snapshots that are not appends: "
+                                "promote it with the catalog's own tools")
+            files = [f for s in reversed(own) for f in _added_files(table, s)]
+            forward = main is None or snapshot is not None and snapshot.snapshot_id == main.snapshot_id
+            entry.update(action="fast-forward" if forward else "append", files=len(files),
+                         rows=sum(f.record_count for f in files))
+            if not apply:
+                continue
+            try:
+                if forward:
+                    _fast_forward(table, head.snapshot_id, {marker: str(head.snapshot_id)})
+                else:
+                    _append(table, files, {**self.carried(table), "kafka-eos.promoted": branch},
+                            {marker: str(head.snapshot_id)})
+                entry["snapshot"] = self.catalog.load_table(table.name()).current_snapshot().snapshot_id
+            except CommitFailedException:
+                raise CheckpointConflict(f"Iceberg table {name!r}: main moved while branch {branch!r} was promoted; "
+                                         "nothing of it was promoted: promote again") from None
+        if all(e["action"] == "no branch" for e in done):
+            raise PlanError(f"Iceberg table {self.spec.sink.table!r}: no branch {branch!r} (nor of "
+                            f"{self.spec.sink.dead_letters_table!r}): no side run of that name committed")
+        return done
+
 
 def _append(table: "Table", files: list["DataFile"], properties: dict[str, str],
-            table_properties: dict[str, str] | None = None) -> None:
-    """One fast-append snapshot of ``files`` with ``properties`` in its summary (and
+            table_properties: dict[str, str] | None = None, branch: str = "main") -> None:
+    """One fast-append snapshot of ``files`` on ``branch`` with ``properties`` in its summary (and
     ``table_properties`` set on the table in the same commit), committed only onto the snapshot
-    ``table`` was loaded at.
+    ``table`` was loaded at. A branch that does not exist yet is cut from ``main``'s current
+    snapshot in the same commit (committed only if it still does not exist).
 
-    :raises CommitFailedException: ``main`` moved meanwhile.
+    :raises CommitFailedException: the branch moved (or was created) meanwhile.
     """
+    from pyiceberg.table.update.snapshot import ManageSnapshots
+
     tx = _without_retries(table).transaction()
     if table_properties:
         tx.set_properties(table_properties)
-    with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
+    if branch != MAIN and branch not in table.metadata.refs and table.current_snapshot() is not None:
+        # Staged first: the transaction keeps the first ref requirement (the branch absent).
+        ManageSnapshots(tx).create_branch(table.current_snapshot().snapshot_id, branch).commit()
+    with tx.update_snapshot(snapshot_properties=properties, branch=branch).fast_append() as append:
         for data_file in files:
             append.append_data_file(data_file)
     tx.commit_transaction()
+
+
+def _fast_forward(table: "Table", snapshot_id: int, table_properties: dict[str, str]) -> None:
+    """``main`` set to ``snapshot_id`` (and ``table_properties`` set) in one commit, only if ``main``
+    is still the snapshot ``table`` was loaded at.
+
+    :raises CommitFailedException: ``main`` moved meanwhile.
+    """
+    from pyiceberg.table.update.snapshot import ManageSnapshots
+
+    tx = _without_retries(table).transaction()
+    tx.set_properties(table_properties)
+    ManageSnapshots(tx).set_current_snapshot(snapshot_id=snapshot_id)
+    tx.commit_transaction()
+
+
+def _snapshot_ids(table: "Table", snapshot) -> Iterator[int]:
+    """The ids of ``snapshot`` and its ancestors that the table still has."""
+    while snapshot is not None:
+        yield snapshot.snapshot_id
+        snapshot = table.metadata.snapshot_by_id(snapshot.parent_snapshot_id) \
+            if snapshot.parent_snapshot_id is not None else None
+
+
+def _added_files(table: "Table", snapshot) -> list["DataFile"]:
+    """The data files ``snapshot`` added."""
+    from pyiceberg.manifest import ManifestEntryStatus
+
+    return [entry.data_file for manifest in snapshot.manifests(table.io)
+            if manifest.added_snapshot_id == snapshot.snapshot_id
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+            if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot.snapshot_id]
 
 
 def _without_retries(table: "Table") -> "Table":
@@ -370,16 +483,24 @@ def _without_retries(table: "Table") -> "Table":
 
 #: What :func:`_ancestry` yields where a parent snapshot has been expired.
 _EXPIRED = object()
+MAIN = "main"
 
 
-def _ancestry(table: "Table | None") -> Iterator:
-    """The summaries of ``table``'s ``main`` branch, newest first; :data:`_EXPIRED` last where the
-    ancestry ends at a parent that has been expired: a parent that is gone, or a snapshot without
-    one that is not the table's first (its sequence number above 1: expiry clears the survivor's
-    parent; a format-1 table has no sequence numbers, and its truncated ancestry cannot be told)."""
+def _head(table: "Table", branch: str):
+    """The newest snapshot of ``branch``; of ``main`` where the branch is not cut yet (its first
+    commit cuts it there)."""
+    return table.metadata.snapshot_by_name(branch) or table.current_snapshot()
+
+
+def _ancestry(table: "Table | None", branch: str = MAIN) -> Iterator:
+    """The summaries of ``table``'s ``branch`` (:func:`_head`), newest first; :data:`_EXPIRED` last
+    where the ancestry ends at a parent that has been expired: a parent that is gone, or a snapshot
+    without one that is not the table's first (its sequence number above 1: expiry clears the
+    survivor's parent; a format-1 table has no sequence numbers, and its truncated ancestry cannot
+    be told)."""
     if table is None:
         return
-    snapshot = table.current_snapshot()
+    snapshot = _head(table, branch)
     while snapshot is not None:
         if snapshot.summary is not None:
             yield snapshot.summary

@@ -560,7 +560,15 @@ class KafkaEosVerifyOperator(_PipelineOperator):
                       summary["records_out"], summary["dead_letters"])
         if side is not None:
             summary["writes_to"] = side_writes_to(live_spec)
-            if live_spec.sink.about.promoted_by_sql:
+            if live_spec.sink.about.promoted_by == "branch":
+                from kafka_eos.backfill.side import Side
+
+                name = Side.from_json(side_json).suffix
+                summary["writes_to"] = f"branch `kafka-eos.{name}` of Iceberg table `{live_spec.sink.table}`"
+                summary["promote_command"] = f"kafka-eos backfill promote {live_spec.name} {name} --yes"
+                self.log.info("%s %s: written to %s; to promote it onto main, after checking: %s", side.kind,
+                              side.key, summary["writes_to"], summary["promote_command"])
+            if live_spec.sink.about.promoted_by == "sql":
                 summary["promote_sql"] = promote_statement(live_spec, side_json, settings)
 
                 summary["promote_caveat"] = promote_caveat(live_spec)
@@ -600,7 +608,8 @@ class KafkaEosVerifyOperator(_PipelineOperator):
         where = f" Written to {summary['writes_to']}." if side else ""
         caveat = f" ({summary['promote_caveat']})" if summary.get("promote_caveat") else ""
         promote = f" Promote into the live table, after checking: {summary['promote_sql']}{caveat}" \
-            if summary.get("promote_sql") else ""
+            if summary.get("promote_sql") else \
+            f" Promote onto main, after checking: {summary['promote_command']}" if summary.get("promote_command") else ""
         if plan.is_empty:
             return f"{what}empty: nothing new to read{took}.{where}{promote}"
         ranges = ranges_text([[r.topic, r.partition, r.from_offset, r.until] for r in plan.active])

@@ -70,8 +70,9 @@ class SinkSpec:
     topic: str | None = None  # kafka
     dlq_topic: str | None = None  # kafka (and optional for sql: dead letters also to a table)
     table: str | None = None  # sql; iceberg: ``namespace.table`` (namespace ``default`` when none)
-    key_columns: tuple[str, ...] = ()  # sql: the upsert key
-    #: sql: replace | add (add sums the non-key columns on conflict); iceberg: append
+    key_columns: tuple[str, ...] = ()  # sql, iceberg (merge: upsert): the upsert key
+    #: sql: replace | add (add sums the non-key columns on conflict); iceberg: append | upsert
+    #: (a run's rows replace the table's rows of their keys)
     merge: str = "replace"
     #: iceberg: where the catalog puts new tables' files (a folder or an object store URI); None:
     #: kafka-eos's local folder (``.local/iceberg/warehouse``) for the embedded catalog (``url: local``).
@@ -209,7 +210,8 @@ SINK_KINDS: dict[str, SinkKind] = {
     "iceberg": SinkKind("table", "dead_letters_table", "table", transactional=False, promoted_by="branch",
                         described="Iceberg table `{table}` (dead letters: table `{dead_letters_table}`)",
                         checks=("database",), fields=("merge",),
-                        optional_fields=(("warehouse", None), ("catalog", "kafka_eos"), ("partition_by", ())),
+                        optional_fields=(("warehouse", None), ("catalog", "kafka_eos"), ("partition_by", ()),
+                                         ("key_columns", ())),
                         local_database="iceberg/catalog.db"),
 }
 
@@ -525,7 +527,7 @@ def parse_spec(raw: Any, where: str = "<inline>", environ: Mapping[str, str] | N
         topic=_opt_topic(snk, where, "topic"),
         dlq_topic=_opt_topic(snk, where, "dlq_topic"),
         table=snk.get("table"), key_columns=tuple(key_columns),
-        merge=_choice(snk, where, "merge", ("append",) if kind == "iceberg" else ("replace", "add"), "sink."),
+        merge=_choice(snk, where, "merge", ("append", "upsert") if kind == "iceberg" else ("replace", "add"), "sink."),
         warehouse=_opt_str(snk, where, "warehouse", "sink."),
         catalog=_opt_str(snk, where, "catalog", "sink.") or "kafka_eos",
         partition_by=_partition_by(snk, where),
@@ -652,12 +654,16 @@ def _iceberg_sink(sink: SinkSpec, snk: dict, where: str, environ) -> SinkSpec:
                         "namespace 'default')")
     if sink.commit != "atomic":
         raise SpecError(f"{where}: sink.commit: an iceberg sink commits one snapshot on the driver: use 'atomic'")
-    for field_ in ("topic", "dlq_topic", "backfill_topic", "backfill_dlq_topic", "backfill_table", "key_columns",
+    for field_ in ("topic", "dlq_topic", "backfill_topic", "backfill_dlq_topic", "backfill_table",
                    "transaction_timeout_s", "format", "key_format", "schema", "key_schema", "subject_strategy",
                    "auto_register"):
         if field_ in snk:
             raise SpecError(f"{where}: sink.{field_}: not for an iceberg sink (results go to sink.table, dead letters "
                             "to its table <table>_dead_letters; side runs to a branch of both)")
+    if sink.merge == "upsert" and not sink.key_columns:
+        raise SpecError(f"{where}: sink.merge: 'upsert' needs sink.key_columns (the key whose rows a run replaces)")
+    if sink.merge == "append" and sink.key_columns:
+        raise SpecError(f"{where}: sink.key_columns: only with merge: upsert (an append adds every row)")
     if sink.conn_id is None and (snk.get("url") is None or (environ is not None and sink.url is None)):
         raise SpecError(f"{where}: sink: an iceberg sink needs its catalog's database: sink.conn_id (an Airflow "
                         "connection) or sink.url (a SQLAlchemy URL; 'local' for kafka-eos's embedded catalog)")

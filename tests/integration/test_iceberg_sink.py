@@ -392,3 +392,63 @@ def test_a_replay_writes_a_branch_of_its_own_and_main_changes_only_when_it_is_pr
         o["order_id"] for o in last.committed)
     lso = kafka_admin.partition_offsets(kafka_settings, list(live))
     assert snapshot_offsets(spec) == {tp: lso[tp].lso for tp in live}
+
+
+def test_an_upsert_replaces_the_rows_of_a_runs_keys_in_one_snapshot_and_a_replay_promoted_changes_nothing(
+        spark, kafka_settings, iceberg_spec):
+    """``merge: upsert`` by ``order_id``: records of orders the table holds replace their rows (the
+    files holding them rewritten without them, in the run's one snapshot); a key twice in one run
+    fails it, naming the key, with nothing committed; a replay of the last run's range, promoted,
+    leaves each key's row as it was."""
+    from kafka_eos.backfill.side import REPLAY, prepare, side_spec
+    from kafka_eos.errors import SpecError
+    from kafka_eos.sinks.iceberg_store import IcebergStore, identifier
+
+    spec = iceberg_spec(merge="upsert", key_columns=["order_id"])
+    topic = spec.source.topics[0]
+    first = produce_orders(kafka_settings, topic, 150, abort_every=4, malformed_every=10)
+    run_once(spark, capped(spec, 20), kafka_settings, "run-1")
+    run_once(spark, spec, kafka_settings, "run-2")
+    expected = {o["order_id"]: float(o["amount"]) for o in first.committed}
+    # The same orders again, other amounts (a later state of each): some committed, some aborted.
+    second = produce_orders(kafka_settings, topic, 60, per_transaction=20, abort_every=3, malformed_every=7,
+                            seed=99, transactional_id=f"second-{spec.name}")
+    assert second.committed and second.aborted
+    at_second = snapshot_offsets(spec)
+    run_once(spark, spec, kafka_settings, "run-3")
+    expected.update({o["order_id"]: float(o["amount"]) for o in second.committed})
+
+    def rows():
+        got = table_rows(spec)
+        assert len(got) == len({r["order_id"] for r in got})  # one row per key
+        return {r["order_id"]: round(float(r["amount"]), 2) for r in got}
+
+    assert rows() == expected
+    table = catalog(spec).load_table(identifier(spec.sink.table))
+    assert table.current_snapshot().summary.operation.value == "overwrite"
+    assert int(table.current_snapshot().summary["deleted-data-files"]) >= 1
+    assert len(table.snapshots()) == 3  # one per run
+    lso = kafka_admin.partition_offsets(kafka_settings, list(snapshot_offsets(spec)))
+    assert snapshot_offsets(spec) == {tp: v.lso for tp, v in lso.items()}
+
+    # A key twice in one run: refused naming it, nothing committed.
+    before = table.current_snapshot().snapshot_id
+    produce_orders(kafka_settings, topic, 5, abort_every=0, malformed_every=0, seed=5,
+                   transactional_id=f"third-{spec.name}")
+    produce_orders(kafka_settings, topic, 5, abort_every=0, malformed_every=0, seed=6,
+                   transactional_id=f"fourth-{spec.name}")
+    with pytest.raises(SpecError, match=r"hold the key \{\"order_id\": \"[^\"]+\"\} more than once"):
+        run_once(spark, spec, kafka_settings, "run-4")
+    assert catalog(spec).load_table(identifier(spec.sink.table)).current_snapshot().snapshot_id == before
+    assert rows() == expected
+
+    # A replay of run 3's range (the later state of its keys) into a branch, promoted (main did not
+    # move: a fast-forward): each key's row as it was.
+    store = IcebergStore(spec, spec.sink.url)
+    ranges = {tp: (at_second[tp], end) for tp, end in snapshot_offsets(spec).items()}
+    side, plan, _ = prepare(spec, kafka_settings, "replay-1", REPLAY, "all", "r#0", lambda: (ranges, []))
+    assert run_batch(spark, side_spec(spec, side), plan, kafka_settings).status == "committed"
+    assert rows() == expected
+    promoted = store.promote(f"kafka-eos.{side.suffix}", apply=True)
+    assert promoted[0]["action"] == "fast-forward"
+    assert rows() == expected

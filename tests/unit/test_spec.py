@@ -313,7 +313,9 @@ def test_an_iceberg_sink_names_its_table_catalog_and_warehouse_and_commits_atomi
             ({"table": "lake.orders", "url": "postgresql://h/cat"}, r"sink.warehouse: required"),
             ({"table": "lake..orders", "url": "local"}, r"sink.table: required for an iceberg sink"),
             ({"table": "o", "url": "local", "commit": "per_partition"}, r"sink.commit: an iceberg sink commits one"),
-            ({"table": "o", "url": "local", "merge": "upsert"}, r"sink.merge: 'upsert' is not one of append"),
+            ({"table": "o", "url": "local", "merge": "upsert"}, r"sink.merge: 'upsert' needs sink.key_columns"),
+            ({"table": "o", "url": "local", "key_columns": ["id"]}, r"sink.key_columns: only with merge: upsert"),
+            ({"table": "o", "url": "local", "merge": "replace"}, r"sink.merge: 'replace' is not one of append, upsert"),
             ({"table": "o", "url": "local", "topic": "t"}, r"sink.topic: not for an iceberg sink")):
         with pytest.raises(SpecError, match=rf"^s.yaml: {needle}"):
             parse_spec({**GOOD, "sink": {"kind": "iceberg", **sink}}, "s.yaml")
@@ -335,6 +337,9 @@ def test_an_iceberg_sink_names_its_table_catalog_and_warehouse_and_commits_atomi
     parted = parse_spec({**GOOD, "sink": {"kind": "iceberg", "table": "t", "url": "local",
                                           "partition_by": ["days(ts)", "bucket(16, id)", "region"]}}, "s.yaml")
     assert parse_spec(spec_document(parted), "s.yaml").sink.partition_by == ("days(ts)", "bucket(16, id)", "region")
+    keyed = parse_spec({**GOOD, "sink": {"kind": "iceberg", "table": "t", "url": "local", "merge": "upsert",
+                                         "key_columns": ["id", "day"]}}, "s.yaml")
+    assert parse_spec(spec_document(keyed), "s.yaml") == keyed and keyed.sink.key_columns == ("id", "day")
     for bad in (["weeks(ts)"], "days(ts)", ["bucket(id)"]):
         with pytest.raises(SpecError, match=r"^s.yaml: sink.partition_by: must be a list of partition fields"):
             parse_spec({**GOOD, "sink": {"kind": "iceberg", "table": "t", "url": "local", "partition_by": bad}},

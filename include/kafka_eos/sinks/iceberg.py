@@ -16,7 +16,8 @@ on the driver, over the pipeline's :class:`~kafka_eos.sinks.iceberg_store.Iceber
    read for that. Skipped when the run has none.
 5. The results written as data files (a bounded chunk at a time: the driver never holds the run;
    a field the table lacks, or a type it cannot take, fails the run), then one snapshot that adds
-   them all, its summary holding the plan's offsets: committed only onto the snapshot whose
+   them all (``merge: upsert``: and replaces the files holding rows of the run's keys by files
+   without those rows, copy-on-write), its summary holding the plan's offsets: committed only onto the snapshot whose
    offsets were checked (the catalog's compare-and-set; after another commit that left this
    pipeline's offsets alone, a compaction, checked again and tried again). This commit is the
    run's transaction.
@@ -88,9 +89,15 @@ class IcebergSink(MirroredSink):
     def _results(self, table, plan: Plan, output: Output) -> tuple[str, int]:
         """5. The results as data files, then the one snapshot that commits them with the offsets."""
         began = time.monotonic()
-        files, rows = fetched(output.results, lambda batches: self.store.write_files(table, batches))
+        upsert = self.spec.sink.merge == "upsert"
+
+        def write(batches):
+            keys: list | None = [] if upsert else None  # a refused first try of fetched() starts over
+            return (*self.store.write_files(table, batches, keys), keys)
+
+        files, rows, keys = fetched(output.results, write)
         written = time.monotonic()
-        committed = self.store.commit_files(table, plan, files)
+        committed = self.store.commit_files(table, plan, files, self.store.upsert_keys(keys) if upsert else None)
         log.info("Iceberg sink %s: %d row(s) in %d file(s) written in %.2f s; snapshot committed in %.2f s",
                  self.spec.sink.table, rows, len(files), written - began, time.monotonic() - written)
         return (COMMITTED, rows) if committed else (NOOP, 0)

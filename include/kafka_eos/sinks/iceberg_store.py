@@ -215,10 +215,15 @@ class IcebergStore:
 
     # -- writing --------------------------------------------------------------------------------
 
-    def write_files(self, table: "Table", batches: Iterable["pa.RecordBatch"]) -> tuple[list["DataFile"], int]:
+    def write_files(self, table: "Table", batches: Iterable["pa.RecordBatch"],
+                    keys: list["pa.Table"] | None = None) -> tuple[list["DataFile"], int]:
         """Data files of ``batches`` (Parquet, in the table's location), written a chunk of
         :data:`CHUNK_BYTES` at a time: (the files, their rows). Nothing is committed: files of a
-        run that fails before its commit are orphans no snapshot names."""
+        run that fails before its commit are orphans no snapshot names.
+
+        :param keys: where given, the values of ``sink.key_columns`` of every row written are
+            added to it (as the table's types), for :meth:`rewrites`.
+        """
         import pyarrow as pa
         from pyiceberg.io.pyarrow import _dataframe_to_data_files, schema_to_pyarrow
 
@@ -233,6 +238,8 @@ class IcebergStore:
             nonlocal chunk, size
             if chunk:
                 whole = pa.Table.from_batches(chunk).select(target.names).cast(target)
+                if keys is not None:
+                    keys.append(whole.select(list(self.spec.sink.key_columns)))
                 files.extend(_dataframe_to_data_files(table_metadata=table.metadata, df=whole, io=table.io))
             chunk, size = [], 0
 
@@ -242,6 +249,11 @@ class IcebergStore:
             batch = _utc(batch)
             if not checked:
                 self._check_schema(table, batch.schema)
+                missing = [k for k in self.spec.sink.key_columns if k not in batch.schema.names] if keys is not None \
+                    else []
+                if missing:
+                    raise SpecError(f"{self.spec.path}: sink.key_columns: {', '.join(missing)} not in the transform's "
+                                    f"output for Iceberg table {self.spec.sink.table!r}")
                 checked = True
             chunk.append(batch)
             size += batch.nbytes
@@ -265,13 +277,16 @@ class IcebergStore:
             raise SpecError(f"Iceberg table {'.'.join(table.name())}: the transform's output does not fit its schema "
                             f"({first}); evolve the table's schema first") from None
 
-    def commit_files(self, table: "Table", plan: Plan, files: list["DataFile"]) -> bool:
-        """One snapshot of the results table's ``main`` adding ``files``, its summary holding the
+    def commit_files(self, table: "Table", plan: Plan, files: list["DataFile"],
+                     keys: "pa.Table | None" = None) -> bool:
+        """One snapshot of the results table's branch adding ``files``, its summary holding the
         plan's offsets (and every other pipeline's, carried forward) and the run: committed only if
-        ``main`` is still the snapshot whose offsets were checked (the catalog's compare-and-set;
+        the branch is still the snapshot whose offsets were checked (the catalog's compare-and-set;
         PyIceberg's own retry, which rebases onto a newer snapshot past the check, is off). Another
         commit meanwhile (a compaction, another pipeline) that left this pipeline's checkpoint where
         it was: checked again on the new snapshot and tried again, :data:`COMMIT_ATTEMPTS` times.
+        With ``keys`` (``merge: upsert``) the same snapshot also replaces the files holding rows of
+        those keys by files without them (:meth:`rewrites`, planned again on every attempt).
 
         :returns: False when a concurrent attempt committed the plan first (a no-op).
         :raises CheckpointConflict: another commit moved this pipeline's checkpoint.
@@ -284,10 +299,11 @@ class IcebergStore:
             properties = {**self.carried(table), self.offsets_key: _format_offsets(offsets),
                           self.run_key: plan.run_id}
             marker = MARKER_KEY.format(pipeline=self.spec.name)
+            deleted, replacing = self.rewrites(table, keys) if keys is not None else ([], [])
             try:
-                _append(table, files, properties,
+                _append(table, [*files, *replacing], properties,
                         {} if marker in table.properties or self.branch != MAIN else {marker: plan.run_id},
-                        self.branch)
+                        self.branch, deleted)
                 return True
             except CommitFailedException:
                 table = self.catalog.load_table(table.name())
@@ -298,6 +314,75 @@ class IcebergStore:
         raise CheckpointConflict(f"Iceberg table {self.spec.sink.table!r}: moved by other commits "
                                  f"{COMMIT_ATTEMPTS} times while run {plan.run_id!r} committed; nothing of it was "
                                  "committed")
+
+    def upsert_keys(self, parts: list["pa.Table"]) -> "pa.Table":
+        """The run's keys (:meth:`write_files`'s ``keys``) as one table.
+
+        :raises SpecError: a key with a null field, or a key more than once (``merge: upsert``
+            keeps one row per key: the transform must give one), naming it.
+        """
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        names = list(self.spec.sink.key_columns)
+        keys = pa.concat_tables(parts) if parts else None
+        if keys is None or not keys.num_rows:
+            return keys
+        for name in names:
+            if keys.column(name).null_count:
+                raise SpecError(f"{self.spec.path}: sink.key_columns: the run's rows for Iceberg table "
+                                f"{self.spec.sink.table!r} hold a null {name!r}: an upsert's key must be set")
+        counts = keys.group_by(names).aggregate([([], "count_all")])
+        twice = counts.filter(pc.greater(counts.column("count_all"), 1))
+        if twice.num_rows:
+            first = {n: twice.column(n)[0].as_py() for n in names}
+            raise SpecError(f"{self.spec.path}: sink.key_columns: the run's rows for Iceberg table "
+                            f"{self.spec.sink.table!r} hold the key {json.dumps(first, default=str)} more than once, "
+                            "and merge: upsert keeps one row per key: the transform must give one row per key")
+        return keys
+
+    def rewrites(self, table: "Table", keys: "pa.Table | None") -> tuple[list["DataFile"], list["DataFile"]]:
+        """Copy-on-write of ``keys``'s rows in ``table``'s branch: (the data files holding rows of
+        those keys, the files that replace them: their other rows). The files to read are those
+        whose column statistics may hold a key (each key column's range); one file is in memory
+        at a time.
+
+        :raises SpecError: the table has row-level delete files (another engine's merge-on-read),
+            which this copy-on-write does not apply: compact it first.
+        """
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        from pyiceberg.expressions import AlwaysTrue, And, GreaterThanOrEqual, LessThanOrEqual
+        from pyiceberg.io.pyarrow import ArrowScan, _dataframe_to_data_files
+
+        head = _head(table, self.branch)
+        if head is None or keys is None or not keys.num_rows:
+            return [], []
+        names = list(self.spec.sink.key_columns)
+        where = AlwaysTrue()
+        for name in names:
+            low, high = (v.as_py() for v in pc.min_max(keys.column(name)).values())
+            if isinstance(low, (int, str)) and not isinstance(low, bool):
+                where = And(where, GreaterThanOrEqual(name, low), LessThanOrEqual(name, high))
+        wanted = keys.select(names)
+        deleted, replacing = [], []
+        for task in table.scan(row_filter=where, snapshot_id=head.snapshot_id).plan_files():
+            if task.delete_files:
+                raise SpecError(f"Iceberg table {'.'.join(table.name())}: data file {task.file.file_path} has row-level "
+                                "deletes (merge-on-read): an upsert rewrites files and cannot apply them; compact the "
+                                "table first")
+            rows = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue()).to_table([task])
+            numbered = pa.array(range(rows.num_rows), pa.int64())
+            found = rows.select(names).cast(wanted.schema).append_column("__kafka_eos_row", numbered)
+            hit = found.join(wanted, names, join_type="left semi").column("__kafka_eos_row").combine_chunks()
+            if not len(hit):
+                continue
+            keep = pc.invert(pc.is_in(numbered, value_set=hit))
+            deleted.append(task.file)
+            kept = rows.filter(keep)
+            if kept.num_rows:
+                replacing.extend(_dataframe_to_data_files(table_metadata=table.metadata, df=kept, io=table.io))
+        return deleted, replacing
 
     def new_dead_letters(self, table: "Table", plan: Plan, rows: Iterable[dict]) -> Iterator[dict]:
         """The dead-letter rows of ``plan`` that ``table`` does not hold yet (this pipeline's, by
@@ -391,11 +476,13 @@ class IcebergStore:
                 own.append(snapshot)
                 snapshot = table.metadata.snapshot_by_id(snapshot.parent_snapshot_id) \
                     if snapshot.parent_snapshot_id is not None else None
-            if any(s.summary is None or s.summary.operation.value != "append" for s in own):
-                raise SpecError(f"Iceberg table {name!r}: branch {branch!r} has snapshots that are not appends: "
-                                "promote it with the catalog's own tools")
-            files = [f for s in reversed(own) for f in _added_files(table, s)]
             forward = main is None or snapshot is not None and snapshot.snapshot_id == main.snapshot_id
+            if not forward and any(s.summary is None or s.summary.operation.value != "append" for s in own):
+                raise SpecError(f"Iceberg table {name!r}: main moved since branch {branch!r} was cut, and the branch "
+                                "replaced rows (merge: upsert), which an append onto main cannot: promote it while "
+                                "main stays at the cut (pause the live pipeline, replay again), or merge it with the "
+                                "catalog's own tools")
+            files = [f for s in reversed(own) for f in _added_files(table, s)]
             entry.update(action="fast-forward" if forward else "append", files=len(files),
                          rows=sum(f.record_count for f in files))
             if not apply:
@@ -417,11 +504,13 @@ class IcebergStore:
 
 
 def _append(table: "Table", files: list["DataFile"], properties: dict[str, str],
-            table_properties: dict[str, str] | None = None, branch: str = "main") -> None:
+            table_properties: dict[str, str] | None = None, branch: str = "main",
+            deleted: list["DataFile"] = ()) -> None:
     """One fast-append snapshot of ``files`` on ``branch`` with ``properties`` in its summary (and
     ``table_properties`` set on the table in the same commit), committed only onto the snapshot
-    ``table`` was loaded at. A branch that does not exist yet is cut from ``main``'s current
-    snapshot in the same commit (committed only if it still does not exist).
+    ``table`` was loaded at; with ``deleted``, an overwrite snapshot that also removes those
+    files. A branch that does not exist yet is cut from ``main``'s current snapshot in the same
+    commit (committed only if it still does not exist).
 
     :raises CommitFailedException: the branch moved (or was created) meanwhile.
     """
@@ -433,7 +522,10 @@ def _append(table: "Table", files: list["DataFile"], properties: dict[str, str],
     if branch != MAIN and branch not in table.metadata.refs and table.current_snapshot() is not None:
         # Staged first: the transaction keeps the first ref requirement (the branch absent).
         ManageSnapshots(tx).create_branch(table.current_snapshot().snapshot_id, branch).commit()
-    with tx.update_snapshot(snapshot_properties=properties, branch=branch).fast_append() as append:
+    update = tx.update_snapshot(snapshot_properties=properties, branch=branch)
+    with (update.overwrite() if deleted else update.fast_append()) as append:
+        for data_file in deleted:
+            append.delete_data_file(data_file)
         for data_file in files:
             append.append_data_file(data_file)
     tx.commit_transaction()

@@ -121,11 +121,19 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	echo "$(CURDIR)/include" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kafka_eos_lab.pth"
 	touch $@
 
-jars: $(JARS)/kafka/.resolved $(JARS)/spark/.resolved $(JARS)/registry/.resolved $(JARS)/connect/.built
+jars: $(JARS)/kafka/.resolved $(JARS)/spark/.resolved $(JARS)/registry/.resolved $(JARS)/connect/.built \
+      $(JARS)/iceberg-rest/.resolved
 
 $(JARS)/kafka/.resolved: jvm/pom.xml
 	rm -rf $(JARS)/kafka
 	$(MVN) -P broker dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=../$(JARS)/kafka
+	touch $@
+
+# Iceberg's own REST catalog server, for the Iceberg sink's REST catalog tests
+# (jvm/iceberg-rest/LoopbackRestCatalog.java runs on these and pyspark's Hadoop jars).
+$(JARS)/iceberg-rest/.resolved: jvm/pom.xml
+	rm -rf $(JARS)/iceberg-rest
+	$(MVN) -P iceberg-rest dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=../$(JARS)/iceberg-rest
 	touch $@
 
 $(JARS)/spark/.resolved: jvm/pom.xml

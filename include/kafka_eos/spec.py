@@ -190,6 +190,9 @@ class SinkKind:
     optional_fields: tuple[tuple[str, Any], ...] = ()
     #: ``url: local``: the development database under ``.local/`` (``{name}``: the pipeline's).
     local_database: str = "sql/{name}.db"
+    #: The resolver of ``sink.conn_id`` (:data:`kafka_eos.sinks.sql_store.CONNECTIONS_GROUP`): ``sql``
+    #: (a database's SQLAlchemy URL), ``iceberg`` (a catalog's: a database's, or a REST catalog's).
+    connection: str = "sql"
     #: Why side runs (replays, backfills) of this kind are refused whatever the spec says; None:
     #: they need only the spec's place for them.
     no_side_runs: str | None = None
@@ -212,7 +215,7 @@ SINK_KINDS: dict[str, SinkKind] = {
                         checks=("database",), fields=("merge",),
                         optional_fields=(("warehouse", None), ("catalog", "kafka_eos"), ("partition_by", ()),
                                          ("key_columns", ())),
-                        local_database="iceberg/catalog.db"),
+                        local_database="iceberg/catalog.db", connection="iceberg"),
 }
 
 
@@ -667,9 +670,12 @@ def _iceberg_sink(sink: SinkSpec, snk: dict, where: str, environ) -> SinkSpec:
     if sink.conn_id is None and (snk.get("url") is None or (environ is not None and sink.url is None)):
         raise SpecError(f"{where}: sink: an iceberg sink needs its catalog's database: sink.conn_id (an Airflow "
                         "connection) or sink.url (a SQLAlchemy URL; 'local' for kafka-eos's embedded catalog)")
-    if sink.warehouse is None and sink.url != "local":
-        raise SpecError(f"{where}: sink.warehouse: required for an iceberg sink whose catalog is not the embedded "
-                        "one (url: local): where the catalog puts the table's files")
+    # A REST catalog places tables itself; a URL still a template (a DAG's parse) or a connection's is
+    # checked where the catalog is opened.
+    if sink.warehouse is None and sink.url not in (None, "local") and "${" not in sink.url \
+            and not sink.url.startswith(("http://", "https://")):
+        raise SpecError(f"{where}: sink.warehouse: required for an iceberg sink on a SQL catalog other than the "
+                        "embedded one (url: local): where the catalog puts the table's files")
     return replace(sink, dead_letters_table=f"{sink.table}_dead_letters")
 
 

@@ -11,10 +11,11 @@ A side run (a replay, a backfill) commits to a branch of its own (``sink.branch`
 at its first commit: its offsets are the summary of that branch's snapshots, under its own name;
 :meth:`IcebergStore.promote` moves a branch onto ``main``.
 
-The catalog: PyIceberg's ``SqlCatalog`` over a SQLAlchemy URL (PostgreSQL, SQLite; ``url: local`` is
-kafka-eos's embedded one, ``.local/iceberg/catalog.db``), resolved as a SQL sink's database is
-(``sink.conn_id``, else ``sink.url``); the warehouse: ``sink.warehouse``, else the local folder
-``.local/iceberg/warehouse``.
+The catalog (:func:`open_catalog`), resolved as a SQL sink's database is (``sink.conn_id``, else
+``sink.url``): PyIceberg's ``SqlCatalog`` over a SQLAlchemy URL (PostgreSQL, SQLite; ``url: local`` is
+kafka-eos's embedded one, ``.local/iceberg/catalog.db``; the warehouse: ``sink.warehouse``, else the
+local folder ``.local/iceberg/warehouse``), or a REST catalog at an ``http(s)://`` URL (its
+credentials in the URL's user part, its other properties in the query: :func:`rest_properties`).
 """
 
 from __future__ import annotations
@@ -64,6 +65,64 @@ def warehouse(spec: PipelineSpec) -> str:
     return folder.as_uri()
 
 
+def is_rest(url: str) -> bool:
+    """Whether a catalog URL names a REST catalog (else a SQL catalog's database)."""
+    return url.startswith(("http://", "https://"))
+
+
+def rest_properties(url: str) -> dict[str, str]:
+    """PyIceberg's REST catalog properties of ``url``:
+    ``https://CLIENT_ID:CLIENT_SECRET@host/path?warehouse=w&scope=s`` gives ``uri``
+    (``https://host/path``), ``credential`` (``CLIENT_ID:CLIENT_SECRET``: OAuth2 client credentials);
+    ``https://:TOKEN@host/path`` gives ``token`` (a bearer token); each query parameter is a
+    property (``warehouse``, ``scope``, ``oauth2-server-uri``, ``header.X-Iceberg-Access-Delegation``,
+    ``s3.*``, ...). The URL holds secrets: never log it."""
+    from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port:
+        netloc += f":{parts.port}"
+    properties = {"uri": urlunsplit((parts.scheme, netloc, parts.path, "", ""))}
+    user, password = unquote(parts.username or ""), unquote(parts.password or "")
+    if user:
+        properties["credential"] = f"{user}:{password}"
+    elif password:
+        properties["token"] = password
+    properties.update(parse_qsl(parts.query, keep_blank_values=True))
+    return properties
+
+
+def open_catalog(spec: PipelineSpec, url: str):
+    """The pipeline's catalog at ``url`` (see the module's docstring).
+
+    :raises SpecError: a SQL catalog other than the embedded one without ``sink.warehouse``.
+    """
+    if is_rest(url):
+        from pyiceberg.catalog.rest import RestCatalog
+
+        properties = rest_properties(url)
+        if spec.sink.warehouse:
+            properties.setdefault("warehouse", spec.sink.warehouse)
+        try:
+            return RestCatalog(spec.sink.catalog, **properties)
+        except Exception as exc:  # noqa: BLE001 - PyIceberg's REST errors, said in one line (never the URL's secrets)
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise SpecError(f"{spec.path}: Iceberg REST catalog {properties['uri']}: {type(exc).__name__}: {first}") \
+                from None
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    if url.startswith("sqlite:///"):
+        from pathlib import Path
+
+        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    if spec.sink.warehouse is None and spec.sink.url != "local":
+        raise SpecError(f"{spec.path}: sink.warehouse: required for an iceberg sink on a SQL catalog other than the "
+                        "embedded one (url: local): where the catalog puts the table's files")
+    return SqlCatalog(spec.sink.catalog, uri=url, warehouse=warehouse(spec))
+
+
 def identifier(table: str) -> tuple[str, str]:
     """``namespace.table`` as (namespace, table); a bare name is in namespace ``default``."""
     namespace, _, name = table.rpartition(".")
@@ -77,14 +136,8 @@ class IcebergStore:
     """
 
     def __init__(self, spec: PipelineSpec, url: str) -> None:
-        from pyiceberg.catalog.sql import SqlCatalog
-
-        if url.startswith("sqlite:///"):
-            from pathlib import Path
-
-            Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
         self.spec = spec
-        self.catalog = SqlCatalog(spec.sink.catalog, uri=url, warehouse=warehouse(spec))
+        self.catalog = open_catalog(spec, url)
         self.offsets_key = OFFSETS_KEY.format(pipeline=spec.name)
         self.run_key = RUN_KEY.format(pipeline=spec.name)
         self.branch = spec.sink.branch

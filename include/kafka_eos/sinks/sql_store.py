@@ -71,18 +71,19 @@ def local_url(spec: PipelineSpec) -> str:
 
 
 #: The entry point group through which an installed Airflow provider resolves a connection id:
-#: ``sql`` -> ``f(conn_id) -> SQLAlchemy URL | None`` (kafka_eos_airflow.hooks.sql). The library
+#: ``sql`` -> ``f(conn_id) -> SQLAlchemy URL | None`` (kafka_eos_airflow.hooks.sql); ``iceberg`` -> an
+#: Iceberg catalog's URL (kafka_eos_airflow.hooks.iceberg: a REST catalog's, else a database's). The library
 #: never imports Airflow; where the provider is installed, the CLI resolves ``sink.conn_id``
 #: through Airflow's secrets backends with it.
 CONNECTIONS_GROUP = "kafka_eos.connections"
 
 
-def connection_url(conn_id: str) -> str | None:
-    """The SQLAlchemy URL of the Airflow connection ``conn_id`` (see :data:`CONNECTIONS_GROUP`);
-    None where no resolver is installed or no such connection is defined."""
+def connection_url(conn_id: str, kind: str = "sql") -> str | None:
+    """The URL of the Airflow connection ``conn_id`` as resolver ``kind`` gives it (see
+    :data:`CONNECTIONS_GROUP`); None where no resolver is installed or no such connection is defined."""
     from importlib.metadata import entry_points
 
-    for resolver in entry_points(group=CONNECTIONS_GROUP, name="sql"):
+    for resolver in entry_points(group=CONNECTIONS_GROUP, name=kind):
         return resolver.load()(conn_id)
     return None
 
@@ -101,7 +102,7 @@ def database_url(spec: PipelineSpec, settings: KafkaSettings | None = None, fall
     sink = spec.sink
     url = settings.database_url if settings is not None else None
     if url is None and sink.conn_id is not None:
-        url = connection_url(sink.conn_id)
+        url = connection_url(sink.conn_id, sink.about.connection)
         if url is None and not (fallback and sink.url is not None):
             raise SpecError(f"{spec.path}: sink.conn_id: Airflow connection {sink.conn_id!r} is not defined here "
                             "(in Airflow's connections or, outside a task, its secrets backends: AIRFLOW_CONN_*, "

@@ -2,7 +2,8 @@
 kafka-eos run, written with Spark's own Kafka sink (at-least-once: no transaction, no offsets),
 or, for a spec with a SQL sink, with Spark's own JDBC writer (``df.write.jdbc(mode="append")``:
 results into ``--table``, dead letters into ``<table>_dead``; PostgreSQL's JDBC driver on
-``--jars``).
+``--jars``), or, for a spec with an Iceberg sink, with ``df.write.parquet(mode="append")`` into the
+folder ``--parquet`` (dead letters into ``<folder>_dead``).
 
     spark-submit --jars <connector jars> include/kafka_eos_lab/bench/baseline_app.py --spec S --plan P
     python include/kafka_eos_lab/bench/baseline_app.py --spec S --plan P --spark-remote sc://127.0.0.1:15002
@@ -39,12 +40,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spark-remote", help="run on this Spark Connect server (a plain Python process)")
     parser.add_argument("--table", help="a SQL sink's spec: the table the results are appended to (default: "
                                         "the spec's sink.table)")
+    parser.add_argument("--parquet", help="an Iceberg sink's spec: the folder the results are appended to as "
+                                          "Parquet files (dead letters: <folder>_dead)")
     args = parser.parse_args(argv)
     started = time.monotonic()
     spec = load_spec(args.spec)
     plan = Plan.from_json(Path(args.plan).read_text(), args.plan)
     settings = KafkaSettings.from_environ(os.environ)
     spark = get_session(f"bench baseline {spec.name}", remote=args.spark_remote)
+    if spec.sink.kind == "iceberg":
+        out = transformed(spark, spec, plan, settings)
+        out.results.write.mode("append").parquet(args.parquet)
+        out.dead_letters.write.mode("append").parquet(f"{args.parquet}_dead")
+        print("BASELINE_SUMMARY " + json.dumps({"seconds_in_app": round(time.monotonic() - started, 3)}))
+        return 0
     if spec.sink.kind == "sql":
         out = transformed(spark, spec, plan, settings)
         url, props = jdbc_of(spec.sink.url)

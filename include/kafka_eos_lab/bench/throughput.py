@@ -262,6 +262,10 @@ def bench_spec(work: Path, settings: KafkaSettings, source: Input, label: str, *
     elif kind == "sql_rows":
         raw.update(transform=ROWS_TRANSFORM,
                    sink={"kind": "sql", "table": name, "key_columns": ["topic", "partition", "offset"], "url": url})
+    elif kind == "iceberg_rows":  # a catalog in SQLite, its warehouse a folder of the bench's
+        raw.update(transform=ROWS_TRANSFORM,
+                   sink={"kind": "iceberg", "table": f"bench.{name}", "url": f"sqlite:///{work / 'iceberg.db'}",
+                         "warehouse": (work / "warehouse").as_uri()})
     else:
         raw.update(transform=REVENUE_TRANSFORM,
                    sink={"kind": "sql", "table": name, "key_columns": ["minute", "category"], "merge": "add",
@@ -334,6 +338,44 @@ def run_jdbc_baseline(work: Path, settings: KafkaSettings, source: Input, url: s
     return row
 
 
+def run_parquet_baseline(work: Path, settings: KafkaSettings, source: Input) -> dict:
+    """Plain Spark: the rows transform over the whole topic, written with Spark's own
+    ``df.write.parquet`` (append, into a folder: at-least-once, no table, no offsets) — the floor
+    the Iceberg sink is measured against."""
+    import pyarrow.parquet as pq
+
+    from kafka_eos.pipeline import compute_plan
+
+    spec = bench_spec(work, settings, source, "baseline_parquet", kind="iceberg_rows")
+    folder = work / f"{spec.name}.parquet"
+    plan, _drift = compute_plan(spec, settings, "bench")
+    app = Path(__file__).with_name("baseline_app.py")
+    m = run_measured(spark_submit(app, ["--spec", spec.path, "--plan", str(_plan_file(work, plan)),
+                                        "--parquet", str(folder)]),
+                     spark_env(settings, work), work / f"{spec.name}.log")
+    if m.returncode != 0:
+        raise RuntimeError(f"Parquet baseline run failed (exit {m.returncode}): see {work / spec.name}.log")
+    out, dead = (sum(pq.read_metadata(f).num_rows for f in Path(d).glob("*.parquet"))
+                 for d in (folder, f"{folder}_dead"))
+    row = _row("baseline_parquet", "Spark's df.write.parquet into a folder (append, at-least-once), a row per order",
+               source, m, out, dead)
+    if (out, dead) != (source.valid, source.malformed):
+        row["anomalies"] = [f"wrote {out} rows and {dead} dead letters for {source.valid} valid and "
+                            f"{source.malformed} malformed inputs"]
+    return row
+
+
+def iceberg_rows(spec: PipelineSpec) -> int:
+    """The rows of an Iceberg bench run's table (its current snapshot's count, read by PyIceberg)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from kafka_eos.sinks.iceberg_store import identifier
+
+    table = SqlCatalog(spec.sink.catalog, uri=spec.sink.url, warehouse=spec.sink.warehouse).load_table(
+        identifier(spec.sink.table))
+    return int(table.current_snapshot().summary["total-records"])
+
+
 def table_rows(url: str, *tables: str) -> list[int]:
     """How many rows each of ``tables`` holds (a SQL bench run's results and dead letters)."""
     from sqlalchemy import create_engine, text
@@ -381,6 +423,8 @@ def run_kafka_eos(work: Path, settings: KafkaSettings, source: Input, kind: str,
     what = (f"kafka-eos, Kafka sink ({commit})" if kind == "kafka"
             else "kafka-eos, SQL sink into PostgreSQL, a row per order (x base: Spark's JDBC writer)"
             if kind == "sql_rows"
+            else "kafka-eos, Iceberg sink (SQLite catalog, a row per order; x base: Spark's df.write.parquet)"
+            if kind == "iceberg_rows"
             else "kafka-eos, SQL sink (revenue_per_minute: another transform; x base is indicative)")
     what += ", through the Spark Connect server" if remote else ""
     if remote and commit == "per_partition":  # one pass where the server's plugin proved the layout
@@ -394,6 +438,8 @@ def run_kafka_eos(work: Path, settings: KafkaSettings, source: Input, kind: str,
         row["table"] = spec.sink.table
         if (written := table_rows(url, spec.sink.table)[0]) != source.valid:
             row["anomalies"].append(f"{written} rows in the table for {source.valid} valid inputs")
+    if kind == "iceberg_rows" and (written := iceberg_rows(spec)) != source.valid:
+        row["anomalies"].append(f"{written} rows in the Iceberg table for {source.valid} valid inputs")
     return row
 
 
@@ -402,7 +448,7 @@ def _anomalies(row: dict, source: Input, kind: str, summary: dict) -> list[str]:
     found = []
     if summary["records_in"] != source.records:
         found.append(f"read {summary['records_in']} committed input records, the topic has {source.records}")
-    if kind in ("kafka", "sql_rows") and row["records_out"] != source.valid:
+    if kind in ("kafka", "sql_rows", "iceberg_rows") and row["records_out"] != source.valid:
         found.append(f"{row['records_out']} output records for {source.valid} valid inputs")
     if row["dead_letters"] != source.malformed:
         found.append(f"{row['dead_letters']} dead letters for {source.malformed} malformed inputs")
@@ -574,7 +620,7 @@ def _ratios(rows: list[dict]) -> None:
             continue
         # Through Spark Connect, against Spark's own sink through the same server (neither pays a JVM start).
         base_name = "baseline_connect" if "_connect" in r["name"] else \
-            "baseline_jdbc" if r["name"] == "sql_rows" else "baseline"
+            "baseline_jdbc" if r["name"] == "sql_rows" else "baseline_parquet" if r["name"] == "iceberg" else "baseline"
         base = next((b for b in rows if b["name"] == base_name and b.get("size") == r["size"]), None)
         r["x_baseline"] = round(r["records_per_s"] / base["records_per_s"], 2) if base else None
         r["x_ceiling"] = round(r["records_per_s"] / ceiling, 3) if ceiling else None
@@ -612,6 +658,15 @@ def verdicts(rows: list[dict]) -> list[str]:
         ok = r["x_baseline"] is not None and r["x_baseline"] >= TARGETS["sql_rows"]
         lines.append(f"SQL sink at {r['size']}x: {r['x_baseline']}x Spark's JDBC writer (target >= "
                      f"{TARGETS['sql_rows']}x): {'met' if ok else 'NOT met'}")
+    for r in (r for r in rows if r["name"] == "iceberg"):
+        lines.append(f"Iceberg sink at {r['size']}x: {r['x_baseline']}x Spark's df.write.parquet into a folder (the "
+                     f"at-least-once floor; no target), driver Python peak {r['peak_mib'].get('driver_python')} MiB")
+    sizes = sorted({r["size"] for r in rows if r["name"] == "iceberg"})
+    if len(sizes) > 1:
+        a, b = (find("iceberg", z)["peak_mib"].get("driver_python") for z in (sizes[0], sizes[-1]))
+        if a and b:
+            lines.append(f"Iceberg sink driver_python peak RSS {a} MiB at {sizes[0]}x, {b} MiB at {sizes[-1]}x "
+                         f"(target: flat): {'met' if b <= a * 1.25 else 'NOT met'}")
     sizes = sorted({r["size"] for r in rows if r["name"] == "sql_rows"})
     if len(sizes) > 1:
         small, large = (next(r for r in rows if r["name"] == "sql_rows" and r["size"] == z) for z in (sizes[0], sizes[-1]))
@@ -779,6 +834,12 @@ def _sizes(args, skip: set, settings: KafkaSettings, work: Path, rows: list[dict
                 (f"Spark's JDBC writer {size}x, PostgreSQL", lambda: run_jdbc_baseline(work, settings, source, pg_url,
                                                                                         tables[0]))])
             runs += [jdbc_best, sql_best]  # the baseline's row first, as the Kafka sink's
+        if "iceberg" not in skip:
+            iceberg_best, parquet_best = best_of(args.repeat, [
+                (f"kafka-eos Iceberg sink {size}x, a row per order", partial(
+                    run_kafka_eos, work, settings, source, "iceberg_rows", label="iceberg")),
+                (f"Spark's df.write.parquet {size}x", partial(run_parquet_baseline, work, settings, source))])
+            runs += [parquet_best, iceberg_best]
         if size == 1 and "sql" not in skip:
             runs.append(step("kafka-eos SQL sink, SQLite", run_kafka_eos, work, settings, source, "sql",
                              url=f"sqlite:///{work / 'bench.db'}", label="sql_sqlite"))
@@ -907,8 +968,8 @@ def main(argv: list[str] | None = None) -> int:
                              "the fastest (a 1x run on 2 shared cores varies by 10-25%% from run to run)")
     parser.add_argument("--skip", default="",
                         help="parts to leave out: ceiling, kafka (the Kafka-sink rows; not with fixed), sql (the "
-                             "revenue_per_minute rows), postgres (every PostgreSQL row), fixed, airflow, planner, "
-                             "connect, avro")
+                             "revenue_per_minute rows), postgres (every PostgreSQL row), iceberg (the Iceberg sink "
+                             "and its Parquet baseline), fixed, airflow, planner, connect, avro")
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or LocalBroker.default().start()

@@ -113,14 +113,16 @@ def test_runs_commit_one_snapshot_each_with_their_offsets_exactly_once_over_abor
     assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, list(offsets)) == offsets
 
 
-@pytest.mark.parametrize("at,then", [("before_iceberg_commit", "same plan"), ("before_iceberg_commit", "new plan"),
-                                     ("after_iceberg_commit", "same plan")])
+@pytest.mark.parametrize("at,then,backend", [("before_iceberg_commit", "same plan", "sqlite"),
+                                             ("before_iceberg_commit", "new plan", "postgres"),
+                                             ("after_iceberg_commit", "same plan", "postgres")])
 def test_a_run_that_dies_before_or_after_the_catalog_commit_is_finished_once(
-        spark, kafka_settings, iceberg_spec, at, then, monkeypatch):
+        spark, kafka_settings, iceberg_spec, at, then, backend, monkeypatch, request):
     """In process, the run stops dead at the point (nothing after it runs); then the same plan again
     (Airflow's retry) or a new plan over more records (the CLI's next run): every record once. Before
-    the catalog commit the dead letters are committed already (their own snapshot), the table not."""
-    spec = iceberg_spec()
+    the catalog commit the dead letters are committed already (their own snapshot), the table not. On
+    a SQLite catalog and on PostgreSQL's."""
+    spec = iceberg_spec(**({"url": request.getfixturevalue("postgres_url")} if backend == "postgres" else {}))
     topic = spec.source.topics[0]
     truth = produce_orders(kafka_settings, topic, 150, abort_every=4, malformed_every=9)
 

@@ -94,6 +94,20 @@ def sql_writes(spec: PipelineSpec) -> Counter:
         return Counter({row[0]: row[1] for row in conn.execute(text(f"SELECT order_id, times FROM {spec.sink.table}"))})
 
 
+def iceberg_writes(spec: PipelineSpec) -> Counter:
+    """How often the Iceberg sink wrote each order id (its rows in the table, read by PyIceberg)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from kafka_eos.sinks.iceberg_store import identifier
+
+    catalog = SqlCatalog(spec.sink.catalog, uri=spec.sink.url, warehouse=spec.sink.warehouse)
+    try:
+        table = catalog.load_table(identifier(spec.sink.table))
+    except Exception:  # noqa: BLE001 - no table: nothing was ever committed
+        return Counter()
+    return Counter(table.scan(selected_fields=("order_id",)).to_arrow().column("order_id").to_pylist())
+
+
 def count(settings: KafkaSettings, spec: PipelineSpec, truth: Produced, written: Counter) -> Counts:
     """Run every checker on a scenario's end state.
 

@@ -23,23 +23,27 @@ import yaml
 
 from kafka_eos import kafka_admin
 from kafka_eos_lab.chaos import brokers
-from kafka_eos_lab.chaos.checks import Counts, Verifier, count, sql_writes, wait_settled
+from kafka_eos_lab.chaos.checks import Counts, Verifier, count, iceberg_writes, sql_writes, wait_settled
 from kafka_eos.local.kafka import LocalCluster
 from kafka_eos.sample_data import produce_orders
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec, parse_spec
 
 #: The sinks every scenario runs against.
-SINKS = ("atomic", "per_partition", "sql")
+SINKS = ("atomic", "per_partition", "sql", "iceberg")
+#: The sinks whose checkpoint is their own store's, mirrored to the Kafka group after their commit.
+MIRRORED = ("sql", "iceberg")
 #: The steps of a commit a fault can hit, and the fail point that marks each per sink (None: the
-#: sink has no such step). A SQL sink writes no records to Kafka: its "produce" is the database
-#: transaction, its "offsets" the Kafka mirror after the database commit ("committed" too: the mirror is
-#: the run's last step).
+#: sink has no such step). A SQL or Iceberg sink writes no records to Kafka: its "produce" is the
+#: database transaction (the catalog commit, its dead letters' snapshot committed before), its
+#: "offsets" the Kafka mirror after that commit ("committed" too: the mirror is the run's last step).
 STEPS = {
-    "produce": {"atomic": "after_produce", "per_partition": "after_produce", "sql": "before_sql_commit"},
-    "offsets": {"atomic": "before_offsets", "per_partition": "before_offsets", "sql": "after_sql_commit"},
-    "commit": {"atomic": "before_commit", "per_partition": "before_commit", "sql": None},
-    "committed": {"atomic": "after_commit", "per_partition": "after_commit", "sql": None},
+    "produce": {"atomic": "after_produce", "per_partition": "after_produce", "sql": "before_sql_commit",
+                "iceberg": "before_iceberg_commit"},
+    "offsets": {"atomic": "before_offsets", "per_partition": "before_offsets", "sql": "after_sql_commit",
+                "iceberg": "after_iceberg_commit"},
+    "commit": {"atomic": "before_commit", "per_partition": "before_commit", "sql": None, "iceberg": None},
+    "committed": {"atomic": "after_commit", "per_partition": "after_commit", "sql": None, "iceberg": None},
 }
 #: Input: transactions of 50 records, every 3rd aborted; 400 of 600 records committed.
 RECORDS, PER_TRANSACTION, ABORT_EVERY = 600, 50, 3
@@ -66,8 +70,9 @@ class Scenario:
         that commits is SIGKILLed at ``step``: the driver, or in per_partition scope an executor's
         Python worker), ``zombie`` (paused at ``step`` while a newer attempt runs; then resumed),
         ``stall`` (paused at ``step`` past the transaction timeout).
-    :param target: ``leader`` (of output partition 0; SQL: of source partition 0) or ``coordinator``
-        (the transaction coordinator; SQL: the group coordinator that the mirror writes to).
+    :param target: ``leader`` (of output partition 0; SQL, Iceberg: of source partition 0) or
+        ``coordinator`` (the transaction coordinator; SQL, Iceberg: the group coordinator that the
+        mirror writes to).
     """
 
     name: str
@@ -97,7 +102,7 @@ SCENARIOS: list[Scenario] = [
     *[Scenario(f"process SIGKILL at {step}", "crash", step) for step in ("produce", "offsets", "commit", "committed")],
     Scenario("zombie resumes after a newer attempt committed", "zombie", "commit",
              sinks=("atomic", "per_partition")),
-    Scenario("zombie resumes after a newer attempt committed", "zombie", "offsets", sinks=("sql",)),
+    Scenario("zombie resumes after a newer attempt committed", "zombie", "offsets", sinks=MIRRORED),
     Scenario("producer stalled past transaction.timeout.ms", "stall", "produce", sinks=("atomic", "per_partition")),
 ]
 #: The few that ``make test`` runs: one per sink and kind of fault, and the driver killed between
@@ -130,6 +135,10 @@ def spec_for(name: str, sink: str, folder: Path, transaction_timeout_s: int = 30
         doc = {"name": name, "source": source, "transform": "kafka_eos_lab.chaos.transforms:times_per_id",
                "sink": {"kind": "sql", "table": "chaos_times", "key_columns": ["order_id"], "merge": "add",
                         "url": f"sqlite:///{folder / 'sink.db'}"}}
+    elif sink == "iceberg":  # appended rows: a duplicate shows as an order id's second row
+        doc = {"name": name, "source": source, "transform": "kafka_eos_lab.chaos.transforms:times_per_id",
+               "sink": {"kind": "iceberg", "table": "chaos.times", "url": f"sqlite:///{folder / 'catalog.db'}",
+                        "warehouse": (folder / "warehouse").as_uri()}}
     else:
         doc = {"name": name, "source": source, "transform": "identity",
                "sink": {"kind": "kafka", "commit": sink, "topic": f"{name}.out", "dlq_topic": f"{name}.dlq",
@@ -183,7 +192,8 @@ class Cell:
             healer.join()
         brokers.wait_in_sync(settings)
         wait_settled(settings, spec, timeout_s=10)
-        written = verifier.finish() if verifier is not None else sql_writes(spec)
+        written = verifier.finish() if verifier is not None else \
+            iceberg_writes(spec) if spec.sink.kind == "iceberg" else sql_writes(spec)
         self.outcome.counts = count(settings, spec, truth, written)
 
     # -- attempts and faults -----------------------------------------------------------------
@@ -241,7 +251,7 @@ class Cell:
         if self.scenario.target == "leader":
             topic = spec.sink.topic if spec.sink.kind == "kafka" else spec.source.topics[0]
             return brokers.leader_of(settings, topic, 0)
-        if spec.sink.kind == "sql":
+        if spec.sink.kind != "kafka":
             return brokers.coordinator_of(settings, brokers.CONSUMER_OFFSETS, spec.source.group_id)
         txid = spec.transactional_id() if spec.sink.commit == "atomic" else \
             spec.transactional_id(spec.source.topics[0], 0)

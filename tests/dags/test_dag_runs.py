@@ -429,3 +429,27 @@ def test_an_iceberg_pipelines_dag_run_commits_its_table_through_a_catalog_connec
     lineage = verified_lineage(lineage_events, dag_run)
     assert lineage["outputs"][0] == ("file", location[len("file://"):], len(VALID_ORDERS))
     assert [e["uri"] for e in asset_events(dag_run)] == [location]
+
+    # A replay from the trigger form: into a branch of the table of its own, main untouched; the
+    # run's summary gives the command that promotes it, which fast-forwards main (it did not move).
+    from kafka_eos.cli import main
+
+    main_snapshot = catalog.load_table(table).current_snapshot().snapshot_id
+    tps = [(topics["orders"], p) for p in range(3)]
+    live = kafka_admin.committed_offsets(kafka_settings, f"kafka-eos.{name}", tps)
+    replay = run_dag(pipelines_module, name, LOGICAL_DATE + timedelta(minutes=1), run_conf={
+        "replay_from": json.dumps({f"{t}-{p}": 0 for t, p in tps}),
+        "replay_until": json.dumps({f"{t}-{p}": live[(t, p)] for t, p in tps})})
+    planned, done = returned(replay, "plan"), returned(replay, "verify")
+    branch = f"kafka-eos.replay.{planned['replay']}.g1"
+    assert (planned["writes_to"], planned["dead_letters_to"]) == (f"{table}@{branch}", f"{table}_dead_letters@{branch}")
+    assert done["promote_command"] == f"kafka-eos backfill promote {name} replay.{planned['replay']}.g1 --yes"
+    assert catalog.load_table(table).current_snapshot().snapshot_id == main_snapshot
+    on_branch = catalog.load_table(table).scan(
+        snapshot_id=catalog.load_table(table).snapshot_by_name(branch).snapshot_id).to_arrow()
+    assert sorted(on_branch.column("order_id").to_pylist()) == sorted(2 * [o["order_id"] for o in VALID_ORDERS])
+    monkeypatch.setenv("KAFKA_EOS_PIPELINES_DIR", str(_specs_dir()))
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_settings.bootstrap_servers)
+    assert main(done["promote_command"].split()[1:]) == 0
+    assert catalog.load_table(table).current_snapshot().snapshot_id == \
+        catalog.load_table(table).snapshot_by_name(branch).snapshot_id

@@ -268,11 +268,14 @@ class KafkaEosPlanOperator(_PipelineOperator):
             self.log.info("%s %s generation %d %s-%d: [%d, %d)%s", side.kind, side.key, found.generation, r.topic,
                           r.partition, r.from_offset, r.until, "" if r in plan.active else " (written already)")
         self._alert_skipped(spec, plan, context)
+        sink = sides.side_spec(spec, found).sink
+        if spec.sink.about.promoted_by == "branch":  # a branch of the live tables: table@branch
+            writes_to, dead_to = f"{sink.table}@{sink.branch}", f"{sink.dead_letters_table}@{sink.branch}"
+        else:
+            writes_to, dead_to = spec.sink.backfill_topic or spec.sink.backfill_table, \
+                sink.dlq_topic or sink.dead_letters_table
         return {**plan_summary(plan), side.kind: side.key, "generation": found.generation,
-                "writes_to": spec.sink.backfill_topic or spec.sink.backfill_table,
-                "dead_letters_to": sides.side_spec(spec, found).sink.dlq_topic
-                or sides.side_spec(spec, found).sink.dead_letters_table,
-                "recorded_at": mapping["created_at"]}
+                "writes_to": writes_to, "dead_letters_to": dead_to, "recorded_at": mapping["created_at"]}
 
     def _dry_run(self, spec: PipelineSpec, planned: tuple[Plan, list], context: Context) -> dict[str, Any]:
         plan, drift = planned

@@ -621,7 +621,7 @@ def cmd_backfill(args) -> int:
     from kafka_eos.backfill.promote import parse_side, promote
 
     spec, settings = _spec(args, import_transform=False), _settings(args)
-    done = promote(spec, settings, parse_side(args.side), apply=args.yes)
+    done = promote(spec, settings, parse_side(args.side, spec.name), apply=args.yes, overlap=args.overlap)
     if args.json:
         _print_json(done)
         return 0
@@ -851,7 +851,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common_flags(bfp, suppress=True)
     bfp.add_argument("pipeline", help="a name in the pipelines folder or a path to a YAML file")
     bfp.add_argument("side", help="the side run, as its run's note names it: <replay|backfill>.<key>.g<generation> "
-                                  "(or its Iceberg branch, kafka-eos.<that>)")
+                                  "(or its Iceberg branch, kafka-eos.<pipeline>.<that>)")
+    bfp.add_argument("--overlap", action="store_true",
+                     help="an Iceberg table with merge: append: promote even though main's checkpoint was past the "
+                          "side run's start when its branch was cut (main lacks those records, or they were deleted)")
     bfp.add_argument("--yes", action="store_true", help="really promote it")
     bfp.add_argument("--json", action="store_true", help="print JSON for scripts")
     bfp.set_defaults(func=cmd_backfill)

@@ -137,6 +137,14 @@ def _database(spec: PipelineSpec, settings: KafkaSettings) -> Check:
         url = database_url(spec, settings)
     except SpecError as exc:
         return Check(False, "database", str(exc))
+    if spec.sink.kind == "iceberg" and url.startswith(("http://", "https://")):
+        from kafka_eos.sinks.iceberg_store import open_catalog, rest_properties
+
+        try:
+            open_catalog(spec, url).list_namespaces()
+        except Exception as exc:  # noqa: BLE001 - the catalog's answer, its secrets left out (open_catalog's)
+            return Check(False, "database", f"Iceberg REST catalog: {str(exc).splitlines()[0] if str(exc) else exc!r}")
+        return Check(True, "database", f"Iceberg REST catalog {rest_properties(url)['uri']}")
     engine = make_engine(url)
     try:
         with engine.connect() as conn:

@@ -441,7 +441,7 @@ def test_an_iceberg_pipelines_dag_run_commits_its_table_through_a_catalog_connec
         "replay_from": json.dumps({f"{t}-{p}": 0 for t, p in tps}),
         "replay_until": json.dumps({f"{t}-{p}": live[(t, p)] for t, p in tps})})
     planned, done = returned(replay, "plan"), returned(replay, "verify")
-    branch = f"kafka-eos.replay.{planned['replay']}.g1"
+    branch = f"kafka-eos.{name}.replay.{planned['replay']}.g1"
     assert (planned["writes_to"], planned["dead_letters_to"]) == (f"{table}@{branch}", f"{table}_dead_letters@{branch}")
     assert done["promote_command"] == f"kafka-eos backfill promote {name} replay.{planned['replay']}.g1 --yes"
     assert catalog.load_table(table).current_snapshot().snapshot_id == main_snapshot
@@ -450,6 +450,8 @@ def test_an_iceberg_pipelines_dag_run_commits_its_table_through_a_catalog_connec
     assert sorted(on_branch.column("order_id").to_pylist()) == sorted(2 * [o["order_id"] for o in VALID_ORDERS])
     monkeypatch.setenv("KAFKA_EOS_PIPELINES_DIR", str(_specs_dir()))
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_settings.bootstrap_servers)
-    assert main(done["promote_command"].split()[1:]) == 0
+    # The replay's range is main's too: refused without --overlap (main would hold it twice).
+    assert main(done["promote_command"].split()[1:]) == 1
+    assert main([*done["promote_command"].split()[1:], "--overlap"]) == 0
     assert catalog.load_table(table).current_snapshot().snapshot_id == \
         catalog.load_table(table).snapshot_by_name(branch).snapshot_id

@@ -329,7 +329,7 @@ def test_a_replay_writes_a_branch_of_its_own_and_main_changes_only_when_it_is_pr
 
     side, summary = replay("all", "r#0")
     assert (summary.status, summary.records_out) == ("committed", len(truth.committed))
-    branch = f"kafka-eos.{side.suffix}"
+    branch = f"kafka-eos.{spec.name}.{side.suffix}"
     table = catalog(spec).load_table(name)
     assert table.current_snapshot().snapshot_id == before  # main: unchanged
     assert_exactly_once(spec, kafka_settings, truth)
@@ -356,15 +356,21 @@ def test_a_replay_writes_a_branch_of_its_own_and_main_changes_only_when_it_is_pr
     path.write_text(yaml.safe_dump(spec_document(spec)))
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_settings.bootstrap_servers)
 
-    def promote(*flags):
+    def promote(*flags, name=side.suffix, code=0):
         capsys.readouterr()
-        assert main(["backfill", "promote", str(path), side.suffix, "--json", *flags]) == 0
-        return {t["table"]: t for t in json.loads(capsys.readouterr().out)["tables"]}
+        assert main(["backfill", "promote", str(path), name, "--json", *flags]) == code
+        out, err = capsys.readouterr()
+        return {t["table"]: t for t in json.loads(out)["tables"]} if code == 0 else err
 
-    dry = promote()
+    # The replay's range is main's too (the live run wrote it): an append would add it twice.
+    first_tp = sorted(live)[0]
+    assert f"{first_tp[0]}-{first_tp[1]}: main of Iceberg table {spec.sink.table!r} was at {live[first_tp]} when " \
+           f"branch {branch!r} was cut, past the side run's start 0" in promote("--yes", code=1)
+    assert_exactly_once(spec, kafka_settings, truth)
+    dry = promote("--overlap")
     assert (dry[spec.sink.table]["action"], dry[spec.sink.table]["rows"]) == ("append", sum(replayed.values()))
     assert_exactly_once(spec, kafka_settings, truth)  # a dry run changed nothing
-    done = promote("--yes")
+    done = promote("--yes", "--overlap")  # as if main lacked them (it does not: the rows double)
     # The results table's main moved (run 2), the dead letters' did not (run 2 had none).
     assert [done[t]["action"] for t in (spec.sink.table, spec.sink.dead_letters_table)] == ["append", "fast-forward"]
     assert Counter(d["pipeline"] for d in table_rows(spec, spec.sink.dead_letters_table)) == Counter(
@@ -373,17 +379,19 @@ def test_a_replay_writes_a_branch_of_its_own_and_main_changes_only_when_it_is_pr
     assert rows == Counter(o["order_id"] for o in truth.committed) + replayed
     lso = kafka_admin.partition_offsets(kafka_settings, list(live))
     assert snapshot_offsets(spec) == {tp: lso[tp].lso for tp in live}  # main's offsets carried
-    assert promote("--yes")[spec.sink.table]["action"] == "promoted before"
+    assert promote("--yes", "--overlap")[spec.sink.table]["action"] == "promoted before"
     assert Counter(r["order_id"] for r in table_rows(spec)) == rows
     assert run_once(spark, spec, kafka_settings, "run-3")[1].status == "empty"
 
-    # A second generation, cut from main as it is now and promoted while main stays there: a fast-forward.
+    # A second generation of the same replay is never promoted too (its rows are the first's again).
     side2, summary2 = replay("all", "r#1", reprocess=True)
     assert (side2.generation, summary2.status) == (2, "committed")
-    head = catalog(spec).load_table(name).snapshot_by_name(f"kafka-eos.{side2.suffix}").snapshot_id
-    capsys.readouterr()
-    assert main(["backfill", "promote", str(path), f"kafka-eos.{side2.suffix}", "--yes", "--json"]) == 0
-    forwarded = json.loads(capsys.readouterr().out)["tables"][0]
+    assert "replay.all.g1 of this side run was promoted already" in promote("--yes", "--overlap", name=side2.suffix,
+                                                                            code=1).replace(spec.name + ".", "")
+    # Another replay, cut from main as it is now and promoted while main stays there: a fast-forward.
+    side3, _ = replay("again", "a#0")
+    head = catalog(spec).load_table(name).snapshot_by_name(f"kafka-eos.{spec.name}.{side3.suffix}").snapshot_id
+    forwarded = promote("--yes", "--overlap", name=f"kafka-eos.{spec.name}.{side3.suffix}")[spec.sink.table]
     assert (forwarded["action"], forwarded["snapshot"]) == ("fast-forward", head)
     assert Counter(r["order_id"] for r in table_rows(spec)) == rows + replayed
     # The live offsets survived the fast-forward: the next live run reads only what is new.
@@ -451,7 +459,8 @@ def test_an_upsert_replaces_the_rows_of_a_runs_keys_in_one_snapshot_and_a_replay
     side, plan, _ = prepare(spec, kafka_settings, "replay-1", REPLAY, "all", "r#0", lambda: (ranges, []))
     assert run_batch(spark, side_spec(spec, side), plan, kafka_settings).status == "committed"
     assert rows() == expected
-    promoted = store.promote(f"kafka-eos.{side.suffix}", apply=True)
+    promoted = store.promote(f"kafka-eos.{spec.name}.{side.suffix}", f"{spec.name}.replay.all", apply=True,
+                             ranges=ranges)
     assert promoted[0]["action"] == "fast-forward"
     assert rows() == expected
 
@@ -533,3 +542,25 @@ def test_a_rest_catalog_from_an_airflow_connection_commits_each_run_once(
     with pytest.raises(SpecError, match=rf"Iceberg REST catalog {uri}: \w+: ") as refused:
         prepare_plan(spec, kafka_settings, "run-4")
     assert wrong not in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_backfill_of_a_pipeline_that_never_ran_cuts_its_branch_from_an_empty_main_and_is_promoted_whole(
+        spark, kafka_settings, iceberg_spec):
+    """A branch is cut from a snapshot: a table with none (created by the side run itself, and its
+    dead letters' table) gets an empty one on main first. Main holds nothing of the range, so the
+    promote needs no --overlap: a fast-forward, every committed record once in main."""
+    from kafka_eos.backfill.promote import parse_side, promote
+    from kafka_eos.backfill.side import BACKFILL, prepare, side_spec
+
+    spec = iceberg_spec()
+    topic = spec.source.topics[0]
+    truth = produce_orders(kafka_settings, topic, 90, abort_every=3, malformed_every=8)
+    ends = kafka_admin.partition_offsets(kafka_settings, [(topic, p) for p in range(3)])
+    side, plan, _ = prepare(spec, kafka_settings, "bf-1", BACKFILL, "history", "h#0",
+                            lambda: ({tp: (0, o.lso) for tp, o in ends.items()}, []))
+    assert run_batch(spark, side_spec(spec, side), plan, kafka_settings).status == "committed"
+    assert table_rows(spec) == [] and table_rows(spec, spec.sink.dead_letters_table) == []  # main: empty
+    done = promote(spec, kafka_settings, parse_side(side.suffix, spec.name), apply=True)
+    assert [t["action"] for t in done["tables"]] == ["fast-forward", "fast-forward"]
+    assert Counter(r["order_id"] for r in table_rows(spec)) == Counter(o["order_id"] for o in truth.committed)
+    assert len(table_rows(spec, spec.sink.dead_letters_table)) == truth.malformed

@@ -37,3 +37,28 @@ def test_an_iceberg_connection_is_a_rest_catalog_and_any_other_a_database(monkey
     monkeypatch.setenv("AIRFLOW_CONN_BAD", json.dumps({"conn_type": "iceberg", "host": "polaris.example"}))
     with pytest.raises(SpecError, match=r"connection 'bad' of type 'iceberg': its Host must be the REST catalog's URI"):
         catalog_url_of("bad")
+
+
+def test_secrets_written_raw_stay_whole_and_never_reach_an_error():
+    from kafka_eos.sinks.iceberg_store import _redacted
+
+    raw = "https://etl:ab/c?d#e@f@catalog.example:8443/api?scope=a@b"
+    assert rest_properties(raw) == {"uri": "https://catalog.example:8443/api", "credential": "etl:ab/c?d#e@f",
+                                    "scope": "a@b"}
+    with pytest.raises(SpecError, match=r"control character") as refused:
+        rest_properties("https://:t0ken\n@catalog.example")
+    assert "t0ken" not in str(refused.value)
+    props = rest_properties("https://:s3cr3t%2Ftoken@catalog.example")
+    assert _redacted("Invalid header: 'Bearer s3cr3t/token' or s3cr3t%2Ftoken", props) == \
+        "Invalid header: 'Bearer ***' or ***"
+
+
+def test_a_password_alone_is_a_bearer_token_and_a_hosts_query_stays(monkeypatch):
+    from kafka_eos_airflow.hooks.iceberg import catalog_url_of
+
+    monkeypatch.setenv("AIRFLOW_CONN_LAKE2", json.dumps({
+        "conn_type": "iceberg", "host": "https://catalog.example/api?warehouse=w1", "password": "t/k",
+        "extra": {"vended": True, "scopes": ["a", "b"]}}))
+    assert rest_properties(catalog_url_of("lake2")) == {
+        "uri": "https://catalog.example/api", "token": "t/k", "warehouse": "w1", "vended": "true",
+        "scopes": '["a", "b"]'}

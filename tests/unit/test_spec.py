@@ -325,15 +325,15 @@ def test_an_iceberg_sink_names_its_table_catalog_and_warehouse_and_commits_atomi
     from kafka_eos.backfill.side import Side, side_spec
     from kafka_eos.errors import PlanError
 
-    side = parse_side("kafka-eos.backfill.20260301T120000Z-20260301T120500Z.g2")
-    assert side == Side("backfill", "20260301T120000Z-20260301T120500Z", 2) == parse_side(side.suffix)
+    side = parse_side(f"kafka-eos.{spec.name}.backfill.20260301T120000Z-20260301T120500Z.g2", spec.name)
+    assert side == Side("backfill", "20260301T120000Z-20260301T120500Z", 2) == parse_side(side.suffix, spec.name)
     sspec = side_spec(spec, side)
     assert (sspec.sink.table, sspec.sink.dead_letters_table, sspec.sink.branch) == (
-        spec.sink.table, spec.sink.dead_letters_table, f"kafka-eos.{side.suffix}")
+        spec.sink.table, spec.sink.dead_letters_table, f"kafka-eos.{spec.name}.{side.suffix}")
     assert spec.sink.branch == "main" and parse_spec(spec_document(sspec), "s.yaml").sink.branch == "main"
     for bad in ("backfill.k", "live.k.g1", "replay.k.g0", "replay.a.b.g1"):
         with pytest.raises(PlanError, match=rf"side run {bad!r}: not a side run's name"):
-            parse_side(bad)
+            parse_side(bad, spec.name)
     parted = parse_spec({**GOOD, "sink": {"kind": "iceberg", "table": "t", "url": "local",
                                           "partition_by": ["days(ts)", "bucket(16, id)", "region"]}}, "s.yaml")
     assert parse_spec(spec_document(parted), "s.yaml").sink.partition_by == ("days(ts)", "bucket(16, id)", "region")

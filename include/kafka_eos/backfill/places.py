@@ -16,13 +16,13 @@ RANGE_HEADER, GENERATION_HEADER = "kafka-eos.range", "kafka-eos.generation"
 #: Columns a SQL side run's table has beyond the live table's: which range and which generation.
 RANGE_COLUMN, GENERATION_COLUMN = "kafka_eos_range", "kafka_eos_generation"
 #: An Iceberg side run's branch of the live table (and of its dead letters' table):
-#: ``kafka-eos.<kind>.<key>.g<generation>``.
+#: ``kafka-eos.<pipeline>.<kind>.<key>.g<generation>`` (pipelines may share a table).
 BRANCH_PREFIX = "kafka-eos."
 
 
-def side_branch(suffix: str) -> str:
-    """The Iceberg branch of the side run whose name is ``suffix`` (``backfill.<key>.g1``)."""
-    return BRANCH_PREFIX + suffix
+def side_branch(pipeline: str, suffix: str) -> str:
+    """The Iceberg branch of pipeline ``pipeline``'s side run ``suffix`` (``backfill.<key>.g1``)."""
+    return f"{BRANCH_PREFIX}{pipeline}.{suffix}"
 
 
 def check_side_runs(spec: PipelineSpec, kind: str = "side run") -> None:
@@ -39,7 +39,7 @@ def writes_to(spec: PipelineSpec) -> str:
     """Where side runs of ``spec`` write, in words (the trigger form, a run's summary)."""
     s = spec.sink
     if s.about.promoted_by == "branch":
-        return (f"a branch of Iceberg table `{s.table}` of its own, `{BRANCH_PREFIX}<kind>.<key>.g<generation>` "
+        return (f"a branch of Iceberg table `{s.table}` of its own, `{side_branch(spec.name, '<kind>.<key>.g<generation>')}` "
                 f"(dead letters: that branch of `{s.dead_letters_table}`)")
     if s.about.promoted_by is None:
         dlq = f"; dead letters to `{s.backfill_dlq_topic or s.backfill_topic}`" if s.dlq_topic else ""

@@ -15,7 +15,7 @@ A side run is the pipeline's own batch step under another identity (:func:`side_
   :data:`RANGE_COLUMN` and :data:`GENERATION_COLUMN` (part of its key) — and its dead letters to
   ``<backfill_table>_dead_letters``; :func:`promote_sql` is the statement an operator runs to
   move a checked backfill into the live table (``kafka-eos backfill promote`` runs it). Iceberg
-  sinks: a branch of the live table of its own, ``kafka-eos.<kind>.<key>.g<generation>`` (and that
+  sinks: a branch of the live table of its own, ``kafka-eos.<pipeline>.<kind>.<key>.g<generation>`` (and that
   branch of the dead letters' table), cut from ``main`` at its first commit, its offsets in its
   snapshots under its own name; ``kafka-eos backfill promote`` moves it onto ``main``;
 - its plans, summaries and checkpoint records in the run manifest are under its own name, which
@@ -97,7 +97,7 @@ def side_spec(spec: PipelineSpec, side: Side) -> PipelineSpec:
         sink = dataclasses.replace(sink, topic=sink.backfill_topic, dlq_topic=dlq, headers=(
             (RANGE_HEADER, side.key.encode()), (GENERATION_HEADER, str(side.generation).encode())))
     elif sink.about.promoted_by == "branch":
-        sink = dataclasses.replace(sink, branch=side_branch(side.suffix))  # the live catalog ("local": one for all)
+        sink = dataclasses.replace(sink, branch=side_branch(spec.name, side.suffix))  # the live catalog
     else:
         # The sink's own database (``local``'s SQLite file is named after the live pipeline).
         sink = dataclasses.replace(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 from kafka_eos.errors import CheckpointConflict, CheckpointLost, PlanError, SpecError
@@ -40,9 +41,11 @@ log = logging.getLogger(__name__)
 #: The summary properties of a kafka-eos snapshot (``{pipeline}``: the pipeline's name).
 OFFSETS_KEY = "kafka-eos.{pipeline}.offsets"
 RUN_KEY = "kafka-eos.{pipeline}.run"
-#: A table property set by the commit that promoted a side run's branch onto ``main`` (the
-#: branch's snapshot it promoted).
-PROMOTED_KEY = "kafka-eos.promoted.{branch}"
+#: Table properties: the commit that promoted a side run's branch onto ``main`` sets one for the
+#: branch (the branch's snapshot it promoted) and one for the side run (the branch): ``{name}``.
+PROMOTED_KEY = "kafka-eos.promoted.{name}"
+#: A table property set by the commit that cut a side run's branch: the ``main`` snapshot it was cut from.
+CUT_KEY = "kafka-eos.cut.{branch}"
 #: A table property set by a pipeline's first commit (its run id): the pipeline has committed to
 #: this table, so offsets missing from an expired ancestry are lost, not never written.
 MARKER_KEY = "kafka-eos.{pipeline}.first-run"
@@ -79,19 +82,44 @@ def rest_properties(url: str) -> dict[str, str]:
     ``s3.*``, ...). The URL holds secrets: never log it."""
     from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
-    parts = urlsplit(url)
+    # The user part first: up to the first "@" that a host (and port) and then the path, the query or
+    # the end follow. A secret written raw (not percent-encoded) may hold "/", "?", "#" or "@", which
+    # a URL parser would read as the path, the query or a port, and show in its errors.
+    scheme, _, rest = url.partition("://")
+    m = re.match(r"^(.*?)@((?:[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\])(?::\d+)?(?:[/?#].*)?)$", rest, re.S)
+    userinfo, rest = (m.group(1), m.group(2)) if m else ("", rest)
+    user, _, password = userinfo.partition(":")
+    user, password = unquote(user), unquote(password)
+    for secret in (user, password):
+        if any(ord(c) < 32 or ord(c) == 127 for c in secret):
+            raise SpecError("Iceberg REST catalog URL: its credentials hold a control character (a line break?)")
+    parts = urlsplit(f"{scheme}://{rest}")
+    try:
+        port = parts.port
+    except ValueError:
+        raise SpecError(f"Iceberg REST catalog URL: not a URL ({scheme}://<host>[:port]/...)") from None
     host = parts.hostname or ""
     netloc = f"[{host}]" if ":" in host else host
-    if parts.port:
-        netloc += f":{parts.port}"
+    if port:
+        netloc += f":{port}"
     properties = {"uri": urlunsplit((parts.scheme, netloc, parts.path, "", ""))}
-    user, password = unquote(parts.username or ""), unquote(parts.password or "")
     if user:
         properties["credential"] = f"{user}:{password}"
     elif password:
         properties["token"] = password
     properties.update(parse_qsl(parts.query, keep_blank_values=True))
     return properties
+
+
+def _redacted(text: str, properties: dict[str, str]) -> str:
+    """``text`` without the secrets of ``properties`` (as written, and percent-encoded)."""
+    from urllib.parse import quote
+
+    for key in ("credential", "token", "client_secret"):
+        for secret in {properties.get(key, "")} | set(properties.get(key, "").split(":", 1)[1:]):
+            if len(secret) >= 4:
+                text = text.replace(secret, "***").replace(quote(secret, safe=""), "***")
+    return text
 
 
 def open_catalog(spec: PipelineSpec, url: str):
@@ -102,13 +130,16 @@ def open_catalog(spec: PipelineSpec, url: str):
     if is_rest(url):
         from pyiceberg.catalog.rest import RestCatalog
 
-        properties = rest_properties(url)
+        try:
+            properties = rest_properties(url)
+        except SpecError as exc:
+            raise SpecError(f"{spec.path}: sink: {exc}") from None
         if spec.sink.warehouse:
             properties.setdefault("warehouse", spec.sink.warehouse)
         try:
             return RestCatalog(spec.sink.catalog, **properties)
         except Exception as exc:  # noqa: BLE001 - PyIceberg's REST errors, said in one line (never the URL's secrets)
-            first = (str(exc).strip().splitlines() or [""])[0]
+            first = _redacted((str(exc).strip().splitlines() or [""])[0], properties)
             raise SpecError(f"{spec.path}: Iceberg REST catalog {properties['uri']}: {type(exc).__name__}: {first}") \
                 from None
     from pyiceberg.catalog.sql import SqlCatalog
@@ -492,19 +523,28 @@ class IcebergStore:
 
     # -- side runs -----------------------------------------------------------------------------
 
-    def promote(self, branch: str, apply: bool) -> list[dict]:
+    def promote(self, branch: str, side: str, apply: bool, ranges: dict[TP, tuple[int, int]] | None = None,
+                overlap: bool = False) -> list[dict]:
         """Move side-run branch ``branch`` of the results and dead-letter tables onto ``main`` (this
-        store's pipeline is the live one): a fast-forward where ``main`` has not moved since the
-        branch was cut (``main`` becomes the branch's snapshot, which carries ``main``'s offsets),
-        else one snapshot on ``main`` appending the data files the branch's own snapshots added,
-        carrying ``main``'s offsets. Each table's promotion is one compare-and-set commit that also
-        sets the table property ``kafka-eos.promoted.<branch>``: a second promote of the same
-        branch does nothing. A table without the branch (a side run with no dead letters) is left.
+        store's pipeline is the live one; ``side``: the side run without its generation,
+        ``<pipeline>.<kind>.<key>``). Where ``main`` is still the snapshot the branch was cut from
+        (the table property ``kafka-eos.cut.<branch>``, set by the commit that cut it), a
+        fast-forward: ``main`` becomes the branch's snapshot, which carries ``main``'s offsets.
+        Else one snapshot on ``main`` that appends the data files the branch holds and its cut did
+        not, carrying ``main``'s offsets (refused for ``merge: upsert``: an append would not
+        replace the rows of its keys). Each table's promotion is one compare-and-set commit on
+        ``main`` that also sets ``kafka-eos.promoted.<branch>`` and ``kafka-eos.promoted.<side>``
+        (the generation): promoting the same branch again does nothing, another generation of the
+        same side run is refused. A table without the branch (no dead letters) is left.
 
         :param apply: False: what it would do, committing nothing (a dry run).
+        :param ranges: the side run's ranges: with ``merge: append``, a range that starts below
+            ``main``'s checkpoint of its partition at the cut may hold records ``main`` has, which
+            an append would add again: refused unless ``overlap``.
         :returns: per table: ``{"table", "action" (fast-forward | append | promoted before | no
             branch), "files", "rows", "snapshot"}``.
-        :raises PlanError: neither table has the branch.
+        :raises PlanError: neither table has the branch; its cut snapshot was expired; the side
+            run's other generation was promoted; an overlap; an upsert table's main moved.
         :raises CheckpointConflict: ``main`` moved while it was promoted (nothing of that table was).
         """
         from pyiceberg.exceptions import CommitFailedException
@@ -512,40 +552,51 @@ class IcebergStore:
         done = []
         for name in (self.spec.sink.table, self.spec.sink.dead_letters_table):
             table = self.table(name)
-            head = table.metadata.snapshot_by_name(branch) if table is not None else None
+            head = table.metadata.snapshot_by_name(branch) if table is not None and branch != MAIN else None
             entry = {"table": name, "action": "no branch", "files": 0, "rows": 0, "snapshot": None}
             done.append(entry)
-            if head is None or branch == MAIN:
+            if head is None:
                 continue
-            marker = PROMOTED_KEY.format(branch=branch)
+            marker, side_marker = PROMOTED_KEY.format(name=branch), PROMOTED_KEY.format(name=side)
             if marker in table.properties:
                 entry.update(action="promoted before", snapshot=int(table.properties[marker]))
                 continue
+            if side_marker in table.properties:
+                raise PlanError(f"Iceberg table {name!r}: {table.properties[side_marker]} of this side run was promoted "
+                                f"already; promoting {branch!r} too would add its rows twice")
+            cut_raw = table.properties.get(CUT_KEY.format(branch=branch))
+            cut = table.metadata.snapshot_by_id(int(cut_raw)) if cut_raw else None
+            if cut is None:
+                raise PlanError(f"Iceberg table {name!r}: the snapshot branch {branch!r} was cut from is "
+                                f"{'expired' if cut_raw else 'not recorded'}: kafka-eos cannot tell the branch's rows "
+                                "from main's; promote it with the catalog's own tools")
             main = table.current_snapshot()
-            on_main = {sid for sid in _snapshot_ids(table, main)}
-            own = []  # the branch's own snapshots, newest first, down to where it left main
-            snapshot = head
-            while snapshot is not None and snapshot.snapshot_id not in on_main:
-                own.append(snapshot)
-                snapshot = table.metadata.snapshot_by_id(snapshot.parent_snapshot_id) \
-                    if snapshot.parent_snapshot_id is not None else None
-            forward = main is None or snapshot is not None and snapshot.snapshot_id == main.snapshot_id
-            if not forward and any(s.summary is None or s.summary.operation.value != "append" for s in own):
-                raise SpecError(f"Iceberg table {name!r}: main moved since branch {branch!r} was cut, and the branch "
-                                "replaced rows (merge: upsert), which an append onto main cannot: promote it while "
-                                "main stays at the cut (pause the live pipeline, replay again), or merge it with the "
-                                "catalog's own tools")
-            files = [f for s in reversed(own) for f in _added_files(table, s)]
+            forward = main is not None and main.snapshot_id == cut.snapshot_id
+            if not forward and self.spec.sink.merge == "upsert":
+                raise PlanError(f"Iceberg table {name!r}: main moved since branch {branch!r} was cut, and an upsert's "
+                                "branch replaced rows, which an append onto main cannot: promote it while main stays "
+                                "at the cut (pause the live pipeline, reprocess the side run, promote)")
+            if name == self.spec.sink.table and ranges and self.spec.sink.merge == "append" and not overlap:
+                at_cut = self.offsets_at(table, cut)
+                for (topic, partition), (start, _until) in sorted(ranges.items()):
+                    held = at_cut.get((topic, partition))
+                    if held is not None and start < held:
+                        raise PlanError(f"{topic}-{partition}: main of Iceberg table {name!r} was at {held} when branch "
+                                        f"{branch!r} was cut, past the side run's start {start}: main may hold those "
+                                        "records, and promoting appends them again (merge: append); delete them from "
+                                        "main first, or promote with --overlap where main lacks them")
+            cut_files = {f.file_path for f in _live_files(table, cut)}
+            files = [f for f in _live_files(table, head) if f.file_path not in cut_files]
             entry.update(action="fast-forward" if forward else "append", files=len(files),
                          rows=sum(f.record_count for f in files))
             if not apply:
                 continue
+            markers = {marker: str(head.snapshot_id), side_marker: branch}
             try:
                 if forward:
-                    _fast_forward(table, head.snapshot_id, {marker: str(head.snapshot_id)})
+                    _fast_forward(table, head.snapshot_id, markers)
                 else:
-                    _append(table, files, {**self.carried(table), "kafka-eos.promoted": branch},
-                            {marker: str(head.snapshot_id)})
+                    _append(table, files, {**self.carried(table), "kafka-eos.promoted": branch}, markers)
                 entry["snapshot"] = self.catalog.load_table(table.name()).current_snapshot().snapshot_id
             except CommitFailedException:
                 raise CheckpointConflict(f"Iceberg table {name!r}: main moved while branch {branch!r} was promoted; "
@@ -554,6 +605,16 @@ class IcebergStore:
             raise PlanError(f"Iceberg table {self.spec.sink.table!r}: no branch {branch!r} (nor of "
                             f"{self.spec.sink.dead_letters_table!r}): no side run of that name committed")
         return done
+
+    def offsets_at(self, table: "Table", snapshot) -> dict[TP, int]:
+        """This pipeline's checkpoints as of ``snapshot`` (its newest ancestor that has them)."""
+        for summary in _ancestry_from(table, snapshot):
+            if summary is _EXPIRED:
+                return {}
+            raw = summary.additional_properties.get(self.offsets_key)
+            if raw is not None:
+                return _parse_offsets(raw, self.offsets_key)
+        return {}
 
 
 def _append(table: "Table", files: list["DataFile"], properties: dict[str, str],
@@ -567,12 +628,25 @@ def _append(table: "Table", files: list["DataFile"], properties: dict[str, str],
 
     :raises CommitFailedException: the branch moved (or was created) meanwhile.
     """
+    from pyiceberg.exceptions import CommitFailedException
     from pyiceberg.table.update.snapshot import ManageSnapshots
 
+    cut = branch != MAIN and branch not in table.metadata.refs
+    if cut and table.current_snapshot() is None:
+        # A branch is cut from a snapshot (the catalog refuses a branch of a table without one): an
+        # empty one on main first, its own compare-and-set (a concurrent first commit wins).
+        try:
+            _append(table, [], {})
+        except CommitFailedException:
+            pass
+        table = table.catalog.load_table(table.name())
     tx = _without_retries(table).transaction()
+    if cut:  # the cut recorded with it: what the branch holds beyond main's rows then (promote)
+        table_properties = {**(table_properties or {}),
+                            CUT_KEY.format(branch=branch): str(table.current_snapshot().snapshot_id)}
     if table_properties:
         tx.set_properties(table_properties)
-    if branch != MAIN and branch not in table.metadata.refs and table.current_snapshot() is not None:
+    if cut:
         # Staged first: the transaction keeps the first ref requirement (the branch absent).
         ManageSnapshots(tx).create_branch(table.current_snapshot().snapshot_id, branch).commit()
     update = tx.update_snapshot(snapshot_properties=properties, branch=branch)
@@ -598,22 +672,12 @@ def _fast_forward(table: "Table", snapshot_id: int, table_properties: dict[str, 
     tx.commit_transaction()
 
 
-def _snapshot_ids(table: "Table", snapshot) -> Iterator[int]:
-    """The ids of ``snapshot`` and its ancestors that the table still has."""
-    while snapshot is not None:
-        yield snapshot.snapshot_id
-        snapshot = table.metadata.snapshot_by_id(snapshot.parent_snapshot_id) \
-            if snapshot.parent_snapshot_id is not None else None
+def _live_files(table: "Table", snapshot) -> list["DataFile"]:
+    """The data files ``snapshot`` holds."""
+    from pyiceberg.manifest import ManifestContent
 
-
-def _added_files(table: "Table", snapshot) -> list["DataFile"]:
-    """The data files ``snapshot`` added."""
-    from pyiceberg.manifest import ManifestEntryStatus
-
-    return [entry.data_file for manifest in snapshot.manifests(table.io)
-            if manifest.added_snapshot_id == snapshot.snapshot_id
-            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
-            if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot.snapshot_id]
+    return [entry.data_file for manifest in snapshot.manifests(table.io) if manifest.content == ManifestContent.DATA
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)]
 
 
 def _without_retries(table: "Table") -> "Table":
@@ -623,7 +687,8 @@ def _without_retries(table: "Table") -> "Table":
 
     metadata = table.metadata.model_copy(
         update={"properties": {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}})
-    return Table(table.name(), metadata, table.metadata_location, table.io, table.catalog)
+    # config: a REST catalog's per-table settings (a table's own token) stay.
+    return Table(table.name(), metadata, table.metadata_location, table.io, table.catalog, config=table.config)
 
 
 #: What :func:`_ancestry` yields where a parent snapshot has been expired.
@@ -645,7 +710,11 @@ def _ancestry(table: "Table | None", branch: str = MAIN) -> Iterator:
     be told)."""
     if table is None:
         return
-    snapshot = _head(table, branch)
+    yield from _ancestry_from(table, _head(table, branch))
+
+
+def _ancestry_from(table: "Table", snapshot) -> Iterator:
+    """:func:`_ancestry` from ``snapshot``."""
     while snapshot is not None:
         if snapshot.summary is not None:
             yield snapshot.summary

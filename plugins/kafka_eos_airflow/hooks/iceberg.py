@@ -2,8 +2,9 @@
 :func:`kafka_eos.sinks.iceberg_store.open_catalog` opens:
 
 - a connection of type ``iceberg`` (the Apache Iceberg provider's: Catalog URI in *Host*, the OAuth2
-  client id and secret in *Login* and *Password*, more catalog properties in *Extra*, e.g.
-  ``{"warehouse": "…", "scope": "PRINCIPAL_ROLE:ALL", "token": "…"}``) is a REST catalog:
+  client id and secret in *Login* and *Password* — a *Password* without a *Login* is a bearer token —,
+  more catalog properties in *Extra*, e.g. ``{"warehouse": "…", "scope": "PRINCIPAL_ROLE:ALL",
+  "token": "…"}``) is a REST catalog:
   ``https://CLIENT_ID:CLIENT_SECRET@host/path?warehouse=…`` (see
   :func:`kafka_eos.sinks.iceberg_store.rest_properties`);
 - any other is a SQL catalog's database (:func:`kafka_eos_airflow.hooks.sql.database_url_of`).
@@ -15,10 +16,12 @@ Spark process in a file of mode 0600, as a SQL sink's. The library finds this th
 
 from __future__ import annotations
 
-from urllib.parse import quote, urlencode, urlsplit, urlunsplit
+import json
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
+from airflow.sdk.log import mask_secret
 
 from kafka_eos.errors import SpecError
 from kafka_eos_airflow.hooks.sql import database_url_of
@@ -49,7 +52,20 @@ def rest_url(conn_id: str, host: str | None, login: str | None, password: str | 
         raise SpecError(f"sink.conn_id: connection {conn_id!r} of type {REST_TYPE!r}: its Host must be the REST "
                         f"catalog's URI, http(s)://host[:port][/path]")
     netloc = parts.netloc.rpartition("@")[2]
-    if login:
-        netloc = f"{quote(login, safe='')}:{quote(password or '', safe='')}@{netloc}"
-    properties = {str(k): v if isinstance(v, str) else str(v) for k, v in (extra or {}).items()}
-    return urlunsplit((parts.scheme, netloc, parts.path, urlencode(properties), ""))
+    if login or password:  # client credentials; a password alone: a bearer token
+        netloc = f"{quote(login or '', safe='')}:{quote(password or '', safe='')}@{netloc}"
+    properties = dict(parse_qsl(parts.query, keep_blank_values=True))  # a query the Host names stays
+    properties.update({str(k): _property(v) for k, v in (extra or {}).items()})
+    for key in ("token", "credential", "client_secret"):
+        if properties.get(key):
+            mask_secret(properties[key])
+    url = urlunsplit((parts.scheme, netloc, parts.path, urlencode(properties), ""))
+    mask_secret(url)
+    return url
+
+
+def _property(value) -> str:
+    """A catalog property's text: JSON's words for booleans, JSON for lists and objects."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value)

@@ -566,8 +566,11 @@ class KafkaEosVerifyOperator(_PipelineOperator):
             if live_spec.sink.about.promoted_by == "branch":
                 from kafka_eos.backfill.side import Side
 
+                from kafka_eos.backfill.places import side_branch
+
                 name = Side.from_json(side_json).suffix
-                summary["writes_to"] = f"branch `kafka-eos.{name}` of Iceberg table `{live_spec.sink.table}`"
+                summary["writes_to"] = f"branch `{side_branch(live_spec.name, name)}` of Iceberg table " \
+                                       f"`{live_spec.sink.table}`"
                 summary["promote_command"] = f"kafka-eos backfill promote {live_spec.name} {name} --yes"
                 self.log.info("%s %s: written to %s; to promote it onto main, after checking: %s", side.kind,
                               side.key, summary["writes_to"], summary["promote_command"])

@@ -50,6 +50,10 @@ def pytest_configure(config):
     The workers, started after this, inherit both through the environment."""
     from kafka_eos.settings import BOOTSTRAP_ENV
 
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: its pipes to the controller, first
+        import worker_pipes
+
+        worker_pipes.record()
     if config.option.collectonly:
         return  # collecting starts no JVM and no broker
     if "SPARK_SUBMIT_OPTS" not in os.environ:

@@ -85,6 +85,9 @@ def _airflow_home():
 @pytest.fixture(scope="session")
 def airflow_db():
     """The SQLite metadata DB, created once per session with ``airflow db migrate``."""
+    import worker_pipes
+
+    worker_pipes.openlineage_pool_lets_go()  # dag.test() runs here: a crash of this worker must not hang
     # A fresh SQLite migration takes well under a minute; 10 min covers 2 busy shared cores.
     res = subprocess.run([str(VENV_BIN / "airflow"), "db", "migrate"], env=os.environ.copy(),
                          capture_output=True, text=True, timeout=600)

@@ -137,7 +137,7 @@ def _database(spec: PipelineSpec, settings: KafkaSettings) -> Check:
         url = database_url(spec, settings)
     except SpecError as exc:
         return Check(False, "database", str(exc))
-    if spec.sink.kind == "iceberg" and url.startswith(("http://", "https://")):
+    if url.startswith(("http://", "https://")):  # a REST catalog (an Iceberg sink's)
         from kafka_eos.sinks.iceberg_store import open_catalog, rest_properties
 
         try:

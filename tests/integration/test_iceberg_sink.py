@@ -73,6 +73,46 @@ def assert_exactly_once(spec, settings, truth):
     assert offsets == {tp: lso[tp].lso for tp in offsets} == mirror
 
 
+def more_then_run(spark, spec, settings, truth, count, first_seq, run_id, malformed_every=0):
+    """``count`` more orders (every third transaction aborted), a run over them, then every record
+    of ``truth`` and of them exactly once."""
+    more = produce_orders(settings, spec.source.topics[0], count, first_seq=first_seq, abort_every=3,
+                          malformed_every=malformed_every, transactional_id=f"more-{spec.name}-{first_seq}")
+    run_once(spark, spec, settings, run_id)
+    truth.committed += more.committed
+    truth.aborted += more.aborted
+    truth.malformed += more.malformed
+    assert_exactly_once(spec, settings, truth)
+    return more
+
+
+class Died(BaseException):
+    """What a SIGKILL at a point leaves: nothing after it ran."""
+
+
+def stopped_at(spark, spec, settings, run_id, at, monkeypatch):
+    """A run of ``spec`` that stops dead at probe point ``at`` (in process: nothing after it runs).
+    Returns its plan."""
+
+    class Kill:
+        def point(self, name):
+            if name == at:
+                raise Died(name)
+
+        def armed(self, name):
+            return name == at
+
+        def carried(self):
+            return {}
+
+    monkeypatch.setattr(probes, "_probe", Kill())
+    plan = prepare_plan(spec, settings, run_id)
+    with pytest.raises(Died):
+        run_batch(spark, spec, plan, settings)
+    monkeypatch.setattr(probes, "_probe", None)
+    return plan
+
+
 @pytest.mark.quick
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_runs_commit_one_snapshot_each_with_their_offsets_exactly_once_over_aborted_input(
@@ -126,36 +166,12 @@ def test_a_run_that_dies_before_or_after_the_catalog_commit_is_finished_once(
     topic = spec.source.topics[0]
     truth = produce_orders(kafka_settings, topic, 150, abort_every=4, malformed_every=9)
 
-    class Died(BaseException):
-        """What a SIGKILL at the point leaves: nothing after it ran."""
-
-    class Kill:
-        def point(self, name):
-            if name == at:
-                raise Died(name)
-
-        def armed(self, name):
-            return name == at
-
-        def carried(self):
-            return {}
-
-    monkeypatch.setattr(probes, "_probe", Kill())
-    plan = prepare_plan(spec, kafka_settings, "run-1")
-    with pytest.raises(Died):
-        run_batch(spark, spec, plan, kafka_settings)
-    monkeypatch.setattr(probes, "_probe", None)
+    plan = stopped_at(spark, spec, kafka_settings, "run-1", at, monkeypatch)
     if at == "before_iceberg_commit":
         assert table_rows(spec) == [] and len(table_rows(spec, spec.sink.dead_letters_table)) == truth.malformed
     if then == "same plan":
         run_batch(spark, spec, plan, kafka_settings)
-    more = produce_orders(kafka_settings, topic, 60, first_seq=150, abort_every=3, malformed_every=7,
-                          transactional_id=f"more-{spec.name}")
-    run_once(spark, spec, kafka_settings, "run-2")
-    truth.committed += more.committed
-    truth.aborted += more.aborted
-    truth.malformed += more.malformed
-    assert_exactly_once(spec, kafka_settings, truth)
+    more_then_run(spark, spec, kafka_settings, truth, 60, 150, "run-2", malformed_every=7)
 
 
 @pytest.mark.parametrize("at", ["after_iceberg_commit", pytest.param("before_iceberg_commit", marks=pytest.mark.chaos)])
@@ -203,12 +219,7 @@ def test_a_compaction_between_two_runs_keeps_the_offsets_and_a_stale_plan_is_ref
     assert f"kafka-eos.{spec.name}.offsets" not in catalog(spec).load_table(
         ("lake", spec.sink.table.split(".")[1])).current_snapshot().summary.additional_properties
 
-    more = produce_orders(kafka_settings, topic, 80, first_seq=120, abort_every=3, malformed_every=0,
-                          transactional_id=f"more-{spec.name}")
-    run_once(spark, spec, kafka_settings, "run-2")  # its plan starts at the offsets before the rewrite
-    truth.committed += more.committed
-    truth.aborted += more.aborted
-    assert_exactly_once(spec, kafka_settings, truth)
+    more_then_run(spark, spec, kafka_settings, truth, 80, 120, "run-2")  # planned from before the rewrite
     # A plan made before run 1 expected the first offsets: refused, nothing written.
     with pytest.raises(CheckpointConflict, match=r"Iceberg table .* is at \d+, the plan of run 'stale' expected"):
         run_batch(spark, spec, stale, kafka_settings)
@@ -242,12 +253,7 @@ def test_offsets_outlive_a_compaction_and_the_expiry_of_older_snapshots_once_a_r
     truth = produce_orders(kafka_settings, topic, 90, abort_every=4, malformed_every=0)
     run_once(spark, spec, kafka_settings, "run-1")
     compact_and_expire(spec, True, kafka_settings)
-    more = produce_orders(kafka_settings, topic, 40, first_seq=90, abort_every=3, malformed_every=0,
-                          transactional_id=f"more-{spec.name}")
-    run_once(spark, spec, kafka_settings, "run-2")
-    truth.committed += more.committed
-    truth.aborted += more.aborted
-    assert_exactly_once(spec, kafka_settings, truth)
+    more_then_run(spark, spec, kafka_settings, truth, 40, 90, "run-2")
 
 
 def test_offsets_expired_from_the_table_stop_the_pipeline_instead_of_starting_it_over(
@@ -345,12 +351,7 @@ def test_a_replay_writes_a_branch_of_its_own_and_main_changes_only_when_it_is_pr
     replayed = Counter(o["order_id"] for o in truth.committed)
 
     # The live pipeline goes on: main moves past the branch's cut.
-    more = produce_orders(kafka_settings, topic, 40, first_seq=120, abort_every=3, malformed_every=0,
-                          transactional_id=f"more-{spec.name}")
-    run_once(spark, spec, kafka_settings, "run-2")
-    truth.committed += more.committed
-    truth.aborted += more.aborted
-    assert_exactly_once(spec, kafka_settings, truth)
+    more_then_run(spark, spec, kafka_settings, truth, 40, 120, "run-2")
 
     path = tmp_path / "lake.yaml"
     path.write_text(yaml.safe_dump(spec_document(spec)))
@@ -500,25 +501,7 @@ def test_a_rest_catalog_from_an_airflow_connection_commits_each_run_once(
     truth = produce_orders(kafka_settings, spec.source.topics[0], 160, abort_every=4, malformed_every=9)
     run_once(spark, capped(spec, 25), kafka_settings, "run-1")
 
-    class Died(BaseException):
-        pass
-
-    class Kill:
-        def point(self, name):
-            if name == "after_iceberg_commit":
-                raise Died(name)
-
-        def armed(self, name):
-            return name == "after_iceberg_commit"
-
-        def carried(self):
-            return {}
-
-    monkeypatch.setattr(probes, "_probe", Kill())
-    plan = prepare_plan(spec, kafka_settings, "run-2")
-    with pytest.raises(Died):
-        run_batch(spark, spec, plan, kafka_settings)
-    monkeypatch.setattr(probes, "_probe", None)
+    plan = stopped_at(spark, spec, kafka_settings, "run-2", "after_iceberg_commit", monkeypatch)
     assert run_batch(spark, spec, plan, kafka_settings).status == "noop"
     verify(spec, kafka_settings, plan)
     assert run_once(spark, spec, kafka_settings, "run-3")[1].status == "empty"

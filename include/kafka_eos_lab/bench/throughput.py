@@ -312,8 +312,6 @@ def run_jdbc_baseline(work: Path, settings: KafkaSettings, source: Input, url: s
     columns, types, primary key), dead letters into a table of their own."""
     from sqlalchemy import create_engine, text
 
-    from kafka_eos.pipeline import compute_plan
-
     spec = bench_spec(work, settings, source, "baseline_jdbc", kind="sql_rows", url=url)
     engine = create_engine(url)
     with engine.begin() as conn:
@@ -322,16 +320,30 @@ def run_jdbc_baseline(work: Path, settings: KafkaSettings, source: Input, url: s
     driver = sorted(jars_dir("jdbc").glob("*.jar"))
     if not driver:
         raise RuntimeError(f"no PostgreSQL JDBC driver in {jars_dir('jdbc')}: make bench resolves it")
+    m = _run_baseline_app(work, settings, spec, ["--table", spec.sink.table], driver, "JDBC")
+    out, dead = table_rows(url, spec.sink.table, f"{spec.sink.table}_dead")
+    return _rows_row("baseline_jdbc", "Spark's JDBC writer into PostgreSQL (append, at-least-once), a row per order",
+                     source, m, out, dead)
+
+
+def _run_baseline_app(work: Path, settings: KafkaSettings, spec: PipelineSpec, args: list[str],
+                      jars: list[Path] | None, what: str) -> Measured:
+    """baseline_app.py over ``spec``'s whole plan, by spark-submit."""
+    from kafka_eos.pipeline import compute_plan
+
     plan, _drift = compute_plan(spec, settings, "bench")
     app = Path(__file__).with_name("baseline_app.py")
-    m = run_measured(spark_submit(app, ["--spec", spec.path, "--plan", str(_plan_file(work, plan)),
-                                        "--table", spec.sink.table], jars=driver),
+    m = run_measured(spark_submit(app, ["--spec", spec.path, "--plan", str(_plan_file(work, plan)), *args],
+                                  jars or ()),
                      spark_env(settings, work), work / f"{spec.name}.log")
     if m.returncode != 0:
-        raise RuntimeError(f"JDBC baseline run failed (exit {m.returncode}): see {work / spec.name}.log")
-    out, dead = table_rows(url, spec.sink.table, f"{spec.sink.table}_dead")
-    row = _row("baseline_jdbc", "Spark's JDBC writer into PostgreSQL (append, at-least-once), a row per order",
-               source, m, out, dead)
+        raise RuntimeError(f"{what} baseline run failed (exit {m.returncode}): see {work / spec.name}.log")
+    return m
+
+
+def _rows_row(name: str, what: str, source: Input, m: Measured, out: int, dead: int) -> dict:
+    """A baseline's row of a row-per-order transform, with its anomalies (rows or dead letters off)."""
+    row = _row(name, what, source, m, out, dead)
     if (out, dead) != (source.valid, source.malformed):
         row["anomalies"] = [f"wrote {out} rows and {dead} dead letters for {source.valid} valid and "
                             f"{source.malformed} malformed inputs"]
@@ -344,25 +356,13 @@ def run_parquet_baseline(work: Path, settings: KafkaSettings, source: Input) -> 
     the Iceberg sink is measured against."""
     import pyarrow.parquet as pq
 
-    from kafka_eos.pipeline import compute_plan
-
     spec = bench_spec(work, settings, source, "baseline_parquet", kind="iceberg_rows")
     folder = work / f"{spec.name}.parquet"
-    plan, _drift = compute_plan(spec, settings, "bench")
-    app = Path(__file__).with_name("baseline_app.py")
-    m = run_measured(spark_submit(app, ["--spec", spec.path, "--plan", str(_plan_file(work, plan)),
-                                        "--parquet", str(folder)]),
-                     spark_env(settings, work), work / f"{spec.name}.log")
-    if m.returncode != 0:
-        raise RuntimeError(f"Parquet baseline run failed (exit {m.returncode}): see {work / spec.name}.log")
+    m = _run_baseline_app(work, settings, spec, ["--parquet", str(folder)], None, "Parquet")
     out, dead = (sum(pq.read_metadata(f).num_rows for f in Path(d).glob("*.parquet"))
                  for d in (folder, f"{folder}_dead"))
-    row = _row("baseline_parquet", "Spark's df.write.parquet into a folder (append, at-least-once), a row per order",
-               source, m, out, dead)
-    if (out, dead) != (source.valid, source.malformed):
-        row["anomalies"] = [f"wrote {out} rows and {dead} dead letters for {source.valid} valid and "
-                            f"{source.malformed} malformed inputs"]
-    return row
+    return _rows_row("baseline_parquet", "Spark's df.write.parquet into a folder (append, at-least-once), a row per "
+                     "order", source, m, out, dead)
 
 
 def iceberg_rows(spec: PipelineSpec) -> int:

@@ -77,9 +77,11 @@ MASTER = "local[2]"
 SAMPLE_EVERY_S = 0.2
 #: Partitions of the planner's topic.
 PLANNER_PARTITIONS = 1000
-#: Targets on this machine: the throughput over Spark's at-least-once sink (at every size), the
-#: planner's and an empty run's seconds (docs/performance.md).
-TARGETS = {"atomic": 0.9, "per_partition": 1.0, "plan_1000_s": 2.0, "empty_run_s": 3.0,
+#: Targets on this machine: the throughput of both Kafka-sink scopes over Spark's at-least-once sink
+#: (spark-submit and Connect alike) at the smallest input size and at the largest; the planner's and
+#: an empty run's seconds (docs/performance.md).
+SCOPE_TARGETS = {"smallest": 1.1, "largest": 1.3}
+TARGETS = {"plan_1000_s": 2.0, "empty_run_s": 3.0,
            # Small runs through the Spark Connect server (no JVM start per run).
            "few_run_connect_s": 8.0, "few_dag_connect_s": 20.0,
            # The Avro pipeline against the same transform on JSON (docs/formats.md).
@@ -649,11 +651,14 @@ def verdicts(rows: list[dict]) -> list[str]:
         return next((r for r in rows if r["name"] == name and (size is None or r.get("size") == size)), None)
 
     lines = []
+    largest = max((r["size"] for r in rows if "size" in r), default=1)
     for scope in ("per_partition", "atomic"):
         for r in (r for r in rows if r["name"] in (scope, f"{scope}_connect")):
-            ok = r["x_baseline"] is not None and r["x_baseline"] >= TARGETS[scope]
-            lines.append(f"{r['name']} at {r['size']}x: {r['x_baseline']}x the at-least-once baseline "
-                         f"(target >= {TARGETS[scope]}x): {'met' if ok else 'NOT met'}")
+            target = SCOPE_TARGETS["largest" if r["size"] == largest and largest > 1 else "smallest"]
+            ok = r["x_baseline"] is not None and r["x_baseline"] >= target
+            spread = f" (runs {min(r['all_seconds'])}-{max(r['all_seconds'])} s)" if r.get("all_seconds") else ""
+            lines.append(f"{r['name']} at {r['size']}x: {r['x_baseline']}x the at-least-once baseline{spread} "
+                         f"(target >= {target}x): {'met' if ok else 'NOT met'}")
     for r in (r for r in rows if r["name"] == "sql_rows"):
         ok = r["x_baseline"] is not None and r["x_baseline"] >= TARGETS["sql_rows"]
         lines.append(f"SQL sink at {r['size']}x: {r['x_baseline']}x Spark's JDBC writer (target >= "

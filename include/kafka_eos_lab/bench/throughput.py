@@ -429,6 +429,8 @@ def run_kafka_eos(work: Path, settings: KafkaSettings, source: Input, kind: str,
             if kind == "iceberg_rows"
             else "kafka-eos, SQL sink (revenue_per_minute: another transform; x base is indicative)")
     what += ", through the Spark Connect server" if remote else ""
+    if remote:  # like with like: x base against Spark's sink in a session each, or in one session too
+        what += ", a session each run" if (label or "").endswith("_fresh") else ", its runs in one session"
     if remote and commit == "per_partition":  # one pass where the server's plugin proved the layout
         log_text = (work / f"{spec.name}.log").read_text(errors="replace")
         what += ", one pass" if "per_partition in one pass" in log_text else ", two passes"
@@ -620,8 +622,11 @@ def _ratios(rows: list[dict]) -> None:
     for r in rows:
         if "size" not in r:
             continue
-        # Through Spark Connect, against Spark's own sink through the same server (neither pays a JVM start).
-        base_name = "baseline_connect" if "_connect" in r["name"] else \
+        # Through Spark Connect, against Spark's own sink through the same server (neither pays a JVM
+        # start), like with like: kafka-eos's runs in one session against Spark's in one session too,
+        # a session each against a session each (and Spark's one-session row against its own each).
+        base_name = "baseline_connect_session" if r["name"].endswith("_connect") and r["name"] != "baseline_connect" \
+            else "baseline_connect" if "_connect" in r["name"] else \
             "baseline_jdbc" if r["name"] == "sql_rows" else "baseline_parquet" if r["name"] == "iceberg" else "baseline"
         base = next((b for b in rows if b["name"] == base_name and b.get("size") == r["size"]), None)
         r["x_baseline"] = round(r["records_per_s"] / base["records_per_s"], 2) if base else None
@@ -653,7 +658,7 @@ def verdicts(rows: list[dict]) -> list[str]:
     lines = []
     largest = max((r["size"] for r in rows if "size" in r), default=1)
     for scope in ("per_partition", "atomic"):
-        for r in (r for r in rows if r["name"] in (scope, f"{scope}_connect")):
+        for r in (r for r in rows if r["name"] in (scope, f"{scope}_connect", f"{scope}_connect_fresh")):
             target = SCOPE_TARGETS["largest" if r["size"] == largest and largest > 1 else "smallest"]
             ok = r["x_baseline"] is not None and r["x_baseline"] >= target
             spread = f" (runs {min(r['all_seconds'])}-{max(r['all_seconds'])} s)" if r.get("all_seconds") else ""
@@ -714,7 +719,8 @@ def chart(rows: list[dict], path: Path) -> None:
         fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [3, 2]})
     else:
         fig, left = plt.subplots(1, 1, figsize=(10, 5))
-    labels = [f"{r['name'].replace('_connect_session', ', 1 session').removesuffix('_connect')}\n{r['size']}x"
+    labels = [f"{r['name'].replace('_connect_session', ', 1 session').replace('_connect_fresh', ', fresh').removesuffix('_connect')}"
+              f"\n{r['size']}x"
               + ("\nConnect" if "_connect" in r["name"] else "") for r in runs]
     colors = ["#888888" if r["name"].startswith("baseline") else "#2a6fbb" if r["name"] in ("atomic", "per_partition")
               else "#7a4fbf" if r["name"].endswith("_connect") else "#3a9a5b" for r in runs]
@@ -815,8 +821,9 @@ def _sizes(args, skip: set, settings: KafkaSettings, work: Path, rows: list[dict
                 (f"kafka-eos {commit} {size}x", partial(run_kafka_eos, work, settings, source, "kafka", commit))
                 for commit in ("atomic", "per_partition")])
         if remote:
-            # kafka-eos's runs of one row share a session of the server, as a pipeline's runs do;
-            # Spark's own sink as a job is written (a session each), and again in one session.
+            # Like with like: each side's runs of one row in one session of the server (as a
+            # deployed pipeline's runs are), and each side in a session of its own every run (as
+            # Spark's sink runs as a job is written; a bench run is a new pipeline each time).
             runs += best_of(args.repeat, [(f"baseline {size}x, Spark Connect",
                                            partial(run_baseline, work, settings, source, remote))] + [
                 (f"kafka-eos {commit} {size}x, Spark Connect",
@@ -825,7 +832,11 @@ def _sizes(args, skip: set, settings: KafkaSettings, work: Path, rows: list[dict
                 for commit in ("atomic", "per_partition")] + [
                 (f"baseline {size}x, Spark Connect, one session",
                  partial(run_baseline, work, settings, source, with_session_id(remote, str(uuid.uuid4())),
-                         label="baseline_connect_session"))])
+                         label="baseline_connect_session"))] + [
+                (f"kafka-eos {commit} {size}x, Spark Connect, a session each",
+                 partial(run_kafka_eos, work, settings, source, "kafka", commit, label=f"{commit}_connect_fresh",
+                         remote=remote))
+                for commit in ("atomic", "per_partition")])
         if pg_url:
             tables: list[str] = []  # the JDBC writer appends to a table defined as kafka-eos's first one
 

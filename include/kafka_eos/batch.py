@@ -20,7 +20,7 @@ from kafka_eos.plan import Plan
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.sinks.base import Outcome, Output, Sink
 from kafka_eos.sinks.scope import sink_of
-from kafka_eos.spark_io import read_ranges
+from kafka_eos.spark_io import KAFKA_SOURCE_SCHEMA, read_ranges
 from kafka_eos.spec import PipelineSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -67,7 +67,8 @@ def _range_rows(plan: Plan, counts: dict | None = None) -> list[dict]:
 
 def transformed(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
                 decoders: list | None = None, guard: bool = True, sink: Sink | None = None) -> Output:
-    """The transform's output for the plan's non-empty ranges (all None when there are none).
+    """The transform's output for the plan's non-empty ranges (all None when there are none, unless
+    the sink needs the output's schema all the same: then the transform's output of no records).
 
     :param decoders: how the source's key and value are decoded (:func:`kafka_eos.formats.source_decoders`).
     :param guard: one pass: a record that does not decode fails the Spark job
@@ -77,11 +78,14 @@ def transformed(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings:
     # pyspark: not at the top, where every process that plans (a DAG processor too) would load it.
     from pyspark.sql import DataFrame
 
-    if all(r.empty for r in plan.active):
-        return Output(None, None, None)
     sink = sink or sink_of(spec, settings)
-    # Work committed on the driver reads in tasks of bounded size: the driver holds one at a time.
-    source = read_ranges(spark, settings, plan.active, DRIVER_TASK_RECORDS if sink.commits_on_driver else None)
+    if all(r.empty for r in plan.active):
+        if not sink.needs_output_schema:
+            return Output(None, None, None)
+        source = spark.createDataFrame([], KAFKA_SOURCE_SCHEMA)  # nothing to read: the source's columns
+    else:
+        # Work committed on the driver reads in tasks of bounded size: the driver holds one at a time.
+        source = read_ranges(spark, settings, plan.active, DRIVER_TASK_RECORDS if sink.commits_on_driver else None)
     source, undecodable, counted = formats.decoded(source, decoders or [], guard)
     out = spec.load_transform()(source)
     if isinstance(out, DataFrame):

@@ -467,6 +467,11 @@ def read_ranges(spark: "SparkSession", settings: KafkaSettings,
             .load())
 
 
+#: The columns of Spark's Kafka source with headers (:func:`read_ranges`), for a read of nothing.
+KAFKA_SOURCE_SCHEMA = ("key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP, "
+                       "timestampType INT, headers ARRAY<STRUCT<key: STRING, value: BINARY>>")
+
+
 def _executor_python(spark: "SparkSession") -> str | None:
     """The executors' Python: ``spark.pyspark.python`` where the session names one, else
     ``$PYSPARK_PYTHON``; None: this process's (a local session's executors run it)."""

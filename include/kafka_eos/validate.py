@@ -138,13 +138,17 @@ def _database(spec: PipelineSpec, settings: KafkaSettings) -> Check:
     except SpecError as exc:
         return Check(False, "database", str(exc))
     if url.startswith(("http://", "https://")):  # a REST catalog (an Iceberg sink's)
-        from kafka_eos.sinks.iceberg_store import open_catalog, rest_properties
+        from kafka_eos.sinks.iceberg_store import _redacted, open_catalog, rest_properties
 
         try:
+            properties = rest_properties(url)
             open_catalog(spec, url).list_namespaces()
-        except Exception as exc:  # noqa: BLE001 - the catalog's answer, its secrets left out (open_catalog's)
-            return Check(False, "database", f"Iceberg REST catalog: {str(exc).splitlines()[0] if str(exc) else exc!r}")
-        return Check(True, "database", f"Iceberg REST catalog {rest_properties(url)['uri']}")
+        except SpecError as exc:  # said without the URL's secrets
+            return Check(False, "database", str(exc))
+        except Exception as exc:  # noqa: BLE001 - the catalog's answer, its secrets left out
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            return Check(False, "database", f"Iceberg REST catalog {properties['uri']}: {_redacted(first, properties)}")
+        return Check(True, "database", f"Iceberg REST catalog {properties['uri']}")
     engine = make_engine(url)
     try:
         with engine.connect() as conn:

@@ -365,8 +365,8 @@ def test_a_replay_writes_a_branch_of_its_own_and_main_changes_only_when_it_is_pr
 
     # The replay's range is main's too (the live run wrote it): an append would add it twice.
     first_tp = sorted(live)[0]
-    assert f"{first_tp[0]}-{first_tp[1]}: main of Iceberg table {spec.sink.table!r} was at {live[first_tp]} when " \
-           f"branch {branch!r} was cut, past the side run's start 0" in promote("--yes", code=1)
+    assert f"{first_tp[0]}-{first_tp[1]}: the side run's range [0, {live[first_tp]}) reaches past 0, where the live " \
+           "pipeline started on it" in promote("--yes", code=1)
     assert_exactly_once(spec, kafka_settings, truth)
     dry = promote("--overlap")
     assert (dry[spec.sink.table]["action"], dry[spec.sink.table]["rows"]) == ("append", sum(replayed.values()))
@@ -527,23 +527,45 @@ def test_a_rest_catalog_from_an_airflow_connection_commits_each_run_once(
     assert wrong not in str(refused.value) and "\n" not in str(refused.value)
 
 
-def test_a_backfill_of_a_pipeline_that_never_ran_cuts_its_branch_from_an_empty_main_and_is_promoted_whole(
+def test_a_backfill_of_history_from_before_the_live_start_is_promoted_once_and_exactly(
         spark, kafka_settings, iceberg_spec):
-    """A branch is cut from a snapshot: a table with none (created by the side run itself, and its
-    dead letters' table) gets an empty one on main first. Main holds nothing of the range, so the
-    promote needs no --overlap: a fast-forward, every committed record once in main."""
+    """A pipeline that starts at the latest offsets: its first run reads nothing and commits where it
+    starts (a snapshot of no files: the table is made from the transform's output of no records).
+    A backfill of the history before that start, cut while main is there; the live pipeline goes on,
+    so main moves; the history lies below the live start, so the promote appends the branch's files
+    with no --overlap, and main then holds every committed record exactly once. Another side run
+    over the same history is refused: it meets the range promoted before."""
     from kafka_eos.backfill.promote import parse_side, promote
     from kafka_eos.backfill.side import BACKFILL, prepare, side_spec
+    from kafka_eos.errors import PlanError
 
     spec = iceberg_spec()
+    spec = dataclasses.replace(spec, source=dataclasses.replace(spec.source, starting_offsets="latest"))
     topic = spec.source.topics[0]
     truth = produce_orders(kafka_settings, topic, 90, abort_every=3, malformed_every=8)
     ends = kafka_admin.partition_offsets(kafka_settings, [(topic, p) for p in range(3)])
-    side, plan, _ = prepare(spec, kafka_settings, "bf-1", BACKFILL, "history", "h#0",
-                            lambda: ({tp: (0, o.lso) for tp, o in ends.items()}, []))
-    assert run_batch(spark, side_spec(spec, side), plan, kafka_settings).status == "committed"
-    assert table_rows(spec) == [] and table_rows(spec, spec.sink.dead_letters_table) == []  # main: empty
-    done = promote(spec, kafka_settings, parse_side(side.suffix, spec.name), apply=True)
-    assert [t["action"] for t in done["tables"]] == ["fast-forward", "fast-forward"]
-    assert Counter(r["order_id"] for r in table_rows(spec)) == Counter(o["order_id"] for o in truth.committed)
-    assert len(table_rows(spec, spec.sink.dead_letters_table)) == truth.malformed
+    first = run_once(spark, spec, kafka_settings, "live-1")[1]  # starts at the end: reads nothing
+    assert (first.status, first.records_in, first.records_out) == ("committed", 0, 0)
+    assert table_rows(spec) == [] and snapshot_offsets(spec) == {tp: o.lso for tp, o in ends.items()}
+
+    def backfill(key):
+        side, plan, _ = prepare(spec, kafka_settings, f"bf-{key}", BACKFILL, key, f"{key}#0",
+                                lambda: ({tp: (0, o.lso) for tp, o in ends.items()}, []))
+        assert run_batch(spark, side_spec(spec, side), plan, kafka_settings).status == "committed"
+        return parse_side(side.suffix, spec.name)
+
+    side = backfill("history")
+    assert table_rows(spec) == []  # main: untouched
+    live = produce_orders(kafka_settings, topic, 30, first_seq=90, abort_every=3, malformed_every=0,
+                          transactional_id=f"live-{spec.name}")
+    run_once(spark, spec, kafka_settings, "live-2")
+    done = promote(spec, kafka_settings, side, apply=True)
+    assert done["tables"][0]["action"] == "append"  # main moved since the cut
+    truth.committed += live.committed
+    truth.aborted += live.aborted
+    assert_exactly_once(spec, kafka_settings, truth)
+
+    again = backfill("history-again")
+    with pytest.raises(PlanError, match=r"meets \[0, \d+\), promoted before"):
+        promote(spec, kafka_settings, again, apply=True)
+    assert_exactly_once(spec, kafka_settings, truth)

@@ -42,15 +42,21 @@ def test_an_iceberg_connection_is_a_rest_catalog_and_any_other_a_database(monkey
 def test_secrets_written_raw_stay_whole_and_never_reach_an_error():
     from kafka_eos.sinks.iceberg_store import _redacted
 
-    raw = "https://etl:ab/c?d#e@f@catalog.example:8443/api?scope=a@b"
-    assert rest_properties(raw) == {"uri": "https://catalog.example:8443/api", "credential": "etl:ab/c?d#e@f",
-                                    "scope": "a@b"}
-    with pytest.raises(SpecError, match=r"control character") as refused:
-        rest_properties("https://:t0ken\n@catalog.example")
-    assert "t0ken" not in str(refused.value)
-    props = rest_properties("https://:s3cr3t%2Ftoken@catalog.example")
-    assert _redacted("Invalid header: 'Bearer s3cr3t/token' or s3cr3t%2Ftoken", props) == \
-        "Invalid header: 'Bearer ***' or ***"
+    # A secret written raw that a URL parser would split: refused, never quoted.
+    for raw in ("https://etl:ab/c?d#e@f@catalog.example:8443/api", "https://id:p@ss/word@cat.example.com/api",
+                "https://id:1234/x@iceberg_rest:8181/api"):
+        with pytest.raises(SpecError, match=r"credentials must be percent-encoded") as refused:
+            rest_properties(raw)
+        assert "ss/word" not in str(refused.value) and "1234" not in str(refused.value)
+    assert rest_properties("https://etl:ab%2Fc%3Fd%23e%40f@iceberg_rest:8181/api?scope=a@b") == {
+        "uri": "https://iceberg_rest:8181/api", "credential": "etl:ab/c?d#e@f", "scope": "a@b"}
+    for bad in ("https://:t0ken%0A@catalog.example", "https://catalog.example?token=t0ken%0A"):
+        with pytest.raises(SpecError, match=r"holds a control character") as refused:
+            rest_properties(bad)
+        assert "t0ken" not in str(refused.value)
+    props = rest_properties("https://:s3cr3t%2Ftoken@catalog.example?s3.secret-access-key=wJalrXUtn&s3.access-key-id=AKID")
+    assert _redacted("Invalid header: b'Bearer s3cr3t/token\\n' or s3cr3t%2Ftoken, key wJalrXUtn, id AKID", props) == \
+        "Invalid header: b'Bearer ***\\n' or ***, key ***, id AKID"
 
 
 def test_a_password_alone_is_a_bearer_token_and_a_hosts_query_stays(monkeypatch):

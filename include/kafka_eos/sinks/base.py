@@ -85,6 +85,9 @@ class Sink(ABC):
     #: Whether each source partition's transaction writes a manifest record of its own (its range
     #: and counts), beside the run's (``kafka-eos audit`` compares each with the source).
     partition_records = False
+    #: Whether a run with nothing to read still needs the transform's output (of no records): its
+    #: schema makes the place its offsets are committed to (an Iceberg table).
+    needs_output_schema = False
 
     def __init__(self, spec: PipelineSpec, settings: KafkaSettings, keep: bool = False) -> None:
         self.spec = spec

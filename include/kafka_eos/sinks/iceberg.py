@@ -48,6 +48,8 @@ class IcebergSink(MirroredSink):
 
     store_type = IcebergStore
     store: IcebergStore
+    # A first run with nothing to read (starting_offsets: latest) creates the table for its offsets.
+    needs_output_schema = True
 
     def prepare(self, output: Output) -> Output:
         """2. Results and dead letters apart."""

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 from kafka_eos.errors import CheckpointConflict, CheckpointLost, PlanError, SpecError
@@ -46,6 +45,8 @@ RUN_KEY = "kafka-eos.{pipeline}.run"
 PROMOTED_KEY = "kafka-eos.promoted.{name}"
 #: A table property set by the commit that cut a side run's branch: the ``main`` snapshot it was cut from.
 CUT_KEY = "kafka-eos.cut.{branch}"
+#: A table property: the ranges of a pipeline's side runs promoted onto ``main`` (``{"topic-p": [[from, until]]}``).
+RANGES_KEY = "kafka-eos.{pipeline}.promoted-ranges"
 #: A table property set by a pipeline's first commit (its run id): the pipeline has committed to
 #: this table, so offsets missing from an expired ancestry are lost, not never written.
 MARKER_KEY = "kafka-eos.{pipeline}.first-run"
@@ -73,52 +74,71 @@ def is_rest(url: str) -> bool:
     return url.startswith(("http://", "https://"))
 
 
+#: Catalog properties that hold secrets (by a word in their name): checked for control characters,
+#: kept out of every message, masked in Airflow's logs.
+SECRET_WORDS = ("credential", "token", "secret", "password", "sas", "key")
+#: ... except these, which name a secret's owner or kind, not the secret.
+NOT_SECRET = ("s3.access-key-id", "token-type", "rest.signing-name")
+
+
+def is_secret(name: str) -> bool:
+    """Whether catalog property ``name`` holds a secret (:data:`SECRET_WORDS`)."""
+    name = name.lower()
+    return name not in NOT_SECRET and any(word in name for word in SECRET_WORDS)
+
+
 def rest_properties(url: str) -> dict[str, str]:
     """PyIceberg's REST catalog properties of ``url``:
     ``https://CLIENT_ID:CLIENT_SECRET@host/path?warehouse=w&scope=s`` gives ``uri``
     (``https://host/path``), ``credential`` (``CLIENT_ID:CLIENT_SECRET``: OAuth2 client credentials);
     ``https://:TOKEN@host/path`` gives ``token`` (a bearer token); each query parameter is a
     property (``warehouse``, ``scope``, ``oauth2-server-uri``, ``header.X-Iceberg-Access-Delegation``,
-    ``s3.*``, ...). The URL holds secrets: never log it."""
+    ``s3.*``, ...). Credentials holding ``@ / ? # :`` must be percent-encoded (the Airflow
+    connection's URL is). The URL holds secrets: never log it.
+
+    :raises SpecError: not such a URL, a user part that is not percent-encoded (a second ``@``), a
+        secret with a control character — never quoting the URL.
+    """
     from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
-    # The user part first: up to the first "@" that a host (and port) and then the path, the query or
-    # the end follow. A secret written raw (not percent-encoded) may hold "/", "?", "#" or "@", which
-    # a URL parser would read as the path, the query or a port, and show in its errors.
-    scheme, _, rest = url.partition("://")
-    m = re.match(r"^(.*?)@((?:[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\])(?::\d+)?(?:[/?#].*)?)$", rest, re.S)
-    userinfo, rest = (m.group(1), m.group(2)) if m else ("", rest)
-    user, _, password = userinfo.partition(":")
-    user, password = unquote(user), unquote(password)
-    for secret in (user, password):
-        if any(ord(c) < 32 or ord(c) == 127 for c in secret):
-            raise SpecError("Iceberg REST catalog URL: its credentials hold a control character (a line break?)")
-    parts = urlsplit(f"{scheme}://{rest}")
+    parts = urlsplit(url)
+    if "@" in parts.netloc.rpartition("@")[0] or "@" in parts.path or "@" in parts.fragment:
+        raise SpecError("Iceberg REST catalog URL: its credentials must be percent-encoded ('@', '/', '?', '#' "
+                        "within them)")
     try:
         port = parts.port
     except ValueError:
-        raise SpecError(f"Iceberg REST catalog URL: not a URL ({scheme}://<host>[:port]/...)") from None
+        raise SpecError("Iceberg REST catalog URL: not http(s)://[user:secret@]host[:port][/path][?properties] "
+                        "(percent-encode the credentials)") from None
     host = parts.hostname or ""
     netloc = f"[{host}]" if ":" in host else host
     if port:
         netloc += f":{port}"
     properties = {"uri": urlunsplit((parts.scheme, netloc, parts.path, "", ""))}
+    user, password = unquote(parts.username or ""), unquote(parts.password or "")
     if user:
         properties["credential"] = f"{user}:{password}"
     elif password:
         properties["token"] = password
     properties.update(parse_qsl(parts.query, keep_blank_values=True))
+    for name, value in properties.items():
+        if is_secret(name) and any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise SpecError(f"Iceberg REST catalog URL: its {name} holds a control character (a line break?)")
     return properties
 
 
 def _redacted(text: str, properties: dict[str, str]) -> str:
-    """``text`` without the secrets of ``properties`` (as written, and percent-encoded)."""
-    from urllib.parse import quote
+    """``text`` without the secrets of ``properties``: as written, percent-encoded (both ways), as
+    a Python literal would show them, and a credential's secret half alone."""
+    from urllib.parse import quote, quote_plus
 
-    for key in ("credential", "token", "client_secret"):
-        for secret in {properties.get(key, "")} | set(properties.get(key, "").split(":", 1)[1:]):
+    for name, value in properties.items():
+        if not is_secret(name) or not value:
+            continue
+        for secret in {value, *value.split(":", 1)[1:]}:
             if len(secret) >= 4:
-                text = text.replace(secret, "***").replace(quote(secret, safe=""), "***")
+                for form in (secret, quote(secret, safe=""), quote_plus(secret), repr(secret)[1:-1]):
+                    text = text.replace(form, "***")
     return text
 
 
@@ -385,9 +405,12 @@ class IcebergStore:
             marker = MARKER_KEY.format(pipeline=self.spec.name)
             deleted, replacing = self.rewrites(table, keys) if keys is not None else ([], [])
             try:
+                # The first commit's marker holds where the live pipeline started on each partition:
+                # what main can never hold records below (a promote's check of a side run's ranges).
+                first = {marker: json.dumps({"run": plan.run_id, "from": json.loads(_format_offsets(
+                    {r.tp: r.from_offset for r in plan.ranges}))}, sort_keys=True, separators=(",", ":"))}
                 _append(table, [*files, *replacing], properties,
-                        {} if marker in table.properties or self.branch != MAIN else {marker: plan.run_id},
-                        self.branch, deleted)
+                        {} if marker in table.properties or self.branch != MAIN else first, self.branch, deleted)
                 return True
             except CommitFailedException:
                 table = self.catalog.load_table(table.name())
@@ -527,84 +550,133 @@ class IcebergStore:
                 overlap: bool = False) -> list[dict]:
         """Move side-run branch ``branch`` of the results and dead-letter tables onto ``main`` (this
         store's pipeline is the live one; ``side``: the side run without its generation,
-        ``<pipeline>.<kind>.<key>``). Where ``main`` is still the snapshot the branch was cut from
-        (the table property ``kafka-eos.cut.<branch>``, set by the commit that cut it), a
-        fast-forward: ``main`` becomes the branch's snapshot, which carries ``main``'s offsets.
-        Else one snapshot on ``main`` that appends the data files the branch holds and its cut did
-        not, carrying ``main``'s offsets (refused for ``merge: upsert``: an append would not
-        replace the rows of its keys). Each table's promotion is one compare-and-set commit on
-        ``main`` that also sets ``kafka-eos.promoted.<branch>`` and ``kafka-eos.promoted.<side>``
-        (the generation): promoting the same branch again does nothing, another generation of the
-        same side run is refused. A table without the branch (no dead letters) is left.
+        ``<pipeline>.<kind>.<key>``; ``ranges``: its ranges). Both tables are checked before either
+        is committed. Where ``main`` is still the snapshot the branch was cut from (the table
+        property ``kafka-eos.cut.<branch>``, set by the commit that cut it), a fast-forward: ``main``
+        becomes the branch's snapshot, which carries ``main``'s offsets. Else one snapshot on
+        ``main`` that appends the data files the branch holds beyond its cut, carrying ``main``'s
+        offsets — only where the branch kept every file of its cut and added no row-level deletes
+        (else its files hold main's rows again), and never for an upsert's results (an append would
+        not replace the rows of its keys). Each table's promotion is one compare-and-set commit on
+        ``main`` that also sets ``kafka-eos.promoted.<branch>``, ``kafka-eos.promoted.<side>`` (the
+        branch: another generation of the same side run is refused) and the ranges promoted: a second
+        promote of the branch does nothing, and one stopped between the two tables finishes.
+
+        ``merge: append``: the rows are added to ``main`` as they are, so each range must lie below
+        the offset where the live pipeline started on its partition (the marker of its first commit:
+        main never holds, and the live pipeline never writes, records below it) and must not meet a
+        range promoted before; else the promote is refused unless ``overlap`` (the operator deleted
+        those records from ``main``, or knows it lacks them).
 
         :param apply: False: what it would do, committing nothing (a dry run).
-        :param ranges: the side run's ranges: with ``merge: append``, a range that starts below
-            ``main``'s checkpoint of its partition at the cut may hold records ``main`` has, which
-            an append would add again: refused unless ``overlap``.
         :returns: per table: ``{"table", "action" (fast-forward | append | promoted before | no
             branch), "files", "rows", "snapshot"}``.
-        :raises PlanError: neither table has the branch; its cut snapshot was expired; the side
-            run's other generation was promoted; an overlap; an upsert table's main moved.
-        :raises CheckpointConflict: ``main`` moved while it was promoted (nothing of that table was).
+        :raises PlanError: neither table has the branch; its cut snapshot was expired; another
+            generation was promoted; a range main holds or will hold; a branch that rewrote its cut's
+            files; an upsert's results onto a main that moved.
+        :raises CheckpointConflict: ``main`` moved while a table was promoted (promote again).
         """
         from pyiceberg.exceptions import CommitFailedException
 
-        done = []
-        for name in (self.spec.sink.table, self.spec.sink.dead_letters_table):
-            table = self.table(name)
-            head = table.metadata.snapshot_by_name(branch) if table is not None and branch != MAIN else None
-            entry = {"table": name, "action": "no branch", "files": 0, "rows": 0, "snapshot": None}
-            done.append(entry)
-            if head is None:
+        tables = {name: self.table(name) for name in (self.spec.sink.table, self.spec.sink.dead_letters_table)}
+        promoted: dict[str, list[list[int]]] = {}
+        for table in filter(None, tables.values()):
+            for tp, spans in _parse_ranges(table.properties.get(RANGES_KEY.format(pipeline=self.spec.name))).items():
+                promoted.setdefault(tp, []).extend(s for s in spans if s not in promoted.get(tp, []))
+        if self.spec.sink.merge == "append" and ranges and not overlap:
+            self._check_no_overlap(tables[self.spec.sink.table], ranges, promoted)
+        for (topic, partition), (start, until) in (ranges or {}).items():
+            if until > start and [start, until] not in promoted.get(f"{topic}-{partition}", []):
+                promoted.setdefault(f"{topic}-{partition}", []).append([start, until])
+        planned = [self._promotion(name, table, branch, side, promoted) for name, table in tables.items()]
+        if all(e["action"] == "no branch" for e, _ in planned):
+            raise PlanError(f"Iceberg table {self.spec.sink.table!r}: no branch {branch!r} (nor of "
+                            f"{self.spec.sink.dead_letters_table!r}): no side run of that name committed")
+        for entry, step in planned:
+            if not apply or step is None:
                 continue
-            marker, side_marker = PROMOTED_KEY.format(name=branch), PROMOTED_KEY.format(name=side)
-            if marker in table.properties:
-                entry.update(action="promoted before", snapshot=int(table.properties[marker]))
-                continue
-            if side_marker in table.properties:
-                raise PlanError(f"Iceberg table {name!r}: {table.properties[side_marker]} of this side run was promoted "
-                                f"already; promoting {branch!r} too would add its rows twice")
-            cut_raw = table.properties.get(CUT_KEY.format(branch=branch))
-            cut = table.metadata.snapshot_by_id(int(cut_raw)) if cut_raw else None
-            if cut is None:
-                raise PlanError(f"Iceberg table {name!r}: the snapshot branch {branch!r} was cut from is "
-                                f"{'expired' if cut_raw else 'not recorded'}: kafka-eos cannot tell the branch's rows "
-                                "from main's; promote it with the catalog's own tools")
-            main = table.current_snapshot()
-            forward = main is not None and main.snapshot_id == cut.snapshot_id
-            if not forward and self.spec.sink.merge == "upsert":
-                raise PlanError(f"Iceberg table {name!r}: main moved since branch {branch!r} was cut, and an upsert's "
-                                "branch replaced rows, which an append onto main cannot: promote it while main stays "
-                                "at the cut (pause the live pipeline, reprocess the side run, promote)")
-            if name == self.spec.sink.table and ranges and self.spec.sink.merge == "append" and not overlap:
-                at_cut = self.offsets_at(table, cut)
-                for (topic, partition), (start, _until) in sorted(ranges.items()):
-                    held = at_cut.get((topic, partition))
-                    if held is not None and start < held:
-                        raise PlanError(f"{topic}-{partition}: main of Iceberg table {name!r} was at {held} when branch "
-                                        f"{branch!r} was cut, past the side run's start {start}: main may hold those "
-                                        "records, and promoting appends them again (merge: append); delete them from "
-                                        "main first, or promote with --overlap where main lacks them")
-            cut_files = {f.file_path for f in _live_files(table, cut)}
-            files = [f for f in _live_files(table, head) if f.file_path not in cut_files]
-            entry.update(action="fast-forward" if forward else "append", files=len(files),
-                         rows=sum(f.record_count for f in files))
-            if not apply:
-                continue
-            markers = {marker: str(head.snapshot_id), side_marker: branch}
+            table, head, files, markers = step
             try:
-                if forward:
+                if entry["action"] == "fast-forward":
                     _fast_forward(table, head.snapshot_id, markers)
                 else:
                     _append(table, files, {**self.carried(table), "kafka-eos.promoted": branch}, markers)
                 entry["snapshot"] = self.catalog.load_table(table.name()).current_snapshot().snapshot_id
             except CommitFailedException:
-                raise CheckpointConflict(f"Iceberg table {name!r}: main moved while branch {branch!r} was promoted; "
-                                         "nothing of it was promoted: promote again") from None
-        if all(e["action"] == "no branch" for e in done):
-            raise PlanError(f"Iceberg table {self.spec.sink.table!r}: no branch {branch!r} (nor of "
-                            f"{self.spec.sink.dead_letters_table!r}): no side run of that name committed")
-        return done
+                raise CheckpointConflict(f"Iceberg table {entry['table']!r}: main moved while branch {branch!r} was "
+                                         "promoted; nothing of that table was promoted: promote again") from None
+        return [entry for entry, _ in planned]
+
+    def _promotion(self, name: str, table: "Table | None", branch: str, side: str,
+                   promoted: dict[str, list[list[int]]]) -> tuple[dict, tuple | None]:
+        """One table's part of :meth:`promote`, checked: (its entry, what to commit or None);
+        ``promoted``: the side runs' ranges promoted, this one's included."""
+        head = table.metadata.snapshot_by_name(branch) if table is not None and branch != MAIN else None
+        entry = {"table": name, "action": "no branch", "files": 0, "rows": 0, "snapshot": None}
+        if head is None:
+            return entry, None
+        marker, side_marker = PROMOTED_KEY.format(name=branch), PROMOTED_KEY.format(name=side)
+        if marker in table.properties:
+            entry.update(action="promoted before", snapshot=int(table.properties[marker]))
+            return entry, None
+        if table.properties.get(side_marker, branch) != branch:
+            raise PlanError(f"Iceberg table {name!r}: {table.properties[side_marker]} of this side run was promoted "
+                            f"already; promoting {branch!r} too would add its rows twice")
+        cut_raw = table.properties.get(CUT_KEY.format(branch=branch))
+        cut = table.metadata.snapshot_by_id(int(cut_raw)) if cut_raw else None
+        if cut is None:
+            raise PlanError(f"Iceberg table {name!r}: the snapshot branch {branch!r} was cut from is "
+                            f"{'expired' if cut_raw else 'not recorded'}: kafka-eos cannot tell the branch's rows "
+                            "from main's; promote it with the catalog's own tools")
+        main = table.current_snapshot()
+        forward = main is not None and main.snapshot_id == cut.snapshot_id
+        results = name == self.spec.sink.table
+        if not forward and results and self.spec.sink.merge == "upsert":
+            raise PlanError(f"Iceberg table {name!r}: main moved since branch {branch!r} was cut, and an upsert's "
+                            "branch replaced rows, which an append onto main cannot: promote it while main stays "
+                            "at the cut (pause the live pipeline, reprocess the side run, promote)")
+        head_files = _live_files(table, head)
+        cut_paths = {f.file_path for f in _live_files(table, cut)}
+        if not forward and (cut_paths - {f.file_path for f in head_files} or _delete_files(table, head)
+                            - _delete_files(table, cut)):
+            raise PlanError(f"Iceberg table {name!r}: branch {branch!r} rewrote files of its cut or added row-level "
+                            "deletes (a compaction, a DELETE or MERGE on the branch): its files would bring main's "
+                            "rows again; promote it while main stays at the cut, or with the catalog's own tools")
+        files = [f for f in head_files if f.file_path not in cut_paths]
+        entry.update(action="fast-forward" if forward else "append", files=len(files),
+                     rows=sum(f.record_count for f in files))
+        markers = {marker: str(head.snapshot_id), side_marker: branch,
+                   RANGES_KEY.format(pipeline=self.spec.name): json.dumps(promoted, sort_keys=True, separators=(",", ":"))}
+        return entry, (table, head, files, markers)
+
+    def _check_no_overlap(self, table: "Table | None", ranges: dict[TP, tuple[int, int]],
+                          promoted: dict[str, list[list[int]]]) -> None:
+        """:raises PlanError: a range the live pipeline's part of ``main`` holds or will hold (at or
+            above where it started on the partition, or the start unknown), or that meets a range
+            promoted before."""
+        first = table.properties.get(MARKER_KEY.format(pipeline=self.spec.name)) if table is not None else None
+        try:
+            starts = _parse_offsets(json.dumps(json.loads(first)["from"]), "first-run") if first else {}
+        except (ValueError, KeyError, TypeError, SpecError):
+            starts = None  # a marker from before it held the start
+        for (topic, partition), (start, until) in sorted(ranges.items()):
+            if until <= start:
+                continue
+            live = None if starts is None else starts.get((topic, partition))
+            if live is None or until > live:
+                where = (f"past {live}, where the live pipeline started on it" if live is not None else
+                         "where the live pipeline may read (it has not committed there yet, or its start is not "
+                         "recorded)")
+                raise PlanError(
+                    f"{topic}-{partition}: the side run's range [{start}, {until}) reaches {where}: main of Iceberg "
+                    f"table {self.spec.sink.table!r} holds or will hold those records, and promoting appends them "
+                    "again (merge: append); promote with --overlap once main lacks them for good (deleted from "
+                    "main, or the live pipeline never reads them)")
+            for a, b in promoted.get(f"{topic}-{partition}", []):
+                if start < b and a < until:
+                    raise PlanError(f"{topic}-{partition}: the side run's range [{start}, {until}) meets [{a}, {b}), "
+                                    f"promoted before into Iceberg table {self.spec.sink.table!r}: promoting appends "
+                                    "those records again; promote with --overlap only after deleting them from main")
 
     def offsets_at(self, table: "Table", snapshot) -> dict[TP, int]:
         """This pipeline's checkpoints as of ``snapshot`` (its newest ancestor that has them)."""
@@ -628,17 +700,13 @@ def _append(table: "Table", files: list["DataFile"], properties: dict[str, str],
 
     :raises CommitFailedException: the branch moved (or was created) meanwhile.
     """
-    from pyiceberg.exceptions import CommitFailedException
     from pyiceberg.table.update.snapshot import ManageSnapshots
 
     cut = branch != MAIN and branch not in table.metadata.refs
     if cut and table.current_snapshot() is None:
         # A branch is cut from a snapshot (the catalog refuses a branch of a table without one): an
         # empty one on main first, its own compare-and-set (a concurrent first commit wins).
-        try:
-            _append(table, [], {})
-        except CommitFailedException:
-            pass
+        _append(table, [], {})  # lost to another first commit: the caller checks and plans again
         table = table.catalog.load_table(table.name())
     tx = _without_retries(table).transaction()
     if cut:  # the cut recorded with it: what the branch holds beyond main's rows then (promote)
@@ -670,6 +738,22 @@ def _fast_forward(table: "Table", snapshot_id: int, table_properties: dict[str, 
     tx.set_properties(table_properties)
     ManageSnapshots(tx).set_current_snapshot(snapshot_id=snapshot_id)
     tx.commit_transaction()
+
+
+def _delete_files(table: "Table", snapshot) -> set[str]:
+    """The paths of the row-level delete files ``snapshot`` holds."""
+    from pyiceberg.manifest import ManifestContent
+
+    return {entry.data_file.file_path for manifest in snapshot.manifests(table.io)
+            if manifest.content == ManifestContent.DELETES
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)}
+
+
+def _parse_ranges(raw: str | None) -> dict[str, list[list[int]]]:
+    try:
+        return json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
 
 
 def _live_files(table: "Table", snapshot) -> list["DataFile"]:

@@ -56,9 +56,13 @@ def rest_url(conn_id: str, host: str | None, login: str | None, password: str | 
         netloc = f"{quote(login or '', safe='')}:{quote(password or '', safe='')}@{netloc}"
     properties = dict(parse_qsl(parts.query, keep_blank_values=True))  # a query the Host names stays
     properties.update({str(k): _property(v) for k, v in (extra or {}).items()})
-    for key in ("token", "credential", "client_secret"):
-        if properties.get(key):
-            mask_secret(properties[key])
+    from kafka_eos.sinks.iceberg_store import is_secret
+
+    for key, value in properties.items():
+        if value and is_secret(key):
+            mask_secret(value)
+    if password:
+        mask_secret(password)
     url = urlunsplit((parts.scheme, netloc, parts.path, urlencode(properties), ""))
     mask_secret(url)
     return url

@@ -115,7 +115,9 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
         raise KafkaEosError(f"run {plan.run_id!r} of pipeline {spec.name!r} handed to the sink of {sink.spec.name!r}")
     try:
         # The source's schemas, before Spark starts: a registry that does not answer fails the run here.
-        decoders = formats.source_decoders(spec, settings) if any(not r.empty for r in plan.active) else []
+        # (A sink that needs the output of no records decodes them too: the output's columns.)
+        decoders = formats.source_decoders(spec, settings) \
+            if any(not r.empty for r in plan.active) or sink.needs_output_schema else []
         sink.start()  # the sink's checks, before Spark starts (a long-lived sink's: done already)
         guard = bool(decoders) and sink.decodes_in_one_pass
         try:

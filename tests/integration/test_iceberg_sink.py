@@ -565,7 +565,19 @@ def test_a_backfill_of_history_from_before_the_live_start_is_promoted_once_and_e
     truth.aborted += live.aborted
     assert_exactly_once(spec, kafka_settings, truth)
 
+    # Again: done already (not a meeting with its own range).
+    assert {t["action"] for t in promote(spec, kafka_settings, side, apply=True)["tables"]} == {"promoted before"}
     again = backfill("history-again")
     with pytest.raises(PlanError, match=r"meets \[0, \d+\), promoted before"):
         promote(spec, kafka_settings, again, apply=True)
     assert_exactly_once(spec, kafka_settings, truth)
+
+    # A reset below where the live pipeline started moves the recorded start down with it: a later
+    # side run's range there is what the live pipeline writes again.
+    from kafka_eos.backfill.reset import reset_checkpoint
+    from kafka_eos.sinks.iceberg_store import MARKER_KEY, identifier
+
+    tp = (topic, 0)
+    reset_checkpoint(spec, kafka_settings, {tp: 1}, run_id="reset-1", asked="1", who="test", via="test")
+    marker = catalog(spec).load_table(identifier(spec.sink.table)).properties[MARKER_KEY.format(pipeline=spec.name)]
+    assert json.loads(marker)["from"][topic]["0"] == 1 and json.loads(marker)["from"][topic]["1"] == ends[(topic, 1)].lso

@@ -140,4 +140,4 @@ class IcebergSink(MirroredSink):
             raise SpecError(f"{self.spec.path}: Iceberg table {self.spec.sink.table!r} does not exist yet: nothing to "
                             "reset (its first run creates it)")
         if self.store.check(table, plan, "table"):
-            self.store.commit_files(table, plan, [])
+            self.store.commit_files(table, plan, [], reset=True)

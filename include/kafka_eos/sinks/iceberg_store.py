@@ -76,7 +76,7 @@ def is_rest(url: str) -> bool:
 
 #: Catalog properties that hold secrets (by a word in their name): checked for control characters,
 #: kept out of every message, masked in Airflow's logs.
-SECRET_WORDS = ("credential", "token", "secret", "password", "sas", "key")
+SECRET_WORDS = ("credential", "token", "secret", "password", "sas", "key", "authorization", "connection-string")
 #: ... except these, which name a secret's owner or kind, not the secret.
 NOT_SECRET = ("s3.access-key-id", "token-type", "rest.signing-name")
 
@@ -120,7 +120,11 @@ def rest_properties(url: str) -> dict[str, str]:
         properties["credential"] = f"{user}:{password}"
     elif password:
         properties["token"] = password
-    properties.update(parse_qsl(parts.query, keep_blank_values=True))
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if any(c in name for name, _value in query for c in "@/"):  # a raw secret's "?" split the URL there
+        raise SpecError("Iceberg REST catalog URL: its credentials must be percent-encoded ('@', '/', '?', '#' "
+                        "within them)")
+    properties.update(query)
     for name, value in properties.items():
         if is_secret(name) and any(ord(c) < 32 or ord(c) == 127 for c in value):
             raise SpecError(f"Iceberg REST catalog URL: its {name} holds a control character (a line break?)")
@@ -382,7 +386,7 @@ class IcebergStore:
                             f"({first}); evolve the table's schema first") from None
 
     def commit_files(self, table: "Table", plan: Plan, files: list["DataFile"],
-                     keys: "pa.Table | None" = None) -> bool:
+                     keys: "pa.Table | None" = None, reset: bool = False) -> bool:
         """One snapshot of the results table's branch adding ``files``, its summary holding the
         plan's offsets (and every other pipeline's, carried forward) and the run: committed only if
         the branch is still the snapshot whose offsets were checked (the catalog's compare-and-set;
@@ -392,6 +396,12 @@ class IcebergStore:
         With ``keys`` (``merge: upsert``) the same snapshot also replaces the files holding rows of
         those keys by files without them (:meth:`rewrites`, planned again on every attempt).
 
+        The first commit of this pipeline on ``main`` sets the table property ``first-run``: its run
+        and, where the table held no offsets of the pipeline before, where it started on each
+        partition (main never holds its records below that: what a promote checks a side run
+        against). ``reset``: an explicit reset moves those starts down to where it sets the
+        checkpoints, in the same commit.
+
         :returns: False when a concurrent attempt committed the plan first (a no-op).
         :raises CheckpointConflict: another commit moved this pipeline's checkpoint.
         """
@@ -399,18 +409,14 @@ class IcebergStore:
 
         for attempt in range(COMMIT_ATTEMPTS):
             offsets = self.offsets(table)
+            had_offsets = bool(offsets)
             offsets.update({r.tp: r.until for r in plan.active})
             properties = {**self.carried(table), self.offsets_key: _format_offsets(offsets),
                           self.run_key: plan.run_id}
-            marker = MARKER_KEY.format(pipeline=self.spec.name)
             deleted, replacing = self.rewrites(table, keys) if keys is not None else ([], [])
             try:
-                # The first commit's marker holds where the live pipeline started on each partition:
-                # what main can never hold records below (a promote's check of a side run's ranges).
-                first = {marker: json.dumps({"run": plan.run_id, "from": json.loads(_format_offsets(
-                    {r.tp: r.from_offset for r in plan.ranges}))}, sort_keys=True, separators=(",", ":"))}
-                _append(table, [*files, *replacing], properties,
-                        {} if marker in table.properties or self.branch != MAIN else first, self.branch, deleted)
+                _append(table, [*files, *replacing], properties, self._marker(table, plan, had_offsets, reset),
+                        self.branch, deleted)
                 return True
             except CommitFailedException:
                 table = self.catalog.load_table(table.name())
@@ -421,6 +427,28 @@ class IcebergStore:
         raise CheckpointConflict(f"Iceberg table {self.spec.sink.table!r}: moved by other commits "
                                  f"{COMMIT_ATTEMPTS} times while run {plan.run_id!r} committed; nothing of it was "
                                  "committed")
+
+    def _marker(self, table: "Table", plan: Plan, had_offsets: bool, reset: bool) -> dict[str, str]:
+        """The ``first-run`` table property to set with this commit ({} to leave it): see
+        :meth:`commit_files`."""
+        marker = MARKER_KEY.format(pipeline=self.spec.name)
+        if self.branch != MAIN:
+            return {}
+        if marker not in table.properties:
+            value: dict = {"run": plan.run_id}
+            if not had_offsets:  # its first commit, not the first one recorded on an older table
+                value["from"] = json.loads(_format_offsets({r.tp: r.from_offset for r in plan.ranges}))
+            return {marker: json.dumps(value, sort_keys=True, separators=(",", ":"))}
+        if not reset:
+            return {}
+        try:
+            value = json.loads(table.properties[marker])
+            starts = _parse_offsets(json.dumps(value["from"]), marker)
+        except (ValueError, KeyError, TypeError, SpecError):
+            return {}  # no starts recorded: nothing to move
+        starts.update({r.tp: min(starts.get(r.tp, r.until), r.until) for r in plan.active})
+        value["from"] = json.loads(_format_offsets(starts))
+        return {marker: json.dumps(value, sort_keys=True, separators=(",", ":"))}
 
     def upsert_keys(self, parts: list["pa.Table"]) -> "pa.Table":
         """The run's keys (:meth:`write_files`'s ``keys``) as one table.
@@ -579,15 +607,19 @@ class IcebergStore:
         from pyiceberg.exceptions import CommitFailedException
 
         tables = {name: self.table(name) for name in (self.spec.sink.table, self.spec.sink.dead_letters_table)}
-        promoted: dict[str, list[list[int]]] = {}
+        promoted: dict[str, list[list]] = {}  # "topic-p": [[from, until, branch], ...]
         for table in filter(None, tables.values()):
             for tp, spans in _parse_ranges(table.properties.get(RANGES_KEY.format(pipeline=self.spec.name))).items():
                 promoted.setdefault(tp, []).extend(s for s in spans if s not in promoted.get(tp, []))
-        if self.spec.sink.merge == "append" and ranges and not overlap:
-            self._check_no_overlap(tables[self.spec.sink.table], ranges, promoted)
+        with_branch = [t for t in tables.values() if t is not None and t.metadata.snapshot_by_name(branch) is not None]
+        finished = with_branch and all(PROMOTED_KEY.format(name=branch) in t.properties for t in with_branch)
+        if self.spec.sink.merge == "append" and ranges and not overlap and not finished:
+            # This branch's own spans (a promote stopped between the two tables) are not a meeting.
+            self._check_no_overlap(tables[self.spec.sink.table], ranges,
+                                   {tp: [s for s in spans if s[2:] != [branch]] for tp, spans in promoted.items()})
         for (topic, partition), (start, until) in (ranges or {}).items():
-            if until > start and [start, until] not in promoted.get(f"{topic}-{partition}", []):
-                promoted.setdefault(f"{topic}-{partition}", []).append([start, until])
+            if until > start and [start, until, branch] not in promoted.get(f"{topic}-{partition}", []):
+                promoted.setdefault(f"{topic}-{partition}", []).append([start, until, branch])
         planned = [self._promotion(name, table, branch, side, promoted) for name, table in tables.items()]
         if all(e["action"] == "no branch" for e, _ in planned):
             raise PlanError(f"Iceberg table {self.spec.sink.table!r}: no branch {branch!r} (nor of "
@@ -608,7 +640,7 @@ class IcebergStore:
         return [entry for entry, _ in planned]
 
     def _promotion(self, name: str, table: "Table | None", branch: str, side: str,
-                   promoted: dict[str, list[list[int]]]) -> tuple[dict, tuple | None]:
+                   promoted: dict[str, list[list]]) -> tuple[dict, tuple | None]:
         """One table's part of :meth:`promote`, checked: (its entry, what to commit or None);
         ``promoted``: the side runs' ranges promoted, this one's included."""
         head = table.metadata.snapshot_by_name(branch) if table is not None and branch != MAIN else None
@@ -650,7 +682,7 @@ class IcebergStore:
         return entry, (table, head, files, markers)
 
     def _check_no_overlap(self, table: "Table | None", ranges: dict[TP, tuple[int, int]],
-                          promoted: dict[str, list[list[int]]]) -> None:
+                          promoted: dict[str, list[list]]) -> None:
         """:raises PlanError: a range the live pipeline's part of ``main`` holds or will hold (at or
             above where it started on the partition, or the start unknown), or that meets a range
             promoted before."""
@@ -672,7 +704,7 @@ class IcebergStore:
                     f"table {self.spec.sink.table!r} holds or will hold those records, and promoting appends them "
                     "again (merge: append); promote with --overlap once main lacks them for good (deleted from "
                     "main, or the live pipeline never reads them)")
-            for a, b in promoted.get(f"{topic}-{partition}", []):
+            for a, b, *_branch in promoted.get(f"{topic}-{partition}", []):
                 if start < b and a < until:
                     raise PlanError(f"{topic}-{partition}: the side run's range [{start}, {until}) meets [{a}, {b}), "
                                     f"promoted before into Iceberg table {self.spec.sink.table!r}: promoting appends "
@@ -749,7 +781,7 @@ def _delete_files(table: "Table", snapshot) -> set[str]:
             for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)}
 
 
-def _parse_ranges(raw: str | None) -> dict[str, list[list[int]]]:
+def _parse_ranges(raw: str | None) -> dict[str, list[list]]:
     try:
         return json.loads(raw) if raw else {}
     except ValueError:

@@ -17,7 +17,7 @@ Spark process in a file of mode 0600, as a SQL sink's. The library finds this th
 from __future__ import annotations
 
 import json
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, quote_plus, urlencode, urlsplit, urlunsplit
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
@@ -51,18 +51,19 @@ def rest_url(conn_id: str, host: str | None, login: str | None, password: str | 
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise SpecError(f"sink.conn_id: connection {conn_id!r} of type {REST_TYPE!r}: its Host must be the REST "
                         f"catalog's URI, http(s)://host[:port][/path]")
-    netloc = parts.netloc.rpartition("@")[2]
+    if "@" in parts.netloc:
+        raise SpecError(f"sink.conn_id: connection {conn_id!r} of type {REST_TYPE!r}: its Host holds credentials: "
+                        "put them in Login and Password")
+    netloc = parts.netloc
     if login or password:  # client credentials; a password alone: a bearer token
         netloc = f"{quote(login or '', safe='')}:{quote(password or '', safe='')}@{netloc}"
     properties = dict(parse_qsl(parts.query, keep_blank_values=True))  # a query the Host names stays
     properties.update({str(k): _property(v) for k, v in (extra or {}).items()})
     from kafka_eos.sinks.iceberg_store import is_secret
 
-    for key, value in properties.items():
-        if value and is_secret(key):
-            mask_secret(value)
-    if password:
-        mask_secret(password)
+    for value in [v for k, v in properties.items() if v and is_secret(k)] + ([password] if password else []):
+        for form in {value, quote(value, safe=""), quote_plus(value)}:
+            mask_secret(form)
     url = urlunsplit((parts.scheme, netloc, parts.path, urlencode(properties), ""))
     mask_secret(url)
     return url

@@ -84,10 +84,12 @@ def test_the_first_pipeline_guide_runs_as_written(tmp_path_factory, kafka_settin
     assert "kafka_eos/probes.py" in texts  # the points, which do nothing without a probe
     # The Spark Connect server plugin is always inside (make test builds it first, as make wheel does).
     assert "kafka_eos/jars/kafka-eos-connect.jar" in zipfile.ZipFile(wheel).namelist()
-    # The SQL connection resolver, found by the library through this entry point.
+    # The connection resolvers (a SQL sink's database, an Iceberg sink's catalog), found by the
+    # library through this entry point.
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in zipfile.ZipFile(wheel).namelist()
                                                     if n.endswith(".dist-info/entry_points.txt"))).decode()
-    assert "[kafka_eos.connections]\nsql = kafka_eos_airflow.hooks.sql:database_url_of" in entry_points
+    assert "[kafka_eos.connections]\niceberg = kafka_eos_airflow.hooks.iceberg:catalog_url_of\n" \
+           "sql = kafka_eos_airflow.hooks.sql:database_url_of" in entry_points
     shutil.copy(wheel, project)
     shutil.copy(ROOT / "requirements.txt", project)
     _forget_the_guides_pipeline(kafka_settings)

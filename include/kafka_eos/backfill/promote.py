@@ -5,9 +5,10 @@ explicit operator step (a side run itself never writes the live place: :mod:`kaf
   ``main``: a fast-forward where ``main`` has not moved since the branch was cut, else one snapshot
   appending the branch's own data files; once, and one generation of a side run only
   (:meth:`kafka_eos.sinks.iceberg_store.IcebergStore.promote`). With ``merge: append``, a side run
-  whose range starts below ``main``'s checkpoint at the cut (records ``main`` may hold: a replay of
-  what the live pipeline wrote) is refused unless ``overlap`` (the operator deleted them from
-  ``main``, or knows ``main`` lacks them: a backfill of history from before the pipeline's start).
+  whose range reaches where the live pipeline started on its partition (records ``main`` holds or
+  will hold: a replay of what the live pipeline wrote) or meets a range promoted before is refused
+  unless ``overlap`` (the operator deleted them from ``main`` first); a backfill of history from
+  before the live pipeline's start is promoted as it is.
 - SQL sinks: the statement of :func:`kafka_eos.backfill.side.promote_statement`, run in one
   database transaction for a keyed table (an upsert: running it again sets the same rows); an
   unkeyed table's would append the rows again, so it is printed for a person to run once.

@@ -412,8 +412,6 @@ def _wait_ready(bootstrap: str, timeout_s: float, proc: subprocess.Popen | None 
     """Wait until the port accepts connections, then until the broker serves metadata, then
     until every partition's leader (of the ``cluster`` the node is part of) answers."""
     # Imported here: the DAG files import this module at parse time, where no Kafka client loads.
-    from confluent_kafka.admin import AdminClient
-
     from kafka_eos.kafka_admin import all_partitions, partition_offsets
 
     deadline = time.monotonic() + timeout_s
@@ -426,16 +424,22 @@ def _wait_ready(bootstrap: str, timeout_s: float, proc: subprocess.Popen | None 
         time.sleep(0.2)
     settings = settings or KafkaSettings(cluster or bootstrap)
     last_error = "no brokers in metadata"
-    # One client for every try: a client made and dropped each half second while the broker starts
-    # is destroyed while it connects, a path on which librdkafka has aborted the process (seen once,
-    # in this wait after a restart).
-    admin = AdminClient(settings.client_config())
+    # The first answer asked through kafka-python (pure Python): librdkafka has aborted the whole
+    # process in a metadata request to a broker still starting after a restart (twice, in CI, with
+    # a new client each try and with one client for all), where a Python client only fails the try.
+    from kafka.admin import KafkaAdminClient
+
     while time.monotonic() < deadline:
         try:
-            if admin.list_topics(timeout=2).brokers:
-                break
+            admin = KafkaAdminClient(**{**settings.kafka_python_config(), "request_timeout_ms": 5000},
+                                     client_id="kafka-eos-ready")
+            try:
+                if admin.describe_cluster().get("brokers"):
+                    break
+            finally:
+                admin.close()
         except Exception as exc:  # noqa: BLE001 - any failure here means "not yet"
-            last_error = str(exc)
+            last_error = str(exc) or type(exc).__name__
         time.sleep(0.5)
     else:
         raise BrokerError(f"broker at {bootstrap} did not answer within {timeout_s:.0f}s ({last_error})")

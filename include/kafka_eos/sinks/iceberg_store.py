@@ -441,11 +441,10 @@ class IcebergStore:
             return {marker: json.dumps(value, sort_keys=True, separators=(",", ":"))}
         if not reset:
             return {}
-        try:
-            value = json.loads(table.properties[marker])
-            starts = _parse_offsets(json.dumps(value["from"]), marker)
-        except (ValueError, KeyError, TypeError, SpecError):
+        starts = _starts(table.properties[marker])
+        if starts is None:
             return {}  # no starts recorded: nothing to move
+        value = json.loads(table.properties[marker])
         starts.update({r.tp: min(starts.get(r.tp, r.until), r.until) for r in plan.active})
         value["from"] = json.loads(_format_offsets(starts))
         return {marker: json.dumps(value, sort_keys=True, separators=(",", ":"))}
@@ -669,8 +668,9 @@ class IcebergStore:
                             "at the cut (pause the live pipeline, reprocess the side run, promote)")
         head_files = _live_files(table, head)
         cut_paths = {f.file_path for f in _live_files(table, cut)}
-        if not forward and (cut_paths - {f.file_path for f in head_files} or _delete_files(table, head)
-                            - _delete_files(table, cut)):
+        deletes = {f.file_path for f in _live_files(table, head, deletes=True)} - \
+            {f.file_path for f in _live_files(table, cut, deletes=True)}
+        if not forward and (cut_paths - {f.file_path for f in head_files} or deletes):
             raise PlanError(f"Iceberg table {name!r}: branch {branch!r} rewrote files of its cut or added row-level "
                             "deletes (a compaction, a DELETE or MERGE on the branch): its files would bring main's "
                             "rows again; promote it while main stays at the cut, or with the catalog's own tools")
@@ -687,10 +687,7 @@ class IcebergStore:
             above where it started on the partition, or the start unknown), or that meets a range
             promoted before."""
         first = table.properties.get(MARKER_KEY.format(pipeline=self.spec.name)) if table is not None else None
-        try:
-            starts = _parse_offsets(json.dumps(json.loads(first)["from"]), "first-run") if first else {}
-        except (ValueError, KeyError, TypeError, SpecError):
-            starts = None  # a marker from before it held the start
+        starts = _starts(first) if first else {}  # None: a marker from before it held the starts
         for (topic, partition), (start, until) in sorted(ranges.items()):
             if until <= start:
                 continue
@@ -709,16 +706,6 @@ class IcebergStore:
                     raise PlanError(f"{topic}-{partition}: the side run's range [{start}, {until}) meets [{a}, {b}), "
                                     f"promoted before into Iceberg table {self.spec.sink.table!r}: promoting appends "
                                     "those records again; promote with --overlap only after deleting them from main")
-
-    def offsets_at(self, table: "Table", snapshot) -> dict[TP, int]:
-        """This pipeline's checkpoints as of ``snapshot`` (its newest ancestor that has them)."""
-        for summary in _ancestry_from(table, snapshot):
-            if summary is _EXPIRED:
-                return {}
-            raw = summary.additional_properties.get(self.offsets_key)
-            if raw is not None:
-                return _parse_offsets(raw, self.offsets_key)
-        return {}
 
 
 def _append(table: "Table", files: list["DataFile"], properties: dict[str, str],
@@ -772,13 +759,13 @@ def _fast_forward(table: "Table", snapshot_id: int, table_properties: dict[str, 
     tx.commit_transaction()
 
 
-def _delete_files(table: "Table", snapshot) -> set[str]:
-    """The paths of the row-level delete files ``snapshot`` holds."""
-    from pyiceberg.manifest import ManifestContent
-
-    return {entry.data_file.file_path for manifest in snapshot.manifests(table.io)
-            if manifest.content == ManifestContent.DELETES
-            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)}
+def _starts(marker: str) -> dict[TP, int] | None:
+    """Where the live pipeline started on each partition, as its ``first-run`` marker records it
+    (None: a marker that records none, an older one's plain run id)."""
+    try:
+        return _parse_offsets(json.dumps(json.loads(marker)["from"]), "first-run")
+    except (ValueError, KeyError, TypeError, SpecError):
+        return None
 
 
 def _parse_ranges(raw: str | None) -> dict[str, list[list]]:
@@ -788,11 +775,12 @@ def _parse_ranges(raw: str | None) -> dict[str, list[list]]:
         return {}
 
 
-def _live_files(table: "Table", snapshot) -> list["DataFile"]:
-    """The data files ``snapshot`` holds."""
+def _live_files(table: "Table", snapshot, deletes: bool = False) -> list["DataFile"]:
+    """The data files ``snapshot`` holds (``deletes``: its row-level delete files)."""
     from pyiceberg.manifest import ManifestContent
 
-    return [entry.data_file for manifest in snapshot.manifests(table.io) if manifest.content == ManifestContent.DATA
+    content = ManifestContent.DELETES if deletes else ManifestContent.DATA
+    return [entry.data_file for manifest in snapshot.manifests(table.io) if manifest.content == content
             for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)]
 
 
@@ -826,11 +814,7 @@ def _ancestry(table: "Table | None", branch: str = MAIN) -> Iterator:
     be told)."""
     if table is None:
         return
-    yield from _ancestry_from(table, _head(table, branch))
-
-
-def _ancestry_from(table: "Table", snapshot) -> Iterator:
-    """:func:`_ancestry` from ``snapshot``."""
+    snapshot = _head(table, branch)
     while snapshot is not None:
         if snapshot.summary is not None:
             yield snapshot.summary

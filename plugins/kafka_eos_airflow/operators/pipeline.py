@@ -27,7 +27,7 @@ from airflow.sdk import BaseHook, BaseOperator
 from airflow.sdk.exceptions import (AirflowException, AirflowFailException, AirflowNotFoundException,
                                      AirflowSkipException)
 
-from kafka_eos.backfill.places import promote_caveat, writes_to
+from kafka_eos.backfill.places import promote_caveat, side_branch, writes_to
 from kafka_eos.errors import DataLossError, KafkaEosError, PlanError, SpecError, TopicRecreated
 from kafka_eos.paths import spark_app
 from kafka_eos.settings import KafkaSettings
@@ -565,8 +565,6 @@ class KafkaEosVerifyOperator(_PipelineOperator):
             summary["writes_to"] = side_writes_to(live_spec)
             if live_spec.sink.about.promoted_by == "branch":
                 from kafka_eos.backfill.side import Side
-
-                from kafka_eos.backfill.places import side_branch
 
                 name = Side.from_json(side_json).suffix
                 summary["writes_to"] = f"branch `{side_branch(live_spec.name, name)}` of Iceberg table " \

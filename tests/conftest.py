@@ -92,6 +92,16 @@ def _shared_scope(path: str) -> str | None:
     return path if 'scope="module"' in text or "connect_server" in text else None
 
 
+@functools.cache
+def _runs_first(path: str) -> bool:
+    """Whether a test module is marked ``runs_first`` (read from its text: the controller of a
+    parallel session collects no items)."""
+    try:
+        return "pytest.mark.runs_first" in (ROOT / path).read_text()
+    except OSError:
+        return False
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config, log):
     """Tests go to the two workers one by one, except those that share something expensive
@@ -100,8 +110,20 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class SharedResourceScheduling(LoadScopeScheduling):
+        _first_assigned = False
+
         def _split_scope(self, nodeid: str) -> str:
             return _shared_scope(nodeid.split("::", 1)[0]) or nodeid
+
+        def _assign_work_unit(self, node):
+            # pytest-xdist queues the units by their number of tests, most first: a one-test unit
+            # of minutes (the soak, marked ``runs_first``) would start half-way through the
+            # session. It goes to the front of the queue before the first unit is handed out.
+            if not self._first_assigned:
+                self._first_assigned = True
+                for scope in [s for s in self.workqueue if _runs_first(s.split("::", 1)[0])]:
+                    self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
 
         # pytest-xdist 3.8's LoadScopeScheduling hangs the session for good once a worker crashes
         # (pytest-xdist issues 1323, 1327, 1378): it queues the dead worker's *finished* units

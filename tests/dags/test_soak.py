@@ -1,4 +1,4 @@
-"""``make soak`` for five minutes, as ``make test`` runs it: a three-node cluster, a real scheduler
+"""``make soak`` for three and a half minutes, as ``make test`` runs it: a three-node cluster, a real scheduler
 on the CeleryExecutor (two workers) over three pipelines (two every minute through a Spark Connect
 server, one stream), faults from a fixed seed, the operator's REST actions, then the audit: every
 number must be zero.
@@ -13,17 +13,18 @@ import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.runs_first]
 
-#: Five minutes of load and faults, the world's start (a cluster, PostgreSQL, Airflow, Spark
+#: Three and a half minutes of load and faults (the shortest soak with two faults: none comes in
+#: its first minute or its last), the world's start (a cluster, PostgreSQL, Airflow, Spark
 #: Connect: about two minutes on 2 busy cores) and the catch-up after (a retry, a minute's runs).
-SOAK_MINUTES = 5
+SOAK_MINUTES = 3.5
 #: Its faults: a broker stopped past the clients' timeout, then a Celery worker's process group
 #: killed (its tasks die with it; the stream's process, if it ran there, is left to stop by itself).
 #: Airflow's backfills have tests of their own (test_backfill.py).
-SEED = 21
+SEED = 535
 
 
 @pytest.mark.timeout(1800)
-def test_a_five_minute_soak_under_faults_audits_to_zero(tmp_path, free_ports):
+def test_a_short_soak_under_faults_audits_to_zero(tmp_path, free_ports):
     from kafka_eos_lab.soak.faults import schedule
     from kafka_eos_lab.soak.run import run
 

@@ -22,7 +22,7 @@ demo-avro: install jars
 # idle 29% of the time (tests waiting on a broker, a JVM, Airflow's scheduler, a timeout); three
 # keep it 82-86% busy. They share one broker; the tests on the Airflow deployment, and those of a
 # module with a cluster of its own, each stay on one worker (tests/conftest.py).
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 3
 
 test: install jars postgres redis chromium compose-tool
 	@echo "make test: every test, on $(TEST_WORKERS) workers: 15-23 minutes on 2 cores, by the host's speed (make test-quick: about a minute)"

@@ -64,6 +64,7 @@ def pytest_configure(config):
     parallel = bool(getattr(config.option, "numprocesses", None))
     if (not parallel or os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get(BOOTSTRAP_ENV)
             or os.environ.get(SHARED_BROKER_ENV)):
+        _tune_test_brokers()
         return
     from kafka_eos.local.kafka import LocalBroker
 
@@ -71,6 +72,17 @@ def pytest_configure(config):
     config.kafka_eos_broker = (broker, not broker.is_running())
     broker.start()
     os.environ[SHARED_BROKER_ENV] = broker.bootstrap  # the workers, started after this, inherit it
+    _tune_test_brokers()  # after the shared broker: it does most of the brokers' work
+
+
+def _tune_test_brokers() -> None:
+    """The brokers the tests start (clusters, the secured broker, private ones; a serial session's
+    own broker too) and their storage-format steps on the JIT's first tier and the serial
+    collector: most live for a test or a module, where half a start's CPU goes to the JIT. The
+    parallel session's shared broker, started before this, keeps the JVM's defaults."""
+    from kafka_eos.local.kafka import JVM_PERFORMANCE_OPTS_ENV
+
+    os.environ.setdefault(JVM_PERFORMANCE_OPTS_ENV, "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 
 @functools.cache

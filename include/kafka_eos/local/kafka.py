@@ -29,6 +29,8 @@ from kafka_eos.settings import KafkaSettings
 HOST = "127.0.0.1"
 #: Default client port; an unusual one so a developer's own Kafka on 9092 is left alone.
 DEFAULT_PORT = int(os.environ.get("KAFKA_EOS_LOCAL_PORT", "19092"))
+#: The JVM options of the broker (and of its storage format step), as Kafka's own scripts read them.
+JVM_PERFORMANCE_OPTS_ENV = "KAFKA_JVM_PERFORMANCE_OPTS"
 #: The cluster's first client port; node i listens on +2(i-1), its controller one above.
 DEFAULT_CLUSTER_PORT = int(os.environ.get("KAFKA_EOS_CLUSTER_PORT", "19192"))
 #: The secured broker's client port (SASL_SSL); its controller listens one above.
@@ -235,7 +237,10 @@ class LocalBroker:
             + "".join(f"{key}={value}\n" for key, value in [*secured, *self.overrides]))
         log4j = self.home / "log4j2.properties"
         log4j.write_text(log4j2_properties(self.log_file, "INFO", _LOG_LEVELS))
-        java = ["java", f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
+        # Kafka's own scripts take the JVM's tuning from KAFKA_JVM_PERFORMANCE_OPTS; so does the
+        # local broker (the test suite starts its short-lived brokers on C1 and the serial collector).
+        tuning = os.environ.get(JVM_PERFORMANCE_OPTS_ENV, "").split()
+        java = ["java", *tuning, f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
         if not (data_dir / "meta.properties").exists():
             cluster_id = self.cluster_id or new_cluster_id()
             args = ["kafka.tools.StorageTool", "format", "--cluster-id", cluster_id,

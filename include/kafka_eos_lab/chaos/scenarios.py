@@ -16,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +57,8 @@ STALL_TIMEOUT_S, STALL_S = 15, 25.0
 DOWN_S = 8.0
 #: Retries with the same run id after a failed attempt (Airflow's retries of the Spark task).
 RETRIES = 3
+#: Every attempt of a cell's run has this run id: a retry of the same run, as a task's retry.
+RUN_ID = "chaos-run"
 #: One ``kafka-eos run`` at most: Spark's start, the faults' timeouts, a coordinator moving.
 RUN_TIMEOUT_S = 600.0
 #: How long a paused run may take to reach its fail point.
@@ -152,9 +155,10 @@ class Cell:
     """One scenario on one sink: its topics, its run processes and its fault."""
 
     def __init__(self, cluster: LocalCluster, scenario: Scenario, sink: str, name: str, folder: Path,
-                 spark_remote: str | None = None) -> None:
+                 spark_remote: str | None = None,
+                 retry: Callable[[PipelineSpec, KafkaSettings, str], None] | None = None) -> None:
         self.cluster, self.scenario, self.sink = cluster, scenario, sink
-        self.spark_remote = spark_remote
+        self.spark_remote, self.retry = spark_remote, retry
         self.settings = KafkaSettings(cluster.bootstrap)
         self.folder = folder
         self.pauses = folder / "pauses"
@@ -187,7 +191,7 @@ class Cell:
             verifier.start()
         healer = self._attempt_with_fault()
         while self.outcome.exits[-1] != 0 and len(self.outcome.exits) <= RETRIES:
-            self.outcome.exits.append(self._kafka_eos_run().wait(RUN_TIMEOUT_S))
+            self.outcome.exits.append(self._retried())
         if healer is not None:
             healer.join()
         brokers.wait_in_sync(settings)
@@ -204,10 +208,24 @@ class Cell:
         self._started += 1
         with open(self.folder / f"run-{self._started}.log", "w") as log:
             return subprocess.Popen(
-                [sys.executable, "-m", "kafka_eos.cli", "run", str(Path(self.spec.path)), "--run-id", "chaos-run",
+                [sys.executable, "-m", "kafka_eos.cli", "run", str(Path(self.spec.path)), "--run-id", RUN_ID,
                  "--bootstrap", self.settings.bootstrap_servers, "--json",
                  *(["--spark-remote", self.spark_remote] if self.spark_remote else [])],
                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def _retried(self) -> int:
+        """A retry of the run (its run id, as a task's retry): a ``kafka-eos run`` process, or
+        ``retry`` in this process (the quick cells in ``make test``: the fault is in the first
+        attempt's process; the retry needs no JVM of its own). Its exit code."""
+        if self.retry is None:
+            return self._kafka_eos_run().wait(RUN_TIMEOUT_S)
+        self._started += 1
+        try:
+            self.retry(self.spec, self.settings, RUN_ID)
+        except Exception as exc:  # noqa: BLE001 - a failed retry is an exit code, as a process's
+            (self.folder / f"run-{self._started}.log").write_text(f"in-process retry: {type(exc).__name__}: {exc}\n")
+            return 1
+        return 0
 
     def _attempt_with_fault(self) -> threading.Thread | None:
         """The first attempt, meeting the scenario's fault; returns the thread that heals a broker."""
@@ -263,9 +281,12 @@ class Cell:
 
 
 def run_matrix(cluster: LocalCluster, cells: list[tuple[Scenario, str]], folder: Path | None = None,
-               on_outcome=lambda o: None, spark_remote: str | None = None) -> list[Outcome]:
+               on_outcome=lambda o: None, spark_remote: str | None = None, retry=None) -> list[Outcome]:
     """Run each (scenario, sink) on the cluster, one after another; ``on_outcome`` sees each as it ends.
 
+    :param retry: runs a cell's retries in this process (``retry(spec, settings, run_id)``, raising
+        if the run fails) instead of in ``kafka-eos run`` processes; the attempt that meets the
+        fault is always a process of its own.
     :param spark_remote: the runs' Spark Connect server (``kafka-eos run --spark-remote``); None:
         each run's own in-process Spark. A crash in per_partition scope then kills the server's
         Python worker that commits, not the server.
@@ -275,7 +296,7 @@ def run_matrix(cluster: LocalCluster, cells: list[tuple[Scenario, str]], folder:
     stamp = time.strftime("%H%M%S")
     for i, (scenario, sink) in enumerate(cells):
         name = f"chaos-{stamp}-{i:02d}-{sink.replace('_', '-')}"
-        outcome = Cell(cluster, scenario, sink, name, folder / name, spark_remote).run()
+        outcome = Cell(cluster, scenario, sink, name, folder / name, spark_remote, retry).run()
         outcomes.append(outcome)
         on_outcome(outcome)
     return outcomes

@@ -29,7 +29,7 @@ from pathlib import Path
 from kafka_eos.errors import KafkaEosError
 from kafka_eos.local.postgres import LocalPostgres, _kernel_free_port
 from kafka_eos.paths import IN_CHECKOUT, PROJECT_ROOT, local_dir, pipelines_dir
-from kafka_eos.local.process_groups import group_of, stop_group
+from kafka_eos.local.process_groups import group_of, stop_groups
 
 HOST = "127.0.0.1"
 #: The components, each an ``airflow`` subcommand of its own process.
@@ -397,13 +397,13 @@ class LocalAirflow:
         return True
 
     def stop(self) -> None:
-        """End every component and what it started (SIGTERM, then SIGKILL); Redis last."""
-        for component in [c for c in self.components if c != "redis"] + ["redis"]:
-            pid_file = self._pid_file(component)
-            if not pid_file.exists():
-                continue
-            stop_group(int(pid_file.read_text()), STOP_TIMEOUT_S)
-            pid_file.unlink(missing_ok=True)
+        """End every component and what it started (SIGTERM, then SIGKILL), side by side; Redis
+        after them (the Celery workers' shutdown still talks to it)."""
+        for batch in ([c for c in self.components if c != "redis"], ["redis"]):
+            pid_files = [f for f in map(self._pid_file, batch) if f.exists()]
+            stop_groups([int(f.read_text()) for f in pid_files], STOP_TIMEOUT_S)
+            for pid_file in pid_files:
+                pid_file.unlink(missing_ok=True)
         if self.postgres is not None:
             self.postgres.stop()
 

@@ -38,13 +38,25 @@ def group_of(pid_file: Path) -> int | None:
 
 def stop_group(pgid: int, term_timeout_s: float) -> None:
     """SIGTERM the group, then SIGKILL what is left after ``term_timeout_s``."""
+    stop_groups([pgid], term_timeout_s)
+
+
+def stop_groups(pgids: list[int], term_timeout_s: float) -> None:
+    """SIGTERM every group at once, then SIGKILL what is left of them after ``term_timeout_s``:
+    components that stop side by side take as long as the slowest, not the sum (a Celery
+    worker's warm shutdown waits for its running task until the SIGKILL)."""
+    left = list(pgids)
     for sig, wait_s in ((signal.SIGTERM, term_timeout_s), (signal.SIGKILL, KILL_WAIT_S)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
+        for pgid in list(left):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                left.remove(pgid)
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and group_alive(pgid):
-            time.sleep(0.3)
-        if not group_alive(pgid):
+        while left and time.monotonic() < deadline:
+            left = [pgid for pgid in left if group_alive(pgid)]
+            if left:
+                time.sleep(0.3)
+        left = [pgid for pgid in left if group_alive(pgid)]
+        if not left:
             return

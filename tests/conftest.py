@@ -159,7 +159,9 @@ def pytest_xdist_make_scheduler(config, log):
             return crashed
 
         def _reschedule(self, node):
-            if node.shutting_down:
+            # A replacement worker still collecting (two crashed: the second's replacement may
+            # finish collecting first and reschedule every node) gets work after its collection.
+            if node.shutting_down or node not in self.registered_collections:
                 return
             while self.workqueue and self._pending_of(self.assigned_work[node]) <= 2:
                 self._assign_work_unit(node)

@@ -86,15 +86,24 @@ def _tune_test_brokers() -> None:
 
 
 @functools.cache
+def _module_text(path: str) -> str:
+    """A test module's source (the controller of a parallel session collects no items: what a
+    module needs is read from its text); empty if it cannot be read."""
+    try:
+        return (ROOT / path).read_text()
+    except OSError:
+        return ""
+
+
+@functools.cache
 def _shared_scope(path: str) -> str | None:
     """The work unit a test module's tests belong to in a parallel session: ``airflow-deployment``
     for every module on the session's Airflow deployment (one deployment, on one worker),
     ``secure-broker`` for every module on the secured broker (likewise), the module itself for one
     with a module-scoped fixture (a Spark or Kafka cluster of its own), else None (each test on
     its own)."""
-    try:
-        text = (ROOT / path).read_text()
-    except OSError:
+    text = _module_text(path)
+    if not text:
         return None
     if "airflow_deployment" in text:
         return "airflow-deployment"
@@ -104,14 +113,9 @@ def _shared_scope(path: str) -> str | None:
     return path if 'scope="module"' in text or "connect_server" in text else None
 
 
-@functools.cache
 def _runs_first(path: str) -> bool:
-    """Whether a test module is marked ``runs_first`` (read from its text: the controller of a
-    parallel session collects no items)."""
-    try:
-        return "pytest.mark.runs_first" in (ROOT / path).read_text()
-    except OSError:
-        return False
+    """Whether a test module is marked ``runs_first``."""
+    return "pytest.mark.runs_first" in _module_text(path)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -53,10 +53,9 @@ def stop_groups(pgids: list[int], term_timeout_s: float) -> None:
             except ProcessLookupError:
                 left.remove(pgid)
         deadline = time.monotonic() + wait_s
-        while left and time.monotonic() < deadline:
-            left = [pgid for pgid in left if group_alive(pgid)]
-            if left:
-                time.sleep(0.3)
         left = [pgid for pgid in left if group_alive(pgid)]
+        while left and time.monotonic() < deadline:
+            time.sleep(0.3)
+            left = [pgid for pgid in left if group_alive(pgid)]
         if not left:
             return

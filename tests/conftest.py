@@ -60,7 +60,8 @@ def pytest_configure(config):
         from kafka_eos.paths import local_dir
         from spark_startup import spark_submit_opts
 
-        os.environ["SPARK_SUBMIT_OPTS"] = spark_submit_opts(local_dir() / "spark-cds")
+        # The archive is made beside the broker's start and the workers' (config.kafka_eos_archive).
+        os.environ["SPARK_SUBMIT_OPTS"], config.kafka_eos_archive = spark_submit_opts(local_dir() / "spark-cds")
     parallel = bool(getattr(config.option, "numprocesses", None))
     if (not parallel or os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get(BOOTSTRAP_ENV)
             or os.environ.get(SHARED_BROKER_ENV)):
@@ -86,23 +87,24 @@ def _tune_test_brokers() -> None:
 
 
 @functools.cache
-def _module_text(path: str) -> str:
-    """A test module's source (the controller of a parallel session collects no items: what a
-    module needs is read from its text); empty if it cannot be read."""
+def _module_text(root: Path, path: str) -> str:
+    """A test module's source, ``path`` relative to the session's ``root`` (the controller of a
+    parallel session collects no items: what a module needs is read from its text); empty if it
+    cannot be read."""
     try:
-        return (ROOT / path).read_text()
+        return (root / path).read_text()
     except OSError:
         return ""
 
 
 @functools.cache
-def _shared_scope(path: str) -> str | None:
+def _shared_scope(root: Path, path: str) -> str | None:
     """The work unit a test module's tests belong to in a parallel session: ``airflow-deployment``
     for every module on the session's Airflow deployment (one deployment, on one worker),
     ``secure-broker`` for every module on the secured broker (likewise), the module itself for one
     with a module-scoped fixture (a Spark or Kafka cluster of its own), else None (each test on
     its own)."""
-    text = _module_text(path)
+    text = _module_text(root, path)
     if not text:
         return None
     if "airflow_deployment" in text:
@@ -113,9 +115,9 @@ def _shared_scope(path: str) -> str | None:
     return path if 'scope="module"' in text or "connect_server" in text else None
 
 
-def _runs_first(path: str) -> bool:
-    """Whether a test module is marked ``runs_first``."""
-    return "pytest.mark.runs_first" in _module_text(path)
+def _unit_runs_first(root: Path, unit) -> bool:
+    """Whether a work unit (``{nodeid: done}``) holds a test of a module marked ``runs_first``."""
+    return any("pytest.mark.runs_first" in _module_text(root, nodeid.split("::", 1)[0]) for nodeid in unit)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -129,16 +131,24 @@ def pytest_xdist_make_scheduler(config, log):
         _first_assigned = False
 
         def _split_scope(self, nodeid: str) -> str:
-            return _shared_scope(nodeid.split("::", 1)[0]) or nodeid
+            return _shared_scope(config.rootpath, nodeid.split("::", 1)[0]) or nodeid
 
         def _assign_work_unit(self, node):
-            # pytest-xdist queues the units by their number of tests, most first: a one-test unit
-            # of minutes (the soak, marked ``runs_first``) would start half-way through the
-            # session. It goes to the front of the queue before the first unit is handed out.
+            # pytest-xdist queues the units by their number of tests, most first, then as
+            # collected: a one-test unit of minutes (the soak, the wheel's tests) would start near
+            # the session's end and end it alone on one worker. The units of modules marked
+            # ``runs_first`` go to the front, in collection order, before the first is handed out.
             if not self._first_assigned:
                 self._first_assigned = True
-                for scope in [s for s in self.workqueue if _runs_first(s.split("::", 1)[0])]:
+                first = [scope for scope, unit in self.workqueue.items() if _unit_runs_first(config.rootpath, unit)]
+                for scope in reversed(first):
                     self.workqueue.move_to_end(scope, last=False)
+            # A worker runs a test once it holds the next one: what waits behind a test of minutes
+            # is taken from the queue's end (the unit tests, collected last, of seconds), not a
+            # unit another worker could start now.
+            pending = [unit for unit in self.assigned_work.get(node, {}).values() if not all(unit.values())]
+            if len(self.workqueue) > 1 and any(_unit_runs_first(config.rootpath, unit) for unit in pending):
+                self.workqueue.move_to_end(next(reversed(self.workqueue)), last=False)
             super()._assign_work_unit(node)
 
         # pytest-xdist 3.8's LoadScopeScheduling hangs the session for good once a worker crashes
@@ -215,6 +225,9 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_unconfigure(config):
+    maker = getattr(config, "kafka_eos_archive", None)
+    if maker is not None:  # a short session: the probe's job ends and its folder is removed first
+        maker.join()
     broker, started_here = getattr(config, "kafka_eos_broker", (None, False))
     if broker is not None and started_here and os.environ.get("KAFKA_EOS_KEEP_BROKER") != "1":
         broker.stop()

@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -61,15 +62,20 @@ def _digest(connector_jars: list[str]) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
+def _archive_path(folder: Path) -> tuple[Path, list[str]]:
+    """Where the archive of this JDK, pyspark and connector jars is (or goes), and those jars."""
+    from kafka_eos.spark_io import connector_jars
+
+    jars = connector_jars()
+    return folder / f"spark-{_digest(jars)}.jsa", jars
+
+
 def class_data_archive(folder: Path) -> Path:
     """The archive for this JDK and pyspark under ``folder``, made by a probe spark-submit when
     there is none yet.
 
     :raises RuntimeError: the probe failed or timed out (its exit and the end of its stderr)."""
-    from kafka_eos.spark_io import connector_jars
-
-    jars = connector_jars()
-    archive = folder / f"spark-{_digest(jars)}.jsa"
+    archive, jars = _archive_path(folder)
     if archive.exists():
         return archive
     folder.mkdir(parents=True, exist_ok=True)
@@ -95,12 +101,28 @@ def class_data_archive(folder: Path) -> Path:
     return archive
 
 
-def spark_submit_opts(folder: Path) -> str:
-    """``SPARK_SUBMIT_OPTS`` for the session's Spark drivers (the archive's, where it can be made)."""
+def spark_submit_opts(folder: Path) -> tuple[str, threading.Thread | None]:
+    """``SPARK_SUBMIT_OPTS`` for the session's Spark drivers, and the thread making the archive
+    they name when there is none yet (join it before the session ends).
+
+    The session does not wait for the archive (a probe job, some 25 s on a clean clone): a driver
+    started before it is in place finds no file there and starts without it, silently (the JVM's
+    default ``-Xshare:auto``); the archive appears whole (``os.replace``) for every later one."""
     try:
-        archive = class_data_archive(folder)
-    except Exception as exc:  # noqa: BLE001 - the probe failed, no jars yet, no pyspark: only slower
+        archive, _jars = _archive_path(folder)
+    except Exception as exc:  # noqa: BLE001 - no jars yet, no pyspark: only slower
         print(f"spark class-data archive not made ({exc}); Spark drivers start without it", file=sys.stderr)
-        return BASE_OPTS
-    # -Xlog:cds=off: a driver whose class path differs from the probe's says nothing, starts without it.
-    return f"{BASE_OPTS} -XX:SharedArchiveFile={archive} -Xlog:cds=off -Xlog:cds+dynamic=off"
+        return BASE_OPTS, None
+    maker = None
+    if not archive.exists():
+        def make() -> None:
+            try:
+                class_data_archive(folder)
+            except Exception as exc:  # noqa: BLE001 - the probe failed: drivers only start slower
+                print(f"spark class-data archive not made ({exc}); Spark drivers start without it", file=sys.stderr)
+
+        maker = threading.Thread(target=make, name="spark-class-data-archive", daemon=True)
+        maker.start()
+    # -Xlog:cds=off: a driver whose class path differs from the probe's, or started before the
+    # archive exists, says nothing and starts without it.
+    return f"{BASE_OPTS} -XX:SharedArchiveFile={archive} -Xlog:cds=off -Xlog:cds+dynamic=off", maker

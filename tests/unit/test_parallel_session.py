@@ -35,3 +35,45 @@ def test_a_crashed_worker_fails_its_test_and_the_session_ends(tmp_path):
     assert "2 failed, 10 passed" in run.stdout, run.stdout[-3000:]
     failed = sorted(line.split(" - ")[0] for line in run.stdout.splitlines() if line.startswith("FAILED"))
     assert failed == ["FAILED test_crash.py::test_n[10]", "FAILED test_crash.py::test_n[3]"]
+
+
+RECORDING = """
+import os, time
+import pytest
+
+def record(name):
+    with open(os.environ["RUN_ORDER_FILE"], "a") as f:
+        f.write(f"{os.environ['PYTEST_XDIST_WORKER']} {time.monotonic():.3f} {name}\\n")
+"""
+
+
+def test_a_module_marked_runs_first_starts_first_and_short_tests_wait_behind_it(tmp_path):
+    """The soak, the wheel's tests: a test of minutes marked ``runs_first`` is handed out first,
+    and what its worker holds behind it comes from the queue's end (the short tests collected
+    last), not the front (tests another worker can start now)."""
+    (tmp_path / "helper_order.py").write_text(RECORDING)
+    for module in ("a", "c"):
+        (tmp_path / f"test_{module}.py").write_text(
+            "import pytest\nfrom helper_order import record\n\n"
+            "@pytest.mark.parametrize('i', range(6))\n"
+            f"def test_{module}(i):\n    record(f'{module}{{i}}')\n")
+    (tmp_path / "test_b_long.py").write_text(
+        "import time\nimport pytest\nfrom helper_order import record\n\n"
+        "pytestmark = pytest.mark.runs_first\n\n"
+        "def test_long():\n    record('long')\n    time.sleep(3)\n")
+    order_file = tmp_path / "order.txt"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
+    env.update(PYTHONPATH=os.pathsep.join([str(TESTS), str(tmp_path), env.get("PYTHONPATH", "")]),
+               KAFKA_EOS_TEST_BOOTSTRAP="127.0.0.1:1", RUN_ORDER_FILE=str(order_file))
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-n", "2", "--dist", "loadscope",
+                          "-p", "no:cacheprovider", "-q", "-o", "markers=runs_first: first", "test_a.py",
+                          "test_b_long.py", "test_c.py"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    runs = [line.split() for line in order_file.read_text().splitlines()]
+    long_worker = next(worker for worker, _, name in runs if name == "long")
+    on_long_worker = [name for worker, _, name in sorted(runs, key=lambda r: float(r[1])) if worker == long_worker]
+    assert on_long_worker[0] == "long", on_long_worker
+    # The two it held while the long test ran: the queue's last two (test_c's), not test_a's first.
+    assert sorted(on_long_worker[1:3]) == ["c4", "c5"], on_long_worker
+    assert len(runs) == 13

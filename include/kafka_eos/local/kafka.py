@@ -11,7 +11,6 @@ import base64
 import json
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 from kafka_eos.errors import BrokerError
 from kafka_eos.logs import log4j2_properties
 from kafka_eos.paths import jars_dir, local_dir, write_private
-from kafka_eos.local.process_groups import stop_group
+from kafka_eos.local.process_groups import stop_group, stop_groups
 from kafka_eos.local.tls import ensure_tls_files
 from kafka_eos.settings import KafkaSettings
 
@@ -368,18 +367,16 @@ class LocalCluster:
             raise
         return self.bootstrap
 
-    def stop(self) -> bool:
-        """Stop every node; True when any was running. All are told at once: one by one, the last
-        ones would wait for a quorum that is already gone."""
+    def stop(self, grace_s: float = STOP_TIMEOUT_S) -> bool:
+        """Stop every node; True when any was running. All are told at once (one by one, the last
+        ones would wait for a quorum that is already gone) and waited for together; what still
+        runs after ``grace_s`` is killed (a node that waits for a controller no longer there; a
+        throwaway cluster need not wait for its clean shutdown at all)."""
         running = [(n, n.pid()) for n in self.nodes]
         running = [(n, pid) for n, pid in running if pid is not None]
-        for _n, pid in running:
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+        stop_groups([pid for _n, pid in running], grace_s)
         for n, _pid in running:
-            n.stop()
+            n.pid_file.unlink(missing_ok=True)
         return bool(running)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import json
 import logging
 import os
 import random
@@ -56,24 +57,29 @@ def pytest_configure(config):
         worker_pipes.record()
     if config.option.collectonly:
         return  # collecting starts no JVM and no broker
+    archive = None
     if "SPARK_SUBMIT_OPTS" not in os.environ:
         from kafka_eos.paths import local_dir
         from spark_startup import spark_submit_opts
 
-        # The archive is made beside the broker's start and the workers' (config.kafka_eos_archive).
-        os.environ["SPARK_SUBMIT_OPTS"], config.kafka_eos_archive = spark_submit_opts(local_dir() / "spark-cds")
+        # A new archive is made beside the shared broker's start, before any test's driver: a
+        # session that left it to be made beside the tests took 100 s to make it (not 25), and its
+        # first drivers started without it.
+        os.environ["SPARK_SUBMIT_OPTS"], archive = spark_submit_opts(local_dir() / "spark-cds")
     parallel = bool(getattr(config.option, "numprocesses", None))
     if (not parallel or os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get(BOOTSTRAP_ENV)
             or os.environ.get(SHARED_BROKER_ENV)):
         _tune_test_brokers()
-        return
-    from kafka_eos.local.kafka import LocalBroker
+    else:
+        from kafka_eos.local.kafka import LocalBroker
 
-    broker = LocalBroker.default()
-    config.kafka_eos_broker = (broker, not broker.is_running())
-    broker.start()
-    os.environ[SHARED_BROKER_ENV] = broker.bootstrap  # the workers, started after this, inherit it
-    _tune_test_brokers()  # after the shared broker: it does most of the brokers' work
+        broker = LocalBroker.default()
+        config.kafka_eos_broker = (broker, not broker.is_running())
+        broker.start()
+        os.environ[SHARED_BROKER_ENV] = broker.bootstrap  # the workers, started after this, inherit it
+        _tune_test_brokers()  # after the shared broker: it does most of the brokers' work
+    if archive is not None:
+        archive.join()
 
 
 def _tune_test_brokers() -> None:
@@ -115,9 +121,32 @@ def _shared_scope(root: Path, path: str) -> str | None:
     return path if 'scope="module"' in text or "connect_server" in text else None
 
 
-def _unit_runs_first(root: Path, unit) -> bool:
-    """Whether a work unit (``{nodeid: done}``) holds a test of a module marked ``runs_first``."""
-    return any("pytest.mark.runs_first" in _module_text(root, nodeid.split("::", 1)[0]) for nodeid in unit)
+#: Each test's seconds (setup, call and teardown) in a whole ``make test`` on this machine, by node
+#: id: the suite's scheduler hands out the longest work first. Every parallel session records its
+#: own in ``.local/test-durations.json`` (:func:`pytest_sessionfinish`); docs/testing.md says how
+#: this file is refreshed from a CI run's. ``KAFKA_EOS_TEST_DURATIONS`` names another file.
+DURATIONS_FILE = Path(__file__).with_name("durations.json")
+DURATIONS_ENV = "KAFKA_EOS_TEST_DURATIONS"
+#: The seconds of a test the file does not know yet (a new test): an integration test's median.
+UNKNOWN_TEST_S = 5.0
+#: A work unit of at least this many seconds holds only short tests behind it on its worker.
+LONG_UNIT_S = 60.0
+#: The tests' seconds this session (in its controlling process: reports of every worker).
+_SESSION_SECONDS: dict[str, float] = {}
+
+
+@functools.cache
+def _durations() -> dict[str, float]:
+    try:
+        return json.loads(Path(os.environ.get(DURATIONS_ENV) or DURATIONS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _unit_seconds(unit) -> float:
+    """A work unit's (``{nodeid: done}``) seconds, by the recorded durations."""
+    durations = _durations()
+    return sum(durations.get(nodeid, UNKNOWN_TEST_S) for nodeid in unit)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -135,19 +164,18 @@ def pytest_xdist_make_scheduler(config, log):
 
         def _assign_work_unit(self, node):
             # pytest-xdist queues the units by their number of tests, most first, then as
-            # collected: a one-test unit of minutes (the soak, the wheel's tests) would start near
-            # the session's end and end it alone on one worker. The units of modules marked
-            # ``runs_first`` go to the front, in collection order, before the first is handed out.
+            # collected: one-test units of minutes (the soak, the wheel's test, a stream's refresh)
+            # started near the session's end and ended it alone on one worker. The longest work
+            # first, by the recorded durations (sorted once, before the first unit is handed out).
             if not self._first_assigned:
                 self._first_assigned = True
-                first = [scope for scope, unit in self.workqueue.items() if _unit_runs_first(config.rootpath, unit)]
-                for scope in reversed(first):
-                    self.workqueue.move_to_end(scope, last=False)
-            # A worker runs a test once it holds the next one: what waits behind a test of minutes
-            # is taken from the queue's end (the unit tests, collected last, of seconds), not a
-            # unit another worker could start now.
+                for scope, unit in sorted(self.workqueue.items(), key=lambda item: -_unit_seconds(item[1])):
+                    self.workqueue.move_to_end(scope)
+            # A worker runs a test once it holds the next one: what waits behind a unit of
+            # minutes is taken from the queue's end (the shortest), not a long unit another worker
+            # could start now.
             pending = [unit for unit in self.assigned_work.get(node, {}).values() if not all(unit.values())]
-            if len(self.workqueue) > 1 and any(_unit_runs_first(config.rootpath, unit) for unit in pending):
+            if len(self.workqueue) > 1 and any(_unit_seconds(unit) >= LONG_UNIT_S for unit in pending):
                 self.workqueue.move_to_end(next(reversed(self.workqueue)), last=False)
             super()._assign_work_unit(node)
 
@@ -192,24 +220,46 @@ INTEGRATION_FOLDERS = ("integration", "dags")
 
 def pytest_collection_modifyitems(config, items):
     """Every test of :data:`INTEGRATION_FOLDERS` is marked ``integration`` (``make test-quick``
-    selects by it). Tests marked ``runs_first`` (the soak: minutes of one test) go first: a worker
-    starts them at the session's start, beside the short ones, instead of ending the session
-    alone with them."""
+    selects by it)."""
     for item in items:
         path = Path(str(item.path))
         parts = path.relative_to(ROOT).parts if path.is_relative_to(ROOT) else ()
         if len(parts) > 1 and parts[0] == "tests" and parts[1] in INTEGRATION_FOLDERS:
             item.add_marker(pytest.mark.integration)
-    items.sort(key=lambda item: item.get_closest_marker("runs_first") is None)
+
+
+def pytest_runtest_logreport(report):
+    """In the controlling process (every worker's reports come here too): the test's seconds."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        _SESSION_SECONDS[report.nodeid] = _SESSION_SECONDS.get(report.nodeid, 0.0) + report.duration
+
+
+def _record_durations(session) -> None:
+    """A parallel session's tests' seconds into ``.local/test-durations.json`` (over what earlier
+    sessions recorded there), for :data:`DURATIONS_FILE`."""
+    if not _SESSION_SECONDS or not getattr(session.config.option, "numprocesses", None):
+        return
+    from kafka_eos.paths import local_dir
+
+    path = local_dir() / "test-durations.json"
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        recorded = {}
+    recorded.update({nodeid: round(seconds, 2) for nodeid, seconds in _SESSION_SECONDS.items()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(sorted(recorded.items())), indent=0) + "\n")
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """In a worker, after its last test's teardown: kill what a test's code forked and left behind
+    """In the controlling process: the tests' seconds recorded (:func:`_record_durations`).
+    In a worker, after its last test's teardown: kill what a test's code forked and left behind
     in the worker's own session (services started in sessions of their own are their owners' to
     stop). Such a process holds the worker's stdout, so ``make test | tee`` (CI) never ends: seen
     with OpenLineage's DAG-event process pool, which ``dag.test()`` forks in the test's process
     and whose child spun on the inherited SQLite connection after the test had passed."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
+        _record_durations(session)
         return
     import psutil
 
@@ -225,9 +275,6 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_unconfigure(config):
-    maker = getattr(config, "kafka_eos_archive", None)
-    if maker is not None:  # a short session: the probe's job ends and its folder is removed first
-        maker.join()
     broker, started_here = getattr(config, "kafka_eos_broker", (None, False))
     if broker is not None and started_here and os.environ.get("KAFKA_EOS_KEEP_BROKER") != "1":
         broker.stop()

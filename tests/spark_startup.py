@@ -103,11 +103,10 @@ def class_data_archive(folder: Path) -> Path:
 
 def spark_submit_opts(folder: Path) -> tuple[str, threading.Thread | None]:
     """``SPARK_SUBMIT_OPTS`` for the session's Spark drivers, and the thread making the archive
-    they name when there is none yet (join it before the session ends).
-
-    The session does not wait for the archive (a probe job, some 25 s on a clean clone): a driver
-    started before it is in place finds no file there and starts without it, silently (the JVM's
-    default ``-Xshare:auto``); the archive appears whole (``os.replace``) for every later one."""
+    they name when there is none yet (a probe job, some 25 s on a clean clone): join it before the
+    first driver starts. (A driver started before the archive is in place finds no file there and
+    starts without it, silently: the JVM's default ``-Xshare:auto``; the archive appears whole,
+    ``os.replace``, for every later one.)"""
     try:
         archive, _jars = _archive_path(folder)
     except Exception as exc:  # noqa: BLE001 - no jars yet, no pyspark: only slower

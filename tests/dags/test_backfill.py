@@ -23,7 +23,7 @@ from kafka_eos.manifest import ManifestStore
 from kafka_eos.spec import load_spec
 from waiting import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.runs_first]
+pytestmark = pytest.mark.integration
 
 #: Order minutes after T0, 2 partitions (even index: partition 0): three 5-minute intervals.
 MINUTES = [0.5, 1.5, 1.7, 5.2, 6.1, 6.2, 6.3, 10.4, 14.9]

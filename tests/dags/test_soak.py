@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.runs_first]
+pytestmark = pytest.mark.integration
 
 #: Three and a half minutes of load and faults (the shortest soak with two faults: none comes in
 #: its first minute or its last), the world's start (a cluster, PostgreSQL, Airflow, Spark

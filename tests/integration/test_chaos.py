@@ -12,7 +12,7 @@ from kafka_eos.kafka_admin import broker_config, cluster_metadata, create_topics
 from kafka_eos.local.kafka import LocalCluster
 from kafka_eos.settings import KafkaSettings
 
-pytestmark = [pytest.mark.integration, pytest.mark.runs_first]
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ from kafka_eos.paths import jars_dir
 from kafka_eos.readers import read_committed
 from wheel_build import ROOT, build_wheel
 
-pytestmark = [pytest.mark.integration, pytest.mark.runs_first]
+pytestmark = pytest.mark.integration
 
 
 def _tested_airflow() -> str:

@@ -4,6 +4,7 @@ good instead, and a CI run with it sat at 99 % until its time ran out)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -26,8 +27,9 @@ def test_a_crashed_worker_fails_its_test_and_the_session_ends(tmp_path):
     (tmp_path / "test_crash.py").write_text(CRASHING)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
     # The suite's conftest as a plugin; a stand-in broker address so that it starts none.
+    # KAFKA_EOS_HOME: the session's durations go to its own folder, not this checkout's .local.
     env.update(PYTHONPATH=os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]),
-               KAFKA_EOS_TEST_BOOTSTRAP="127.0.0.1:1")
+               KAFKA_EOS_TEST_BOOTSTRAP="127.0.0.1:1", KAFKA_EOS_HOME=str(tmp_path / "home"))
     run = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-n", "2", "--dist", "loadscope",
                           "-p", "no:cacheprovider", "-q", "test_crash.py"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
@@ -47,33 +49,43 @@ def record(name):
 """
 
 
-def test_a_module_marked_runs_first_starts_first_and_short_tests_wait_behind_it(tmp_path):
-    """The soak, the wheel's tests: a test of minutes marked ``runs_first`` is handed out first,
-    and what its worker holds behind it comes from the queue's end (the short tests collected
-    last), not the front (tests another worker can start now)."""
+def test_the_longest_work_starts_first_and_only_short_tests_wait_behind_it(tmp_path):
+    """The soak, the wheel's test: by the recorded durations, a test of minutes collected last is
+    handed out first, and what its worker holds behind it comes from the queue's end (the shortest
+    tests), not the front (long tests another worker can start now)."""
     (tmp_path / "helper_order.py").write_text(RECORDING)
     for module in ("a", "c"):
         (tmp_path / f"test_{module}.py").write_text(
             "import pytest\nfrom helper_order import record\n\n"
             "@pytest.mark.parametrize('i', range(6))\n"
             f"def test_{module}(i):\n    record(f'{module}{{i}}')\n")
-    (tmp_path / "test_b_long.py").write_text(
-        "import time\nimport pytest\nfrom helper_order import record\n\n"
-        "pytestmark = pytest.mark.runs_first\n\n"
+    (tmp_path / "test_z_long.py").write_text(
+        "import time\nfrom helper_order import record\n\n"
         "def test_long():\n    record('long')\n    time.sleep(3)\n")
+    # test_c's are the shortest; test_a's longer (but under a minute); the long test the longest.
+    durations = {"test_z_long.py::test_long": 300.0,
+                 **{f"test_a.py::test_a[{i}]": 20.0 - i for i in range(6)},
+                 **{f"test_c.py::test_c[{i}]": 0.6 - i / 10 for i in range(6)}}
+    (tmp_path / "durations.json").write_text(json.dumps(durations))
     order_file = tmp_path / "order.txt"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
     env.update(PYTHONPATH=os.pathsep.join([str(TESTS), str(tmp_path), env.get("PYTHONPATH", "")]),
-               KAFKA_EOS_TEST_BOOTSTRAP="127.0.0.1:1", RUN_ORDER_FILE=str(order_file))
+               KAFKA_EOS_TEST_BOOTSTRAP="127.0.0.1:1", RUN_ORDER_FILE=str(order_file), KAFKA_EOS_HOME=str(tmp_path / "home"),
+               KAFKA_EOS_TEST_DURATIONS=str(tmp_path / "durations.json"))
     run = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-n", "2", "--dist", "loadscope",
-                          "-p", "no:cacheprovider", "-q", "-o", "markers=runs_first: first", "test_a.py",
-                          "test_b_long.py", "test_c.py"],
+                          "-p", "no:cacheprovider", "-q", "test_a.py", "test_c.py", "test_z_long.py"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    runs = [line.split() for line in order_file.read_text().splitlines()]
-    long_worker = next(worker for worker, _, name in runs if name == "long")
-    on_long_worker = [name for worker, _, name in sorted(runs, key=lambda r: float(r[1])) if worker == long_worker]
-    assert on_long_worker[0] == "long", on_long_worker
-    # The two it held while the long test ran: the queue's last two (test_c's), not test_a's first.
-    assert sorted(on_long_worker[1:3]) == ["c4", "c5"], on_long_worker
+    runs = sorted((line.split() for line in order_file.read_text().splitlines()), key=lambda r: float(r[1]))
     assert len(runs) == 13
+    long_worker = next(worker for worker, _, name in runs if name == "long")
+    on_long_worker = [name for worker, _, name in runs if worker == long_worker]
+    assert on_long_worker[0] == "long", on_long_worker
+    # The two it held while the long test ran: the queue's last two (the shortest), not test_a's.
+    assert sorted(on_long_worker[1:3]) == ["c4", "c5"], on_long_worker
+    # The other worker took test_a's (longest first) before test_c's.
+    other = [name for worker, _, name in runs if worker != long_worker]
+    assert other[:6] == [f"a{i}" for i in range(6)], other
+    # The session recorded what each test took, for the next one's order.
+    recorded = json.loads((tmp_path / "home" / "test-durations.json").read_text())
+    assert set(recorded) == set(durations) and recorded["test_z_long.py::test_long"] >= 3.0, recorded

@@ -168,12 +168,49 @@ def count_committed(settings: KafkaSettings, topic: str) -> int:
 
 @dataclass
 class Measured:
-    """One whole process: wall seconds, exit code, and the peak RSS (MiB) of its parts."""
+    """One whole process: wall seconds, exit code, the peak RSS (MiB) of its parts, and the CPU
+    seconds of its parts and of the services it used (:data:`WATCHED`) while it ran."""
 
     seconds: float
     returncode: int
     peak_mib: dict = field(default_factory=dict)
     stdout: str = ""
+    cpu_s: dict = field(default_factory=dict)
+
+
+#: Services whose CPU seconds each measured run reports beside its own (name: process id of the
+#: service's root): the local broker, the bench's Spark Connect server (its Python workers apart,
+#: as ``<name>_workers``). Set by :func:`main`.
+WATCHED: dict[str, int] = {}
+
+
+def _own_cpu(tree, name_of) -> dict[int, tuple[str, float]]:
+    """``{pid: (part, own CPU seconds)}`` of the processes of ``tree`` that ``name_of`` names."""
+    seen = {}
+    for p in tree:
+        part = name_of(p)
+        try:
+            times = p.cpu_times()
+        except Exception:  # noqa: BLE001 - psutil.NoSuchProcess, AccessDenied, ZombieProcess
+            continue
+        if part:
+            seen[p.pid] = (part, times.user + times.system)
+    return seen
+
+
+def _service_tree(pid: int) -> list:
+    """The processes of a watched service (its root and every descendant), none if it is gone."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _service_part(name: str):
+    return lambda p: f"{name}_workers" if _role(p) == "python_workers" else name
 
 
 def _role(proc) -> str | None:
@@ -192,10 +229,17 @@ def _role(proc) -> str | None:
 
 def run_measured(argv: list[str], env: dict, log: Path, timeout_s: float = 3600) -> Measured:
     """Run ``argv`` to its end, sampling the RSS of its process tree (driver JVM, driver Python,
-    Python workers summed) every SAMPLE_EVERY_S."""
+    Python workers summed) and the CPU seconds of its parts and of the :data:`WATCHED` services
+    every SAMPLE_EVERY_S."""
     import psutil
 
     peaks: dict[str, float] = {}
+    # Each process's own CPU seconds when last seen, by pid (a process that ends between two samples
+    # loses its last SAMPLE_EVERY_S at most; a parent's children's times are not added: no double
+    # count); the watched services' from what they had used before the run.
+    cpu: dict[int, tuple[str, float]] = {}
+    before = {pid: seconds for name, root in WATCHED.items()
+              for pid, (_part, seconds) in _own_cpu(_service_tree(root), _service_part(name)).items()}
     started = time.monotonic()
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=out, text=True,
@@ -221,13 +265,22 @@ def run_measured(argv: list[str], env: dict, log: Path, timeout_s: float = 3600)
                     continue
                 if role:
                     now[role] = now.get(role, 0.0) + rss
+            cpu.update(_own_cpu(tree, _role))
+            for name, service in WATCHED.items():
+                cpu.update(_own_cpu(_service_tree(service), _service_part(name)))
             for role, mib in now.items():
                 peaks[role] = max(peaks.get(role, 0.0), mib)
             time.sleep(SAMPLE_EVERY_S)
         proc.wait()
         reader.join(10)
+    for name, service in WATCHED.items():
+        cpu.update(_own_cpu(_service_tree(service), _service_part(name)))
+    cpu_s: dict[str, float] = {}
+    for pid, (part, seconds) in cpu.items():
+        cpu_s[part] = cpu_s.get(part, 0.0) + seconds - before.get(pid, 0.0)
     return Measured(round(time.monotonic() - started, 2), proc.returncode,
-                    {k: round(v) for k, v in peaks.items()}, "".join(stdout))
+                    {k: round(v) for k, v in peaks.items()}, "".join(stdout),
+                    {k: round(v, 1) for k, v in cpu_s.items()})
 
 
 def spark_submit(app: Path, args: list[str], jars: list[Path] = ()) -> list[str]:
@@ -470,7 +523,7 @@ def fastest(tries: list[dict]) -> dict:
 def _row(name: str, what: str, source: Input, m: Measured, out: int, dead: int) -> dict:
     return {"name": name, "what": what, "records_in": source.records, "records_out": out, "dead_letters": dead,
             "seconds": m.seconds, "records_per_s": round(source.records / m.seconds),
-            "mb_per_s": round(source.value_bytes / m.seconds / 1e6, 2), "peak_mib": m.peak_mib}
+            "mb_per_s": round(source.value_bytes / m.seconds / 1e6, 2), "peak_mib": m.peak_mib, "cpu_s": m.cpu_s}
 
 
 # -- the broker's ceiling ----------------------------------------------------------------------
@@ -644,10 +697,33 @@ def print_table(rows: list[dict]) -> None:
               f"{r['records_per_s']:>8} {r['mb_per_s']:>6} {r.get('x_baseline') or '':>6} {r.get('x_ceiling') or '':>6} "
               f"{mib.get('driver_jvm', ''):>7} {mib.get('driver_python', ''):>6} {mib.get('python_workers', ''):>7}  "
               f"{r['what']}")
+    print_cpu(rows)
     print(f"\n{'fixed cost / planner':<20} {'s':>7}  what")
     for r in rows:
         if "records_per_s" not in r:
             print(f"{r['name']:<20} {r['seconds']:>7}  {r['what']}")
+
+
+#: The parts of a run whose CPU seconds are shown, in the order shown.
+CPU_PARTS = (("driver_jvm", "JVM"), ("driver_python", "drv Py"), ("python_workers", "workers"),
+             ("broker", "broker"), ("connect_server", "server"), ("connect_server_workers", "srv Py"))
+
+
+def print_cpu(rows: list[dict]) -> None:
+    """Where each throughput row's time went: CPU seconds of the run's JVM (in local mode the
+    executors too), its driver Python, its Python workers, and of the broker and the Connect server
+    (its JVM, its Python workers) while it ran; and the cores all of them kept busy (the machine
+    has 2). Through Connect the run's own parts are the client's."""
+    print(f"\n{'CPU seconds':<16} {'size':>4} {'s':>7} " + " ".join(f"{label:>7}" for _, label in CPU_PARTS)
+          + f" {'total':>7} {'cores':>5}")
+    for r in rows:
+        cpu = r.get("cpu_s")
+        if "records_per_s" not in r or not cpu:
+            continue
+        total = sum(cpu.values())
+        print(f"{r['name']:<16} {str(r.get('size', '')):>4} {r['seconds']:>7} "
+              + " ".join(f"{cpu.get(part, ''):>7}" for part, _ in CPU_PARTS)
+              + f" {round(total, 1):>7} {round(total / r['seconds'], 2):>5}")
 
 
 def verdicts(rows: list[dict]) -> list[str]:
@@ -990,12 +1066,16 @@ def main(argv: list[str] | None = None) -> int:
     skip = set(filter(None, args.skip.split(",")))
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or LocalBroker.default().start()
     settings = KafkaSettings(bootstrap)
+    if not os.environ.get("KAFKA_BOOTSTRAP_SERVERS") and (broker_pid := LocalBroker.default().pid()):
+        WATCHED["broker"] = broker_pid
     out_dir = local_dir() / "bench"
     work = out_dir / f"throughput-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
     work.mkdir(parents=True)
     rows: list[dict] = []
     inputs: dict[int, Input] = {}
     connect = None if "connect" in skip else _connect_server(work)
+    if connect is not None and (server_pid := connect.pid()):
+        WATCHED["connect_server"] = server_pid
     try:
         _measure(args, skip, settings, work, rows, inputs, connect)
     finally:

@@ -67,19 +67,21 @@ def pytest_configure(config):
         # first drivers started without it.
         os.environ["SPARK_SUBMIT_OPTS"], archive = spark_submit_opts(local_dir() / "spark-cds")
     parallel = bool(getattr(config.option, "numprocesses", None))
-    if (not parallel or os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get(BOOTSTRAP_ENV)
-            or os.environ.get(SHARED_BROKER_ENV)):
-        _tune_test_brokers()
-    else:
-        from kafka_eos.local.kafka import LocalBroker
+    try:
+        if (not parallel or os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get(BOOTSTRAP_ENV)
+                or os.environ.get(SHARED_BROKER_ENV)):
+            _tune_test_brokers()
+        else:
+            from kafka_eos.local.kafka import LocalBroker
 
-        broker = LocalBroker.default()
-        config.kafka_eos_broker = (broker, not broker.is_running())
-        broker.start()
-        os.environ[SHARED_BROKER_ENV] = broker.bootstrap  # the workers, started after this, inherit it
-        _tune_test_brokers()  # after the shared broker: it does most of the brokers' work
-    if archive is not None:
-        archive.join()
+            broker = LocalBroker.default()
+            config.kafka_eos_broker = (broker, not broker.is_running())
+            broker.start()
+            os.environ[SHARED_BROKER_ENV] = broker.bootstrap  # the workers, started after this, inherit it
+            _tune_test_brokers()  # after the shared broker: it does most of the brokers' work
+    finally:  # also when the broker did not start: the probe's job ends and its folder goes
+        if archive is not None:
+            archive.join()
 
 
 def _tune_test_brokers() -> None:
@@ -131,22 +133,27 @@ DURATIONS_ENV = "KAFKA_EOS_TEST_DURATIONS"
 UNKNOWN_TEST_S = 5.0
 #: A work unit of at least this many seconds holds only short tests behind it on its worker.
 LONG_UNIT_S = 60.0
-#: The tests' seconds this session (in its controlling process: reports of every worker).
+#: The tests' seconds this session (in its controlling process: reports of every worker), and
+#: those whose teardown ended (an interrupted test's seconds are not recorded).
 _SESSION_SECONDS: dict[str, float] = {}
+_SESSION_ENDED: set[str] = set()
 
 
 @functools.cache
 def _durations() -> dict[str, float]:
+    """The recorded seconds by node id; none if the file is missing or not such a mapping."""
     try:
-        return json.loads(Path(os.environ.get(DURATIONS_ENV) or DURATIONS_FILE).read_text())
-    except (OSError, ValueError):
+        recorded = json.loads(Path(os.environ.get(DURATIONS_ENV) or DURATIONS_FILE).read_text())
+        return {str(nodeid): float(seconds) for nodeid, seconds in recorded.items()}
+    except (OSError, ValueError, AttributeError, TypeError):
         return {}
 
 
-def _unit_seconds(unit) -> float:
-    """A work unit's (``{nodeid: done}``) seconds, by the recorded durations."""
+def _unit_seconds(unit, unfinished: bool = False) -> float:
+    """A work unit's (``{nodeid: done}``) seconds by the recorded durations (``unfinished``: of
+    the tests not done yet only)."""
     durations = _durations()
-    return sum(durations.get(nodeid, UNKNOWN_TEST_S) for nodeid in unit)
+    return sum(durations.get(nodeid, UNKNOWN_TEST_S) for nodeid, done in unit.items() if not (unfinished and done))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -174,8 +181,8 @@ def pytest_xdist_make_scheduler(config, log):
             # A worker runs a test once it holds the next one: what waits behind a unit of
             # minutes is taken from the queue's end (the shortest), not a long unit another worker
             # could start now.
-            pending = [unit for unit in self.assigned_work.get(node, {}).values() if not all(unit.values())]
-            if len(self.workqueue) > 1 and any(_unit_seconds(unit) >= LONG_UNIT_S for unit in pending):
+            pending = self.assigned_work.get(node, {}).values()
+            if len(self.workqueue) > 1 and any(_unit_seconds(unit, unfinished=True) >= LONG_UNIT_S for unit in pending):
                 self.workqueue.move_to_end(next(reversed(self.workqueue)), last=False)
             super()._assign_work_unit(node)
 
@@ -232,23 +239,32 @@ def pytest_runtest_logreport(report):
     """In the controlling process (every worker's reports come here too): the test's seconds."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         _SESSION_SECONDS[report.nodeid] = _SESSION_SECONDS.get(report.nodeid, 0.0) + report.duration
+        if report.when == "teardown":
+            _SESSION_ENDED.add(report.nodeid)
 
 
 def _record_durations(session) -> None:
     """A parallel session's tests' seconds into ``.local/test-durations.json`` (over what earlier
     sessions recorded there), for :data:`DURATIONS_FILE`."""
-    if not _SESSION_SECONDS or not getattr(session.config.option, "numprocesses", None):
+    ended = {nodeid: round(seconds, 2) for nodeid, seconds in _SESSION_SECONDS.items() if nodeid in _SESSION_ENDED}
+    if not ended or not getattr(session.config.option, "numprocesses", None):
         return
     from kafka_eos.paths import local_dir
 
     path = local_dir() / "test-durations.json"
     try:
         recorded = json.loads(path.read_text())
+        recorded = recorded if isinstance(recorded, dict) else {}
     except (OSError, ValueError):
         recorded = {}
-    recorded.update({nodeid: round(seconds, 2) for nodeid, seconds in _SESSION_SECONDS.items()})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dict(sorted(recorded.items())), indent=0) + "\n")
+    recorded.update(ended)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        partial.write_text(json.dumps(dict(sorted(recorded.items())), indent=0) + "\n")
+        os.replace(partial, path)  # a concurrent session's reader sees a whole file
+    except OSError as exc:  # the order of a later session only: never the session's result
+        logging.getLogger(__name__).warning("test durations not recorded in %s: %s", path, exc)
 
 
 def pytest_sessionfinish(session, exitstatus):

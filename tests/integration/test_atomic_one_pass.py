@@ -35,16 +35,36 @@ def slow_but_first(part, x):
 '''
 
 #: A source partition 2 that fails, after a while, while the flag file exists.
+#: Records of the other partitions in the transaction before partition 2's task fails.
+PRODUCED_FIRST = 50
+
 FAILING = '''
 import os, time
 from pyspark.sql import functions as F
 
 FLAG = {flag!r}
+PRODUCED_FIRST = {produced_first}
+
 
 @F.udf("binary")
 def _fail_in_2(partition, value):
+    # (Everything inside the function: the UDF is pickled by value, this module is not importable
+    # in Spark's Python workers.)
     if partition == 2 and os.path.exists(FLAG):
-        time.sleep(3)  # the other partitions' rows reach the producer first
+        # Rows of the other partitions reach the transaction first: wait until some are in the
+        # output topic (a fixed 3 s sleep once fell short on a loaded machine: 96 of the 100 its
+        # assertion wanted).
+        from confluent_kafka import Consumer, TopicPartition
+
+        bootstrap, topic = open(FLAG).read().split()
+        # read_uncommitted: the high watermark (read_committed's ends at the open transaction).
+        consumer = Consumer({{"bootstrap.servers": bootstrap, "group.id": "failing-transform-probe",
+                              "isolation.level": "read_uncommitted"}})
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and sum(
+                consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(3)) < PRODUCED_FIRST:
+            time.sleep(0.2)
+        consumer.close()
         raise ValueError("partition 2 fails")
     return value
 
@@ -149,15 +169,16 @@ def test_a_task_failing_after_rows_were_produced_aborts_the_whole_transaction(sp
                                                                               transforms_from, tmp_path):
     flag = tmp_path / "fail"
     flag.touch()
-    transform = transforms_from("failing_transforms", FAILING.format(flag=str(flag))) + ":failing_identity"
+    transform = transforms_from("failing_transforms", FAILING.format(flag=str(flag), produced_first=PRODUCED_FIRST)) + ":failing_identity"
     spec = make_spec(transform, "kafka", "atomic")
+    flag.write_text(f"{kafka_settings.bootstrap_servers} {spec.sink.topic}")
     produce_orders(kafka_settings, spec.source.topics[0], 300, abort_every=0, malformed_every=0)
     plan = prepare_plan(spec, kafka_settings, "r1")
     with pytest.raises(Exception, match="partition 2 fails"):
         run_batch(spark, spec, plan, kafka_settings)
     out = kafka_admin.partition_offsets(kafka_settings, [(spec.sink.topic, p) for p in range(3)])
-    # Partitions 0 and 1's rows were produced into the transaction, then it was aborted.
-    assert sum(o.high_watermark for o in out.values()) > 100
+    # Rows of other partitions were produced into the transaction, then it was aborted.
+    assert sum(o.high_watermark for o in out.values()) >= PRODUCED_FIRST
     assert read_committed(kafka_settings, spec.sink.topic) == []
     tps = [r.tp for r in plan.ranges]
     assert set(kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, tps).values()) == {None}

@@ -89,3 +89,26 @@ def test_the_longest_work_starts_first_and_only_short_tests_wait_behind_it(tmp_p
     # The session recorded what each test took, for the next one's order.
     recorded = json.loads((tmp_path / "home" / "test-durations.json").read_text())
     assert set(recorded) == set(durations) and recorded["test_z_long.py::test_long"] >= 3.0, recorded
+
+
+def test_a_durations_file_that_is_no_mapping_of_seconds_orders_nothing(tmp_path, monkeypatch, pytestconfig):
+    """A recorded-durations file that is missing, not JSON, or not a mapping of node ids to seconds
+    leaves the order as pytest-xdist's own, instead of failing the session's scheduling."""
+    # The suite's conftest as pytest loaded it (``import conftest`` may give another folder's).
+    (conftest,) = [p for p in pytestconfig.pluginmanager.get_plugins()
+                   if getattr(p, "__file__", None) == str(TESTS / "conftest.py")]
+
+    path = tmp_path / "durations.json"
+    monkeypatch.setenv(conftest.DURATIONS_ENV, str(path))
+    try:
+        for text in (None, "not json", "[1, 2]", '{"t.py::a": "x"}', '{"t.py::a": null}'):
+            if text is not None:
+                path.write_text(text)
+            conftest._durations.cache_clear()
+            assert conftest._durations() == {}, text
+        path.write_text('{"t.py::a": 2, "t.py::b": 0.5}')
+        conftest._durations.cache_clear()
+        assert conftest._unit_seconds({"t.py::a": True, "t.py::b": False, "t.py::c": False}) == 2 + 0.5 + 5.0
+        assert conftest._unit_seconds({"t.py::a": True, "t.py::b": False}, unfinished=True) == 0.5
+    finally:
+        conftest._durations.cache_clear()

@@ -261,11 +261,12 @@ def run_measured(argv: list[str], env: dict, log: Path, timeout_s: float = 3600)
                 role = _role(p)
                 try:
                     rss = p.memory_info().rss / 2**20
+                    times = p.cpu_times()
                 except psutil.Error:
                     continue
                 if role:
                     now[role] = now.get(role, 0.0) + rss
-            cpu.update(_own_cpu(tree, _role))
+                    cpu[p.pid] = (role, times.user + times.system)
             for name, service in WATCHED.items():
                 cpu.update(_own_cpu(_service_tree(service), _service_part(name)))
             for role, mib in now.items():

@@ -176,7 +176,7 @@ def pytest_xdist_make_scheduler(config, log):
             # first, by the recorded durations (sorted once, before the first unit is handed out).
             if not self._first_assigned:
                 self._first_assigned = True
-                for scope, unit in sorted(self.workqueue.items(), key=lambda item: -_unit_seconds(item[1])):
+                for scope, _unit in sorted(self.workqueue.items(), key=lambda item: -_unit_seconds(item[1])):
                     self.workqueue.move_to_end(scope)
             # A worker runs a test once it holds the next one: what waits behind a unit of
             # minutes is taken from the queue's end (the shortest), not a long unit another worker

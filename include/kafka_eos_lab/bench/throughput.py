@@ -184,33 +184,24 @@ class Measured:
 WATCHED: dict[str, int] = {}
 
 
-def _own_cpu(tree, name_of) -> dict[int, tuple[str, float]]:
-    """``{pid: (part, own CPU seconds)}`` of the processes of ``tree`` that ``name_of`` names."""
-    seen = {}
-    for p in tree:
-        part = name_of(p)
-        try:
-            times = p.cpu_times()
-        except Exception:  # noqa: BLE001 - psutil.NoSuchProcess, AccessDenied, ZombieProcess
-            continue
-        if part:
-            seen[p.pid] = (part, times.user + times.system)
-    return seen
-
-
-def _service_tree(pid: int) -> list:
-    """The processes of a watched service (its root and every descendant), none if it is gone."""
+def _service_cpu(name: str, pid: int) -> dict[int, tuple[str, float]]:
+    """``{pid: (part, own CPU seconds)}`` of a watched service's processes (its root and every
+    descendant; its Python workers as ``<name>_workers``), none if it is gone."""
     import psutil
 
     try:
         root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
+        tree = [root, *root.children(recursive=True)]
     except psutil.Error:
-        return []
-
-
-def _service_part(name: str):
-    return lambda p: f"{name}_workers" if _role(p) == "python_workers" else name
+        return {}
+    seen = {}
+    for p in tree:
+        try:
+            times = p.cpu_times()
+        except psutil.Error:
+            continue
+        seen[p.pid] = (f"{name}_workers" if _role(p) == "python_workers" else name, times.user + times.system)
+    return seen
 
 
 def _role(proc) -> str | None:
@@ -238,8 +229,8 @@ def run_measured(argv: list[str], env: dict, log: Path, timeout_s: float = 3600)
     # loses its last SAMPLE_EVERY_S at most; a parent's children's times are not added: no double
     # count); the watched services' from what they had used before the run.
     cpu: dict[int, tuple[str, float]] = {}
-    before = {pid: seconds for name, root in WATCHED.items()
-              for pid, (_part, seconds) in _own_cpu(_service_tree(root), _service_part(name)).items()}
+    before = {pid: seconds for name, service in WATCHED.items()
+              for pid, (_part, seconds) in _service_cpu(name, service).items()}
     started = time.monotonic()
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=out, text=True,
@@ -268,14 +259,14 @@ def run_measured(argv: list[str], env: dict, log: Path, timeout_s: float = 3600)
                     now[role] = now.get(role, 0.0) + rss
                     cpu[p.pid] = (role, times.user + times.system)
             for name, service in WATCHED.items():
-                cpu.update(_own_cpu(_service_tree(service), _service_part(name)))
+                cpu.update(_service_cpu(name, service))
             for role, mib in now.items():
                 peaks[role] = max(peaks.get(role, 0.0), mib)
             time.sleep(SAMPLE_EVERY_S)
         proc.wait()
         reader.join(10)
     for name, service in WATCHED.items():
-        cpu.update(_own_cpu(_service_tree(service), _service_part(name)))
+        cpu.update(_service_cpu(name, service))
     cpu_s: dict[str, float] = {}
     for pid, (part, seconds) in cpu.items():
         cpu_s[part] = cpu_s.get(part, 0.0) + seconds - before.get(pid, 0.0)

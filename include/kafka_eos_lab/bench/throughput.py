@@ -504,12 +504,13 @@ def _anomalies(row: dict, source: Input, kind: str, summary: dict) -> list[str]:
     return found
 
 
-def fastest(tries: list[dict]) -> dict:
-    """The fastest of a row's runs, with every run's seconds and every run's anomalies."""
-    best = dict(min(tries, key=lambda r: r["seconds"]))
-    best["all_seconds"] = [r["seconds"] for r in tries]
-    best["anomalies"] = [a for r in tries for a in r.get("anomalies", [])]
-    return best
+def median_run(tries: list[dict]) -> dict:
+    """The median of a row's runs by seconds (of an even number, the slower of the middle two), with
+    every run's seconds and every run's anomalies."""
+    median = dict(sorted(tries, key=lambda r: r["seconds"])[len(tries) // 2])
+    median["all_seconds"] = [r["seconds"] for r in tries]
+    median["anomalies"] = [a for r in tries for a in r.get("anomalies", [])]
+    return median
 
 
 def _row(name: str, what: str, source: Input, m: Measured, out: int, dead: int) -> dict:
@@ -675,6 +676,9 @@ def _ratios(rows: list[dict]) -> None:
             "baseline_jdbc" if r["name"] == "sql_rows" else "baseline_parquet" if r["name"] == "iceberg" else "baseline"
         base = next((b for b in rows if b["name"] == base_name and b.get("size") == r["size"]), None)
         r["x_baseline"] = round(r["records_per_s"] / base["records_per_s"], 2) if base else None
+        # Each turn's ratio (the compared rows take their runs in turns: run i of each, one after another).
+        if base and r is not base and len(r.get("all_seconds", ())) == len(base.get("all_seconds", ())) > 1:
+            r["x_turns"] = [round(b / s, 2) for b, s in zip(base["all_seconds"], r["all_seconds"])]
         r["x_ceiling"] = round(r["records_per_s"] / ceiling, 3) if ceiling else None
 
 
@@ -729,8 +733,11 @@ def verdicts(rows: list[dict]) -> list[str]:
         for r in (r for r in rows if r["name"] in (scope, f"{scope}_connect", f"{scope}_connect_fresh")):
             target = SCOPE_TARGETS["largest" if r["size"] == largest and largest > 1 else "smallest"]
             ok = r["x_baseline"] is not None and r["x_baseline"] >= target
-            spread = f" (runs {min(r['all_seconds'])}-{max(r['all_seconds'])} s)" if r.get("all_seconds") else ""
-            lines.append(f"{r['name']} at {r['size']}x: {r['x_baseline']}x the at-least-once baseline{spread} "
+            spread = f" (runs {min(r['all_seconds'])}-{max(r['all_seconds'])} s" if r.get("all_seconds") else ""
+            if spread and r.get("x_turns"):
+                spread += f"; turn by turn {' / '.join(f'{x}x' for x in r['x_turns'])}"
+            spread += ")" if spread else ""
+            lines.append(f"{r['name']} at {r['size']}x: {r['x_baseline']}x the at-least-once baseline, medians{spread} "
                          f"(target >= {target}x): {'met' if ok else 'NOT met'}")
     for r in (r for r in rows if r["name"] == "sql_rows"):
         ok = r["x_baseline"] is not None and r["x_baseline"] >= TARGETS["sql_rows"]
@@ -842,15 +849,15 @@ def _measure(args, skip: set, settings: KafkaSettings, work: Path, rows: list[di
         print(f" {time.monotonic() - started:.0f} s", flush=True)
         return result
 
-    def best_of(n: int, runs: list[tuple[str, Callable[[], dict]]]) -> list[dict]:
-        """Of each run, the fastest of ``n`` tries (each on new output topics), with every try's
+    def median_of(n: int, runs: list[tuple[str, Callable[[], dict]]]) -> list[dict]:
+        """Of each run, the median of ``n`` tries (each on new output topics), with every try's
         seconds and every try's anomalies. The runs compared with each other take their tries in
         turns (A B A B, not A A B B): a machine that slows down over minutes slows them alike."""
         tries: dict[str, list[dict]] = {what: [] for what, _fn in runs}
         for i in range(n):
             for what, fn in runs:
                 tries[what].append(step(f"{what} ({i + 1}/{n})" if n > 1 else what, fn))
-        return [fastest(tries[what]) for what, _fn in runs]
+        return [median_run(tries[what]) for what, _fn in runs]
 
     print(f"orders (~{len(NOTE) + 150}-byte JSON), {PARTITIONS} partitions, transactions of {PER_TRANSACTION} with every "
           f"{ABORT_EVERY}rd aborted, every {MALFORMED_EVERY}th record malformed; Spark {MASTER}; logs in {work}")
@@ -861,7 +868,7 @@ def _measure(args, skip: set, settings: KafkaSettings, work: Path, rows: list[di
         postgres = LocalPostgres()
     try:
         pg_url = postgres.start() if postgres else None
-        _sizes(args, skip, settings, work, rows, inputs, remote, pg_url, step, best_of)
+        _sizes(args, skip, settings, work, rows, inputs, remote, pg_url, step, median_of)
     finally:
         if postgres:
             postgres.stop()
@@ -874,7 +881,7 @@ def _measure(args, skip: set, settings: KafkaSettings, work: Path, rows: list[di
 
 
 def _sizes(args, skip: set, settings: KafkaSettings, work: Path, rows: list[dict], inputs: dict, remote, pg_url,
-           step, best_of) -> None:
+           step, median_of) -> None:
     """The throughput rows of every input size."""
     from kafka_eos.spark_io import with_session_id
 
@@ -885,14 +892,14 @@ def _sizes(args, skip: set, settings: KafkaSettings, work: Path, rows: list[dict
             rows += step("ceiling (Kafka's perf tools)", run_ceiling, work, settings, source)
         runs = []
         if "kafka" not in skip:
-            runs += best_of(args.repeat, [(f"baseline {size}x", partial(run_baseline, work, settings, source))] + [
+            runs += median_of(args.repeat, [(f"baseline {size}x", partial(run_baseline, work, settings, source))] + [
                 (f"kafka-eos {commit} {size}x", partial(run_kafka_eos, work, settings, source, "kafka", commit))
                 for commit in ("atomic", "per_partition")])
         if remote:
             # Like with like: each side's runs of one row in one session of the server (as a
             # deployed pipeline's runs are), and each side in a session of its own every run (as
             # Spark's sink runs as a job is written; a bench run is a new pipeline each time).
-            runs += best_of(args.repeat, [(f"baseline {size}x, Spark Connect",
+            runs += median_of(args.repeat, [(f"baseline {size}x, Spark Connect",
                                            partial(run_baseline, work, settings, source, remote))] + [
                 (f"kafka-eos {commit} {size}x, Spark Connect",
                  partial(run_kafka_eos, work, settings, source, "kafka", commit, label=f"{commit}_connect",
@@ -913,17 +920,17 @@ def _sizes(args, skip: set, settings: KafkaSettings, work: Path, rows: list[dict
                 tables.append(row["table"])
                 return row
 
-            sql_best, jdbc_best = best_of(args.repeat, [
+            sql_median, jdbc_median = median_of(args.repeat, [
                 (f"kafka-eos SQL sink {size}x, a row per order, PostgreSQL", sql_rows),
                 (f"Spark's JDBC writer {size}x, PostgreSQL", lambda: run_jdbc_baseline(work, settings, source, pg_url,
                                                                                         tables[0]))])
-            runs += [jdbc_best, sql_best]  # the baseline's row first, as the Kafka sink's
+            runs += [jdbc_median, sql_median]  # the baseline's row first, as the Kafka sink's
         if "iceberg" not in skip:
-            iceberg_best, parquet_best = best_of(args.repeat, [
+            iceberg_median, parquet_median = median_of(args.repeat, [
                 (f"kafka-eos Iceberg sink {size}x, a row per order", partial(
                     run_kafka_eos, work, settings, source, "iceberg_rows", label="iceberg")),
                 (f"Spark's df.write.parquet {size}x", partial(run_parquet_baseline, work, settings, source))])
-            runs += [parquet_best, iceberg_best]
+            runs += [parquet_median, iceberg_median]
         if size == 1 and "sql" not in skip:
             runs.append(step("kafka-eos SQL sink, SQLite", run_kafka_eos, work, settings, source, "sql",
                              url=f"sqlite:///{work / 'bench.db'}", label="sql_sqlite"))
@@ -1038,7 +1045,7 @@ def _run_formats(work: Path, settings: KafkaSettings, records: int, repeat: int)
             row["anomalies"] = [] if (out, dead) == (valid, records - valid) else [
                 f"{out} results and {dead} dead letters for {valid} valid and {records - valid} invalid orders"]
             tries[label].append(row)
-    rows = [fastest(tries[label]) for label, *_rest in formats]
+    rows = [median_run(tries[label]) for label, *_rest in formats]
     rows[0]["x_json"] = round(rows[0]["records_per_s"] / rows[1]["records_per_s"], 2)
     return rows
 
@@ -1049,7 +1056,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="1,4", help="input sizes, as multiples of --records (comma-separated)")
     parser.add_argument("--repeat", type=int, default=3,
                         help="runs of each compared Spark job (the rows compared take them in turns); the table shows "
-                             "the fastest (a 1x run on 2 shared cores varies by 10-25%% from run to run)")
+                             "the median (a 1x run on 2 shared cores varies by 10-25%% from run to run)")
     parser.add_argument("--skip", default="",
                         help="parts to leave out: ceiling, kafka (the Kafka-sink rows; not with fixed), sql (the "
                              "revenue_per_minute rows), postgres (every PostgreSQL row), iceberg (the Iceberg sink "

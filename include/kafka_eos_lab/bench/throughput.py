@@ -229,6 +229,7 @@ def run_measured(argv: list[str], env: dict, log: Path, timeout_s: float = 3600)
     # loses its last SAMPLE_EVERY_S at most; a parent's children's times are not added: no double
     # count); the watched services' from what they had used before the run.
     cpu: dict[int, tuple[str, float]] = {}
+    jit: dict[tuple[int, int], float] = {}  # the driver JVM's compiler threads', by (pid, thread id)
     before = {pid: seconds for name, service in WATCHED.items()
               for pid, (_part, seconds) in _service_cpu(name, service).items()}
     started = time.monotonic()
@@ -258,6 +259,8 @@ def run_measured(argv: list[str], env: dict, log: Path, timeout_s: float = 3600)
                 if role:
                     now[role] = now.get(role, 0.0) + rss
                     cpu[p.pid] = (role, times.user + times.system)
+                if role == "driver_jvm":
+                    jit.update(_jit_threads(p.pid))
             for name, service in WATCHED.items():
                 cpu.update(_service_cpu(name, service))
             for role, mib in now.items():
@@ -270,9 +273,39 @@ def run_measured(argv: list[str], env: dict, log: Path, timeout_s: float = 3600)
     cpu_s: dict[str, float] = {}
     for pid, (part, seconds) in cpu.items():
         cpu_s[part] = cpu_s.get(part, 0.0) + seconds - before.get(pid, 0.0)
+    if jit:
+        cpu_s[JIT_PART] = sum(jit.values())  # part of driver_jvm's, not added to the total
     return Measured(round(time.monotonic() - started, 2), proc.returncode,
                     {k: round(v) for k, v in peaks.items()}, "".join(stdout),
                     {k: round(v, 1) for k, v in cpu_s.items()})
+
+
+#: The driver JVM's JIT compiler threads' CPU seconds: a part of ``driver_jvm``'s.
+JIT_PART = "driver_jvm_jit"
+#: ``/proc``'s unit of a thread's CPU time.
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _jit_threads(pid: int) -> dict[tuple[int, int], float]:
+    """CPU seconds of the JVM ``pid``'s JIT compiler threads (HotSpot's C1 and C2, named in
+    ``/proc/<pid>/task/<tid>/comm``), by thread: a short run's JVM spends a third of its CPU there.
+    Empty where ``/proc`` is not there to read."""
+    found = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                if not f.read().startswith(("C1 CompilerThre", "C2 CompilerThre")):
+                    continue
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended (HotSpot starts and stops compiler threads as it needs)
+        found[(pid, int(tid))] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return found
 
 
 def spark_submit(app: Path, args: list[str], jars: list[Path] = ()) -> list[str]:
@@ -701,13 +734,13 @@ def print_table(rows: list[dict]) -> None:
 
 
 #: The parts of a run whose CPU seconds are shown, in the order shown.
-CPU_PARTS = (("driver_jvm", "JVM"), ("driver_python", "drv Py"), ("python_workers", "workers"),
+CPU_PARTS = (("driver_jvm", "JVM"), (JIT_PART, "its JIT"), ("driver_python", "drv Py"), ("python_workers", "workers"),
              ("broker", "broker"), ("connect_server", "server"), ("connect_server_workers", "srv Py"))
 
 
 def print_cpu(rows: list[dict]) -> None:
     """Where each throughput row's time went: CPU seconds of the run's JVM (in local mode the
-    executors too), its driver Python, its Python workers, and of the broker and the Connect server
+    executors too; of them, its JIT compiler threads'), its driver Python, its Python workers, and of the broker and the Connect server
     (its JVM, its Python workers) while it ran; and the cores all of them kept busy (the machine
     has 2). Through Connect the run's own parts are the client's."""
     print(f"\n{'CPU seconds':<16} {'size':>4} {'s':>7} " + " ".join(f"{label:>7}" for _, label in CPU_PARTS)
@@ -716,7 +749,7 @@ def print_cpu(rows: list[dict]) -> None:
         cpu = r.get("cpu_s")
         if "records_per_s" not in r or not cpu:
             continue
-        total = sum(cpu.values())
+        total = sum(v for part, v in cpu.items() if part != JIT_PART)
         print(f"{r['name']:<16} {str(r.get('size', '')):>4} {r['seconds']:>7} "
               + " ".join(f"{cpu.get(part, ''):>7}" for part, _ in CPU_PARTS)
               + f" {round(total, 1):>7} {round(total / r['seconds'], 2):>5}")

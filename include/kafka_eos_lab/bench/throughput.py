@@ -734,15 +734,17 @@ def print_table(rows: list[dict]) -> None:
 
 
 #: The parts of a run whose CPU seconds are shown, in the order shown.
-CPU_PARTS = (("driver_jvm", "JVM"), (JIT_PART, "its JIT"), ("driver_python", "drv Py"), ("python_workers", "workers"),
-             ("broker", "broker"), ("connect_server", "server"), ("connect_server_workers", "srv Py"))
+CPU_PARTS = (("driver_jvm", "JVM"), (JIT_PART, "its JIT"), ("driver_python", "drv Py"),
+             ("python_workers", "workers"), ("broker", "broker"), ("connect_server", "server"),
+             ("connect_server_workers", "srv Py"))
 
 
 def print_cpu(rows: list[dict]) -> None:
     """Where each throughput row's time went: CPU seconds of the run's JVM (in local mode the
-    executors too; of them, its JIT compiler threads'), its driver Python, its Python workers, and of the broker and the Connect server
-    (its JVM, its Python workers) while it ran; and the cores all of them kept busy (the machine
-    has 2). Through Connect the run's own parts are the client's."""
+    executors too; of them, its JIT compiler threads'), its driver Python, its Python workers, and
+    of the broker and the Connect server (its JVM, its Python workers) while it ran; and the cores
+    all of them kept busy (the machine has 2; the JIT's seconds are in the JVM's, counted once).
+    Through Connect the run's own parts are the client's."""
     print(f"\n{'CPU seconds':<16} {'size':>4} {'s':>7} " + " ".join(f"{label:>7}" for _, label in CPU_PARTS)
           + f" {'total':>7} {'cores':>5}")
     for r in rows:

@@ -1,0 +1,67 @@
+"""How `make bench` reports a row: the median of its runs, each turn's ratio against its baseline,
+and the JIT's CPU seconds shown beside the JVM's but counted once. Rows are built by hand; the
+expected figures are literal."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from kafka_eos_lab.bench.throughput import JIT_PART, _jit_threads, _ratios, median_run, print_cpu, verdicts
+
+
+def _runs(name: str, seconds: list[float], size: int = 1, records: int = 300_000) -> list[dict]:
+    return [{"name": name, "size": size, "records_in": records, "seconds": s, "records_per_s": round(records / s),
+             "run": i} for i, s in enumerate(seconds)]
+
+
+def test_a_row_is_its_median_run_with_every_runs_seconds():
+    row = median_run(_runs("atomic", [20.6, 19.2, 25.0]))
+    assert (row["seconds"], row["run"]) == (20.6, 0)
+    assert row["all_seconds"] == [20.6, 19.2, 25.0]
+    # Of two runs, the slower: a single fast run does not make the row.
+    assert median_run(_runs("atomic", [18.0, 21.0]))["seconds"] == 21.0
+    assert median_run(_runs("atomic", [18.0]))["seconds"] == 18.0
+
+
+def test_each_turn_is_compared_with_the_baselines_run_of_the_same_turn():
+    rows = [median_run(_runs("baseline", [20.0, 22.0, 24.0])), median_run(_runs("per_partition", [25.0, 20.0, 20.0]))]
+    _ratios(rows)
+    baseline, per_partition = rows
+    assert per_partition["x_turns"] == [0.8, 1.1, 1.2]
+    assert per_partition["x_baseline"] == 1.1  # 22.0 s against 20.0 s, the medians
+    assert "x_turns" not in baseline
+    line = next(v for v in verdicts(rows) if v.startswith("per_partition at 1x"))
+    assert line == ("per_partition at 1x: 1.1x the at-least-once baseline, medians (runs 20.0-25.0 s; turn by turn "
+                    "0.8x / 1.1x / 1.2x) (target >= 1.1x): met")
+
+
+def test_the_jits_seconds_are_shown_but_not_added_to_the_total(capsys):
+    print_cpu([{"name": "baseline", "size": 1, "seconds": 10.0, "records_per_s": 1,
+                "cpu_s": {"driver_jvm": 15.0, JIT_PART: 6.0, "driver_python": 1.0, "broker": 2.0}}])
+    header, line = capsys.readouterr().out.strip().splitlines()
+    assert header.split()[:6] == ["CPU", "seconds", "size", "s", "JVM", "its"]
+    assert line.split() == ["baseline", "1", "10.0", "15.0", "6.0", "1.0", "2.0", "18.0", "1.8"]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="/proc is Linux's")
+def test_the_jit_threads_are_found_by_name_in_a_running_jvm(tmp_path):
+    # A JVM that lives for a few seconds (a single-file program, compiled at launch): HotSpot's C1 and
+    # C2 threads are there from its start.
+    (tmp_path / "Wait.java").write_text(
+        "class Wait { public static void main(String[] a) throws Exception { Thread.sleep(5000); } }")
+    java = subprocess.Popen(["java", str(tmp_path / "Wait.java")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    found: dict = {}
+    try:
+        while java.poll() is None and not found:
+            found = _jit_threads(java.pid)
+            time.sleep(0.05)
+    finally:
+        java.kill()
+        java.wait(30)
+    assert found and all(pid == java.pid and seconds >= 0 for (pid, _tid), seconds in found.items())
+    assert _jit_threads(os.getpid()) == {}  # this Python has no compiler threads
+    assert _jit_threads(2 ** 22 + 7) == {}  # above Linux's largest pid: no such process

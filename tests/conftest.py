@@ -139,14 +139,19 @@ _SESSION_SECONDS: dict[str, float] = {}
 _SESSION_ENDED: set[str] = set()
 
 
-@functools.cache
-def _durations() -> dict[str, float]:
-    """The recorded seconds by node id; none if the file is missing or not such a mapping."""
+def _read_durations(path: Path) -> dict[str, float]:
+    """The seconds by node id recorded in ``path``; none if it is missing or not such a mapping."""
     try:
-        recorded = json.loads(Path(os.environ.get(DURATIONS_ENV) or DURATIONS_FILE).read_text())
+        recorded = json.loads(path.read_text())
         return {str(nodeid): float(seconds) for nodeid, seconds in recorded.items()}
     except (OSError, ValueError, AttributeError, TypeError):
         return {}
+
+
+@functools.cache
+def _durations() -> dict[str, float]:
+    """The recorded seconds the scheduler orders by (:data:`DURATIONS_FILE`, or the file ``DURATIONS_ENV`` names)."""
+    return _read_durations(Path(os.environ.get(DURATIONS_ENV) or DURATIONS_FILE))
 
 
 def _unit_seconds(unit, unfinished: bool = False) -> float:
@@ -252,11 +257,7 @@ def _record_durations(session) -> None:
     from kafka_eos.paths import local_dir
 
     path = local_dir() / "test-durations.json"
-    try:
-        recorded = json.loads(path.read_text())
-        recorded = recorded if isinstance(recorded, dict) else {}
-    except (OSError, ValueError):
-        recorded = {}
+    recorded = _read_durations(path)
     recorded.update(ended)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -34,10 +34,10 @@ def slow_but_first(part, x):
     return x
 '''
 
-#: A source partition 2 that fails, after a while, while the flag file exists.
 #: Records of the other partitions in the transaction before partition 2's task fails.
 PRODUCED_FIRST = 50
 
+#: A source partition 2 that fails, after a while, while the flag file exists.
 FAILING = '''
 import os, time
 from pyspark.sql import functions as F

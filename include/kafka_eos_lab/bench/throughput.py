@@ -282,29 +282,27 @@ def run_measured(argv: list[str], env: dict, log: Path, timeout_s: float = 3600)
 
 #: The driver JVM's JIT compiler threads' CPU seconds: a part of ``driver_jvm``'s.
 JIT_PART = "driver_jvm_jit"
-#: ``/proc``'s unit of a thread's CPU time.
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def _jit_threads(pid: int) -> dict[tuple[int, int], float]:
-    """CPU seconds of the JVM ``pid``'s JIT compiler threads (HotSpot's C1 and C2, named in
+    """CPU seconds of the JVM ``pid``'s JIT compiler threads (HotSpot's C1 and C2, by the names in
     ``/proc/<pid>/task/<tid>/comm``), by thread: a short run's JVM spends a third of its CPU there.
-    Empty where ``/proc`` is not there to read."""
-    found = {}
+    Empty where the process or ``/proc`` is not there to read."""
+    import psutil
+
     try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for tid in tids:
+        threads = psutil.Process(pid).threads()
+    except psutil.Error:
+        return {}
+    found = {}
+    for thread in threads:
         try:
-            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+            with open(f"/proc/{pid}/task/{thread.id}/comm") as f:
                 if not f.read().startswith(("C1 CompilerThre", "C2 CompilerThre")):
                     continue
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue  # the thread ended (HotSpot starts and stops compiler threads as it needs)
-        found[(pid, int(tid))] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        found[(pid, thread.id)] = thread.user_time + thread.system_time
     return found
 
 

@@ -11,6 +11,7 @@ the lab (``kafka_eos_lab``: benchmarks, fault matrix, soak) above everything it 
 from __future__ import annotations
 
 import ast
+import gc
 import re
 import sys
 from dataclasses import dataclass, field
@@ -65,10 +66,23 @@ def modules() -> dict[str, Module]:
             found[".".join(parts)] = Module(".".join(parts), path)
     for m in found.values():
         text = m.path.read_text()
-        tree = ast.parse(text)
+        tree = parse(text, str(m.path))
         _collect(tree, m, found, inside=False)
         m.switches = [i for i, line in enumerate(text.splitlines(), 1) if SWITCH.search(line)]
     return found
+
+
+def parse(text: str, filename: str = "<unknown>") -> ast.Module:
+    """``ast.parse`` with the garbage collector paused: on Python 3.11 a collection inside the parse
+    that runs a finalizer (py4j's, in a test process with a Spark session) can fail the parse with
+    "SystemError: AST constructor recursion depth mismatch" (CPython gh-106905; seen in make test)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return ast.parse(text, filename)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _collect(node: ast.AST, m: Module, known: dict[str, Module], inside: bool) -> None:

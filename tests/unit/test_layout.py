@@ -5,13 +5,15 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from structure import parse
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _imports(folder: Path) -> list[tuple[Path, str]]:
     found = []
     for path in folder.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 found += [(path, a.name) for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module:

@@ -39,6 +39,27 @@ def test_each_turn_is_compared_with_the_baselines_run_of_the_same_turn():
                     "0.8x / 1.1x / 1.2x) (target >= 1.1x): met")
 
 
+def test_the_verdict_says_the_floor_and_the_writings_seconds_beyond_it():
+    # The floor: the same read and transform written nowhere. Spark's sink writes for 6 s beyond it,
+    # per_partition for 4 s; the floor is 26/20 = 1.3x the baseline: no Spark-read sink is faster.
+    rows = [median_run(_runs(name, seconds)) for name, seconds in (
+        ("baseline", [26.0, 27.0, 25.0]), ("per_partition", [24.0, 23.0, 25.0]), ("floor", [20.0, 19.0, 21.0]),
+        ("baseline_connect", [8.0, 8.0, 8.0]), ("per_partition_connect_fresh", [10.0, 9.0, 9.5]),
+        ("floor_connect_fresh", [6.0, 6.5, 5.5]),
+        ("per_partition_connect", [7.0, 7.0, 7.0]))]
+    _ratios(rows)
+    assert rows[2]["x_baseline"] == 1.3
+    lines = verdicts(rows)
+    assert next(v for v in lines if v.startswith("per_partition at 1x")).endswith(
+        "NOT met; the floor (the same read and transform, written nowhere) is 1.3x, so the writing took 4.0 s "
+        "beyond it against Spark's sink's 6.0 s")
+    # Through Connect, a session each, against the floor of a session each (not spark-submit's).
+    assert next(v for v in lines if v.startswith("per_partition_connect_fresh at 1x")).endswith(
+        "is 1.33x, so the writing took 3.5 s beyond it against Spark's sink's 2.0 s")
+    # In one session: no floor of that kind here, so nothing is said.
+    assert next(v for v in lines if v.startswith("per_partition_connect at 1x")).endswith("(target >= 1.1x): NOT met")
+
+
 def test_the_jits_seconds_are_shown_but_not_added_to_the_total(capsys):
     print_cpu([{"name": "baseline", "size": 1, "seconds": 10.0, "records_per_s": 1,
                 "cpu_s": {"driver_jvm": 15.0, JIT_PART: 6.0, "driver_python": 1.0, "broker": 2.0}}])

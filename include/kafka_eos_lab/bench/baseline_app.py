@@ -3,7 +3,8 @@ kafka-eos run, written with Spark's own Kafka sink (at-least-once: no transactio
 or, for a spec with a SQL sink, with Spark's own JDBC writer (``df.write.jdbc(mode="append")``:
 results into ``--table``, dead letters into ``<table>_dead``; PostgreSQL's JDBC driver on
 ``--jars``), or, for a spec with an Iceberg sink, with ``df.write.parquet(mode="append")`` into the
-folder ``--parquet`` (dead letters into ``<folder>_dead``).
+folder ``--parquet`` (dead letters into ``<folder>_dead``). With ``--noop`` it writes the Kafka sink's
+rows nowhere (Spark's ``noop`` format), counting them: the floor of any sink that reads through Spark.
 
     spark-submit --jars <connector jars> include/kafka_eos_lab/bench/baseline_app.py --spec S --plan P
     python include/kafka_eos_lab/bench/baseline_app.py --spec S --plan P --spark-remote sc://127.0.0.1:15002
@@ -40,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spark-remote", help="run on this Spark Connect server (a plain Python process)")
     parser.add_argument("--table", help="a SQL sink's spec: the table the results are appended to (default: "
                                         "the spec's sink.table)")
+    parser.add_argument("--noop", action="store_true",
+                        help="a Kafka sink's spec: read and transform as for Spark's Kafka sink, write the rows "
+                             "nowhere (format noop), and print how many there were")
     parser.add_argument("--parquet", help="an Iceberg sink's spec: the folder the results are appended to as "
                                           "Parquet files (dead letters: <folder>_dead)")
     args = parser.parse_args(argv)
@@ -67,6 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     out = results.select(
         F.when(F.col(DLQ_REASON).isNull(), F.lit(spec.sink.topic)).otherwise(F.lit(dlq)).alias("topic"),
         "key", "value", *(["headers"] if "headers" in results.columns else []))
+    if args.noop:  # the floor: the same rows, computed in full, written nowhere
+        from pyspark.sql import Observation
+
+        seen = Observation("floor")
+        out.observe(seen, F.count(F.lit(1)).alias("rows")).write.format("noop").mode("overwrite").save()
+        print("BASELINE_SUMMARY " + json.dumps({"seconds_in_app": round(time.monotonic() - started, 3),
+                                                "rows": seen.get["rows"]}))
+        return 0
     writer = out.write.format("kafka")
     for key, value in settings.spark_options().items():
         writer = writer.option(key, value)

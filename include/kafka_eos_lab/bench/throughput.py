@@ -361,24 +361,37 @@ def _plan_file(work: Path, plan) -> Path:
 
 
 def run_baseline(work: Path, settings: KafkaSettings, source: Input, remote: str | None = None,
-                 label: str | None = None) -> dict:
+                 label: str | None = None, noop: bool = False) -> dict:
     """Plain Spark: the orders transform over the whole topic, Spark's own Kafka sink (through the
     Spark Connect server ``remote``, if given: the app as a plain Python process, in a session of
-    its own unless ``remote`` names one)."""
+    its own unless ``remote`` names one). With ``noop``, the floor: the same rows written nowhere
+    (Spark's ``noop`` format), counted."""
     from kafka_eos.pipeline import compute_plan
 
-    spec = bench_spec(work, settings, source, "baseline")
+    spec = bench_spec(work, settings, source, "floor" if noop else "baseline")
     plan, _drift = compute_plan(spec, settings, "bench")
     app, args = Path(__file__).with_name("baseline_app.py"), ["--spec", spec.path, "--plan", str(_plan_file(work, plan))]
+    args += ["--noop"] if noop else []
     argv = [sys.executable, str(app), *args, "--spark-remote", remote] if remote else spark_submit(app, args)
     m = run_measured(argv, spark_env(settings, work), work / f"{spec.name}.log")
     if m.returncode != 0:
         raise RuntimeError(f"baseline run failed (exit {m.returncode}): see {work / spec.name}.log")
+    name = label or ("baseline_connect" if remote else "baseline")
+    if noop:
+        summary = next(json.loads(line.split(" ", 1)[1]) for line in m.stdout.splitlines()
+                       if line.startswith("BASELINE_SUMMARY "))
+        what = ("the floor: Spark's read of the same ranges and the same transform, the rows written nowhere "
+                "(format noop)" + ("" if not remote else ", through the Spark Connect server, its runs in one session"
+                                   if label == "floor_connect" else ", through the Spark Connect server, a session each"))
+        row = _row(name, what, source, m, summary["rows"], 0)
+        if summary["rows"] != source.records:
+            row["anomalies"] = [f"computed {summary['rows']} rows for {source.records} committed inputs"]
+        return row
     out, dead = count_committed(settings, spec.sink.topic), count_committed(settings, spec.sink.dlq_topic)
     what = "Spark's Kafka sink (at-least-once)" + (", through the Spark Connect server" if remote else "")
     if label == "baseline_connect_session":
         what += ", its runs in one session (as kafka-eos's; x base: against a session each)"
-    row = _row(label or ("baseline_connect" if remote else "baseline"), what, source, m, out, dead)
+    row = _row(name, what, source, m, out, dead)
     if out + dead < source.records:
         row["anomalies"] = [f"wrote {out} results and {dead} dead letters for {source.records} committed inputs"]
     return row
@@ -755,6 +768,22 @@ def print_cpu(rows: list[dict]) -> None:
               + f" {round(total, 1):>7} {round(total / r['seconds'], 2):>5}")
 
 
+def _floor_note(row: dict, rows: list[dict]) -> str:
+    """What the floor of ``row``'s kind (the same read and transform, written nowhere) says: the most
+    any sink reading through Spark could be ahead of Spark's own, and the seconds ``row``'s writing
+    took beyond the floor against those of Spark's sink (medians)."""
+    kind, base_kind = (("floor_connect_fresh", "baseline_connect") if row["name"].endswith("_connect_fresh") else
+                       ("floor_connect", "baseline_connect_session") if row["name"].endswith("_connect") else
+                       ("floor", "baseline"))
+    floor = next((r for r in rows if r["name"] == kind and r.get("size") == row["size"]), None)
+    base = next((r for r in rows if r["name"] == base_kind and r.get("size") == row["size"]), None)
+    if not floor or not base or not floor.get("x_baseline"):
+        return ""
+    return (f"; the floor (the same read and transform, written nowhere) is {floor['x_baseline']}x, so the "
+            f"writing took {round(row['seconds'] - floor['seconds'], 2)} s beyond it against Spark's sink's "
+            f"{round(base['seconds'] - floor['seconds'], 2)} s")
+
+
 def verdicts(rows: list[dict]) -> list[str]:
     """One line per target: the figure, the target, met or not."""
     def find(name, size=None):
@@ -771,7 +800,7 @@ def verdicts(rows: list[dict]) -> list[str]:
                 spread += f"; turn by turn {' / '.join(f'{x}x' for x in r['x_turns'])}"
             spread += ")" if spread else ""
             lines.append(f"{r['name']} at {r['size']}x: {r['x_baseline']}x the at-least-once baseline, medians{spread} "
-                         f"(target >= {target}x): {'met' if ok else 'NOT met'}")
+                         f"(target >= {target}x): {'met' if ok else 'NOT met'}{_floor_note(r, rows)}")
     for r in (r for r in rows if r["name"] == "sql_rows"):
         ok = r["x_baseline"] is not None and r["x_baseline"] >= TARGETS["sql_rows"]
         lines.append(f"SQL sink at {r['size']}x: {r['x_baseline']}x Spark's JDBC writer (target >= "
@@ -830,7 +859,7 @@ def chart(rows: list[dict], path: Path) -> None:
     labels = [f"{r['name'].replace('_connect_session', ', 1 session').replace('_connect_fresh', ', fresh').removesuffix('_connect')}"
               f"\n{r['size']}x"
               + ("\nConnect" if "_connect" in r["name"] else "") for r in runs]
-    colors = ["#888888" if r["name"].startswith("baseline") else "#2a6fbb" if r["name"] in ("atomic", "per_partition")
+    colors = ["#888888" if r["name"].startswith("baseline") else "#cccccc" if r["name"].startswith("floor") else "#2a6fbb" if r["name"] in ("atomic", "per_partition")
               else "#7a4fbf" if r["name"].endswith("_connect") else "#3a9a5b" for r in runs]
     bars = left.bar(labels, [r["records_per_s"] for r in runs], color=colors)
     for bar, r in zip(bars, runs):
@@ -927,7 +956,9 @@ def _sizes(args, skip: set, settings: KafkaSettings, work: Path, rows: list[dict
         if "kafka" not in skip:
             runs += median_of(args.repeat, [(f"baseline {size}x", partial(run_baseline, work, settings, source))] + [
                 (f"kafka-eos {commit} {size}x", partial(run_kafka_eos, work, settings, source, "kafka", commit))
-                for commit in ("atomic", "per_partition")])
+                for commit in ("atomic", "per_partition")] + [
+                (f"the floor {size}x (written nowhere)", partial(run_baseline, work, settings, source, noop=True,
+                                                                 label="floor"))])
         if remote:
             # Like with like: each side's runs of one row in one session of the server (as a
             # deployed pipeline's runs are), and each side in a session of its own every run (as
@@ -938,9 +969,14 @@ def _sizes(args, skip: set, settings: KafkaSettings, work: Path, rows: list[dict
                  partial(run_kafka_eos, work, settings, source, "kafka", commit, label=f"{commit}_connect",
                          remote=with_session_id(remote, str(uuid.uuid4()))))
                 for commit in ("atomic", "per_partition")] + [
+                (f"the floor {size}x, Spark Connect, a session each", partial(
+                    run_baseline, work, settings, source, remote, label="floor_connect_fresh", noop=True))] + [
                 (f"baseline {size}x, Spark Connect, one session",
                  partial(run_baseline, work, settings, source, with_session_id(remote, str(uuid.uuid4())),
                          label="baseline_connect_session"))] + [
+                (f"the floor {size}x, Spark Connect, one session", partial(
+                    run_baseline, work, settings, source, with_session_id(remote, str(uuid.uuid4())),
+                    label="floor_connect", noop=True))] + [
                 (f"kafka-eos {commit} {size}x, Spark Connect, a session each",
                  partial(run_kafka_eos, work, settings, source, "kafka", commit, label=f"{commit}_connect_fresh",
                          remote=remote))

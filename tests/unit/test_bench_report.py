@@ -58,6 +58,14 @@ def test_the_verdict_says_the_floor_and_the_writings_seconds_beyond_it():
         "is 1.33x, so the writing took 3.5 s beyond it against Spark's sink's 2.0 s")
     # In one session: no floor of that kind here, so nothing is said.
     assert next(v for v in lines if v.startswith("per_partition_connect at 1x")).endswith("(target >= 1.1x): NOT met")
+    # With one, against Spark's sink in one session too (not a session each).
+    rows += [median_run(_runs(name, seconds)) for name, seconds in (
+        ("baseline_connect_session", [6.0, 6.0, 6.0]), ("floor_connect", [5.0, 4.0, 4.5]))]
+    _ratios(rows)
+    assert rows[-1]["x_baseline"] == 1.33
+    assert next(v for v in verdicts(rows) if v.startswith("per_partition_connect at 1x")).endswith(
+        "(target >= 1.1x): NOT met; the floor (the same read and transform, written nowhere) is 1.33x, so the "
+        "writing took 2.5 s beyond it against Spark's sink's 1.5 s")
 
 
 def test_the_jits_seconds_are_shown_but_not_added_to_the_total(capsys):

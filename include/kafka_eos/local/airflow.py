@@ -46,9 +46,8 @@ TASK_HEARTBEAT_TIMEOUT_S = 30
 #: "queued" (no heartbeat to miss) until then; Airflow's defaults are 600 s and every 120 s. Taken
 #: back twice, a task is failed: a deployment whose tasks wait longer for a free worker slot raises it.
 TASK_QUEUED_TIMEOUT_S, TASK_QUEUED_CHECK_S = 60, 15
-#: How often the dag-processor looks for new files in the DAGs folder (Airflow's default: 5 minutes);
-#: :meth:`LocalAirflow.wait_for_dag` waits on it.
-REFRESH_INTERVAL_S = 3
+#: How often :meth:`LocalAirflow.wait_for_dag` asks again for its parse while the DAG is not there.
+PARSE_REQUEST_EVERY_S = 5
 #: Migrating a fresh SQLite database and starting four Python processes on 2 busy cores.
 START_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 30.0
@@ -198,9 +197,8 @@ class LocalAirflow:
             "AIRFLOW__API__BASE_URL": self.url,
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN}:admin",
-            # New DAG files are found within seconds, not the default 5 minutes (wait_for_dag).
-            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": str(REFRESH_INTERVAL_S),
-            "AIRFLOW__DAG_PROCESSOR__FILE_PARSING_SORT_MODE": "modified_time",  # wait_for_dag marks files changed
+            # New DAG files are found within seconds, not the default 5 minutes.
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
             # A dead worker's (or scheduler's) tasks are failed and retried within seconds of this.
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(TASK_HEARTBEAT_TIMEOUT_S),
@@ -273,26 +271,38 @@ class LocalAirflow:
     def wait_for_dag(self, dag_id: str, timeout_s: float = 180.0, unpause: bool = True) -> None:
         """Wait until the API lists ``dag_id``; then unpause it (new DAGs start paused).
 
-        Asks the running dag-processor for a parse at once rather than waiting for its next pass
-        over a file (``min_file_process_interval``): a DAG file whose modification time is newer
-        than its last parse is parsed on the processor's next loop (``file_parsing_sort_mode =
-        modified_time``), and a DAG file of specs (a new spec in its folder) changes no file, so
-        every DAG file is marked changed, again while the DAG is not there (a parse that began
-        before the spec was written ends after the mark). A new DAG file is found within
-        :data:`REFRESH_INTERVAL_S`. Not ``airflow dags reserialize``: a process of its own
-        (about 5 CPU seconds on a busy machine) that races the dag-processor to write the same new
-        DAG's rows. If the dag-processor has exited, it is started again, as a service manager would.
+        Asks the running dag-processor to parse at once (Airflow's ``PUT /parseDagFile`` of every
+        file that holds a listed DAG: those files go to the front of its queue, and the folder is
+        looked at again for new files) rather than waiting for its next pass over a file
+        (``min_file_process_interval``, 30 s) — a DAG file of specs makes a new spec's DAG without
+        changing. Asked again every :data:`PARSE_REQUEST_EVERY_S` while the DAG is not there (a
+        parse that began before the spec was written). No ``airflow dags reserialize`` (a process
+        of its own, about 5 CPU seconds on a busy machine) but where no DAG is listed yet, so no
+        file can be named: a new deployment whose DAG files held none. That command and the
+        dag-processor may write the same new DAG's row at the same moment and the loser fails on
+        the unique key; either write serves, so its exit is not checked, and when the loser is the
+        dag-processor (Airflow 3.3.2 exits on it) it is started again, as a service manager would.
 
         :raises AirflowError: not listed in time, with the deployment's import errors.
         """
         self.revive("dag-processor")
-        deadline, marked = time.monotonic() + timeout_s, None
-        while dag_id not in {d["dag_id"] for d in self.api("GET", "/api/v2/dags?limit=1000")["dags"]}:
+        deadline, asked, reserialized = time.monotonic() + timeout_s, None, False
+        while True:
+            dags = self.api("GET", "/api/v2/dags?limit=1000")["dags"]
+            if dag_id in {d["dag_id"] for d in dags}:
+                break
             self.revive("dag-processor")
-            if marked is None or time.monotonic() - marked > 10:
-                marked = time.monotonic()
-                for path in self.dags_folder.rglob("*.py"):
-                    os.utime(path)
+            tokens = {d["file_token"] for d in dags}
+            if not tokens and not reserialized:
+                self.airflow("dags", "reserialize", check=False)
+                reserialized = True
+            elif tokens and (asked is None or time.monotonic() - asked > PARSE_REQUEST_EVERY_S):
+                asked = time.monotonic()
+                for token in tokens:
+                    try:
+                        self.api("PUT", f"/api/v2/parseDagFile/{token}")
+                    except urllib.error.HTTPError:
+                        pass  # its file gone since the list: the folder's next look says so
             if time.monotonic() > deadline:
                 errors = self.api("GET", "/api/v2/importErrors")["import_errors"]
                 raise AirflowError(f"DAG {dag_id} not parsed within {timeout_s:g}s; import errors: "

@@ -853,13 +853,15 @@ def chart(rows: list[dict], path: Path) -> None:
     runs = [r for r in rows if "size" in r]
     fixed = [r for r in rows if "records_per_s" not in r]
     if fixed:
-        fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [3, 2]})
+        fig, (left, right) = plt.subplots(1, 2, figsize=(max(13, 0.45 * len(runs) + 6), 6),
+                                          gridspec_kw={"width_ratios": [3, 2]})
     else:
-        fig, left = plt.subplots(1, 1, figsize=(10, 5))
-    labels = [f"{r['name'].replace('_connect_session', ', 1 session').replace('_connect_fresh', ', fresh').removesuffix('_connect')}"
-              f"\n{r['size']}x"
-              + ("\nConnect" if "_connect" in r["name"] else "") for r in runs]
-    colors = ["#888888" if r["name"].startswith("baseline") else "#cccccc" if r["name"].startswith("floor") else "#2a6fbb" if r["name"] in ("atomic", "per_partition")
+        fig, left = plt.subplots(1, 1, figsize=(max(10, 0.45 * len(runs)), 6))
+    labels = [("floor, 1 session" if r["name"] == "floor_connect" else
+               r["name"].replace("_connect_session", ", 1 session").replace("_connect_fresh", ", fresh").removesuffix("_connect"))
+              + f"\n{r['size']}x" + ("\nConnect" if "_connect" in r["name"] else "") for r in runs]
+    colors = ["#888888" if r["name"].startswith("baseline") else "#cccccc" if r["name"].startswith("floor")
+              else "#2a6fbb" if r["name"] in ("atomic", "per_partition")
               else "#7a4fbf" if r["name"].endswith("_connect") else "#3a9a5b" for r in runs]
     bars = left.bar(labels, [r["records_per_s"] for r in runs], color=colors)
     for bar, r in zip(bars, runs):
@@ -870,7 +872,7 @@ def chart(rows: list[dict], path: Path) -> None:
     left.set_title("records/s, whole processes (spark-submit, or through a Spark Connect server; local[2])"
                    + ("; ceiling: " + ", ".join(f"{k.split('_')[1]} {v:,}/s" for k, v in ceilings.items())
                       if ceilings else ""), fontsize=9)
-    left.tick_params(axis="x", labelsize=7)
+    left.tick_params(axis="x", labelsize=7, labelrotation=90)
     left.set_ylabel("committed input records / s")
     if fixed:
         right.barh([r["name"] for r in fixed], [r["seconds"] for r in fixed], color="#c07a2a")

@@ -5,6 +5,7 @@ that transaction, the last runs from the manifest; and the cache."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import yaml
@@ -100,4 +101,20 @@ def test_the_cache_asks_the_cluster_once_per_ttl(kafka_settings, make_spec):
     assert [e["pipeline"] for e in first["pipelines"]] == [spec.name] and first["seconds"] > 0
     expired = CachedOverview(load, ttl_s=0)
     assert expired.get() is not expired.get() and len(loads) == 3
+
+
+def test_a_snapshot_is_as_old_as_its_first_read(kafka_settings, make_spec):
+    # The operator page's refresh (a browser's reload) read the specs, then the cluster for a while;
+    # a spec written meanwhile must be in the next request's answer, not behind the slow refresh.
+    spec = make_spec(partitions=1)
+    loads = []
+
+    def load():
+        loads.append(1)
+        time.sleep(1.0)  # the reads of a busy cluster, longer than the TTL
+        return kafka_settings, [spec], []
+
+    cache = CachedOverview(load, ttl_s=0.5)
+    first = cache.get()
+    assert cache.get() is not first and len(loads) == 2
 

@@ -144,7 +144,10 @@ def snapshot(settings: KafkaSettings, specs: Iterable[PipelineSpec], runs: int =
 
 class CachedOverview:
     """:func:`snapshot`, served from memory for ``ttl_s`` after it was taken; one refresh at a
-    time (concurrent requests wait for it rather than each asking the cluster).
+    time (concurrent requests wait for it rather than each asking the cluster). A snapshot is as
+    old as its first read (the specs'), not its end: a refresh that read the specs before a new one
+    was written and took longer than ``ttl_s`` is not served again after a request that waited
+    for it.
 
     :param load: returns the settings, the specs to show and the entries of those that failed to
         load (:func:`unreadable_spec`); read again on every refresh, so new spec files appear
@@ -166,7 +169,6 @@ class CachedOverview:
                 started = time.monotonic()
                 settings, specs, unreadable = self._load()
                 pipelines = snapshot(settings, specs, mirror=self._mirror) + list(unreadable)
-                self._taken = (time.monotonic(), {"taken_at": time.time(), "bootstrap": settings.bootstrap_servers,
-                                                  "seconds": round(time.monotonic() - started, 3),
-                                                  "pipelines": pipelines})
+                self._taken = (started, {"taken_at": time.time(), "bootstrap": settings.bootstrap_servers,
+                                         "seconds": round(time.monotonic() - started, 3), "pipelines": pipelines})
             return self._taken[1]

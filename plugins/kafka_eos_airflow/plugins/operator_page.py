@@ -122,9 +122,12 @@ def visible(snapshot: dict, user: Any) -> dict:
     from airflow.api_fastapi.app import get_auth_manager
 
     manager = get_auth_manager()
-    readable = manager.get_authorized_dag_ids(user=user, method="GET")
     prefixes = config.dag_id_prefixes()
+    # Which DAGs exist before which the user may read: a DAG the dag-processor writes between the
+    # two reads is then either not yet existing (shown as unparsed) or readable — never existing
+    # but unreadable, which would hide a pipeline the user may see.
     existing = _existing({d for e in snapshot["pipelines"] for d in dag_ids_of(e["pipeline"], prefixes)})
+    readable = manager.get_authorized_dag_ids(user=user, method="GET")
     shown = []
     for entry in snapshot["pipelines"]:
         dag_id = dag_of(entry["pipeline"], readable, prefixes)

@@ -43,8 +43,8 @@ def test_the_page_shows_lag_and_a_hung_transaction_and_its_api_matches_checkpoin
             "name": name, "source": {"topics": [source]}, "transform": "identity",
             "sink": {"kind": "kafka", "topic": topics["out"]}}))
 
-    # The page serves a snapshot for page_cache_seconds after its reads began (a browser left on the
-    # page reloads it): once that long has passed, whatever it serves read the specs above.
+    # The page serves a snapshot whose reads began at most page_cache_seconds before the request:
+    # once that long has passed since the specs were written, whatever it serves read them.
     time.sleep(float(airflow.environ["AIRFLOW__KAFKA_EOS__PAGE_CACHE_SECONDS"]))
 
     # Anonymous: refused, page and API alike.

@@ -5,6 +5,7 @@ that transaction, the last runs from the manifest; and the cache."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -117,4 +118,14 @@ def test_a_snapshot_is_as_old_as_its_first_read(kafka_settings, make_spec):
     cache = CachedOverview(load, ttl_s=0.5)
     first = cache.get()
     assert cache.get() is not first and len(loads) == 2
+    # Requests that come while a refresh runs wait for it and get it: one read of the cluster.
+    cache = CachedOverview(load, ttl_s=0.5)
+    got: list[dict] = []
+    waiters = [threading.Thread(target=lambda: got.append(cache.get())) for _ in range(3)]
+    for waiter in waiters:
+        waiter.start()
+        time.sleep(0.1)
+    for waiter in waiters:
+        waiter.join(30)
+    assert len(got) == 3 and got[0] is got[1] is got[2] and len(loads) == 3
 

@@ -144,10 +144,11 @@ def snapshot(settings: KafkaSettings, specs: Iterable[PipelineSpec], runs: int =
 
 class CachedOverview:
     """:func:`snapshot`, served from memory for ``ttl_s`` after it was taken; one refresh at a
-    time (concurrent requests wait for it rather than each asking the cluster). A snapshot is as
-    old as its first read (the specs'), not its end: a refresh that read the specs before a new one
-    was written and took longer than ``ttl_s`` is not served again after a request that waited
-    for it.
+    time (concurrent requests wait for it rather than each asking the cluster). A request gets a
+    snapshot whose reads began at most ``ttl_s`` before the request did: a spec written ``ttl_s``
+    before a request is in its answer, however long a refresh takes (a refresh's age counts from
+    its first read, the specs', not from its end), and a request that waited for a refresh begun
+    after it gets that refresh.
 
     :param load: returns the settings, the specs to show and the entries of those that failed to
         load (:func:`unreadable_spec`); read again on every refresh, so new spec files appear
@@ -164,8 +165,9 @@ class CachedOverview:
 
     def get(self) -> dict:
         """``{"taken_at": epoch s, "seconds": how long the reads took, "pipelines": [...]}``."""
+        asked = time.monotonic()
         with self._lock:
-            if self._taken is None or time.monotonic() - self._taken[0] > self._ttl_s:
+            if self._taken is None or self._taken[0] < asked - self._ttl_s:
                 started = time.monotonic()
                 settings, specs, unreadable = self._load()
                 pipelines = snapshot(settings, specs, mirror=self._mirror) + list(unreadable)

@@ -105,7 +105,7 @@ def test_the_cache_asks_the_cluster_once_per_ttl(kafka_settings, make_spec):
 
 
 def test_a_snapshot_is_as_old_as_its_first_read(kafka_settings, make_spec):
-    # The operator page's refresh (a browser's reload) read the specs, then the cluster for a while;
+    # A refresh of the operator page's snapshot reads the specs, then the cluster for a while;
     # a spec written meanwhile must be in the next request's answer, not behind the slow refresh.
     spec = make_spec(partitions=1)
     loads = []

@@ -705,6 +705,16 @@ def run_planner(work: Path, settings: KafkaSettings) -> list[dict]:
 
 # -- the report --------------------------------------------------------------------------------
 
+def _baseline_of(name: str) -> str:
+    """The row a throughput row ``name`` is compared with. Through Spark Connect, Spark's own sink
+    through the same server (neither pays a JVM start), like with like: runs in one session against
+    Spark's in one session too, a session each against a session each (and Spark's one-session row
+    against its own each)."""
+    return ("baseline_connect_session" if name.endswith("_connect") and name != "baseline_connect"
+            else "baseline_connect" if "_connect" in name
+            else "baseline_jdbc" if name == "sql_rows" else "baseline_parquet" if name == "iceberg" else "baseline")
+
+
 def _ratios(rows: list[dict]) -> None:
     """``x_baseline`` and ``x_ceiling`` of every throughput row, against the baseline of the same
     input size and the slower of the two ceilings."""
@@ -712,13 +722,7 @@ def _ratios(rows: list[dict]) -> None:
     for r in rows:
         if "size" not in r:
             continue
-        # Through Spark Connect, against Spark's own sink through the same server (neither pays a JVM
-        # start), like with like: kafka-eos's runs in one session against Spark's in one session too,
-        # a session each against a session each (and Spark's one-session row against its own each).
-        base_name = "baseline_connect_session" if r["name"].endswith("_connect") and r["name"] != "baseline_connect" \
-            else "baseline_connect" if "_connect" in r["name"] else \
-            "baseline_jdbc" if r["name"] == "sql_rows" else "baseline_parquet" if r["name"] == "iceberg" else "baseline"
-        base = next((b for b in rows if b["name"] == base_name and b.get("size") == r["size"]), None)
+        base = next((b for b in rows if b["name"] == _baseline_of(r["name"]) and b.get("size") == r["size"]), None)
         r["x_baseline"] = round(r["records_per_s"] / base["records_per_s"], 2) if base else None
         # Each turn's ratio (the compared rows take their runs in turns: run i of each, one after another).
         if base and r is not base and len(r.get("all_seconds", ())) == len(base.get("all_seconds", ())) > 1:
@@ -772,11 +776,10 @@ def _floor_note(row: dict, rows: list[dict]) -> str:
     """What the floor of ``row``'s kind (the same read and transform, written nowhere) says: the most
     any sink reading through Spark could be ahead of Spark's own, and the seconds ``row``'s writing
     took beyond the floor against those of Spark's sink (medians)."""
-    kind, base_kind = (("floor_connect_fresh", "baseline_connect") if row["name"].endswith("_connect_fresh") else
-                       ("floor_connect", "baseline_connect_session") if row["name"].endswith("_connect") else
-                       ("floor", "baseline"))
+    kind = "floor_connect_fresh" if row["name"].endswith("_connect_fresh") else \
+        "floor_connect" if row["name"].endswith("_connect") else "floor"
     floor = next((r for r in rows if r["name"] == kind and r.get("size") == row["size"]), None)
-    base = next((r for r in rows if r["name"] == base_kind and r.get("size") == row["size"]), None)
+    base = next((r for r in rows if r["name"] == _baseline_of(kind) and r.get("size") == row["size"]), None)
     if not floor or not base or not floor.get("x_baseline"):
         return ""
     return (f"; the floor (the same read and transform, written nowhere) is {floor['x_baseline']}x, so the "

@@ -79,23 +79,29 @@ def _constraints(work: Path) -> list[str]:
 
 
 def _unconstrained() -> dict:
-    """This environment without pip's constraint and requirement settings: pip's resolver alone."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("PIP_CONSTRAINT", "PIP_REQUIRE"))}
+    """This environment without pip's (and uv's) constraint and requirement settings: the
+    resolver alone."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("PIP_CONSTRAINT", "PIP_REQUIRE", "UV_CONSTRAINT", "UV_OVERRIDE", "UV_BUILD_CONSTRAINT"))}
 
 
 @pytest.fixture(scope="module")
 def airflow_only(tmp_path_factory):
     """A virtualenv with Apache Airflow only, then the wheel without extras, as on the Airflow
-    components that run no Spark task: (venv bin folder, work folder, the wheel)."""
+    components that run no Spark task: (venv bin folder, work folder, the wheel).
+
+    The estate's Airflow is installed with uv (the same versions pip's resolver takes, about 2 s
+    against 31 s of pip's on 2 cores); the wheel goes in with pip, as the adopter's would."""
     work = tmp_path_factory.mktemp("wheel-install")
     wheel = build_wheel(work)
     venv = work / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile", "--disable-pip-version-check"]
     env = _unconstrained()
     floors = _constraints(work)
     airflow = floor_pins()["apache-airflow"] if floors else _tested_airflow()
-    _run([*pip, *floors, f"apache-airflow=={airflow}"], env, work, timeout=900)
+    uv = [str(Path(sys.executable).parent / "uv"), "pip", "install", "-q", "--python", str(venv / "bin" / "python")]
+    _run([*uv, *floors, f"apache-airflow=={airflow}"], env, work, timeout=900)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile", "--disable-pip-version-check"]
     _run([*pip, *floors, str(wheel)], env, work, timeout=900)
     return venv / "bin", work, wheel
 

@@ -111,16 +111,11 @@ wheel: install jars
 install: $(VENV)/.installed
 
 # The package as pyproject.toml declares it (with the PostgreSQL extra), at the tested pins
-# (requirements.txt as constraints), and the test tools (requirements-dev.txt). Installed by uv
-# (its pin in requirements-dev.txt): the same 202 distributions as pip's, in about 28 s against
-# pip's 54. uv reads no pip configuration: behind a package index of your own, set UV_DEFAULT_INDEX
-# (or run the same install with `.venv/bin/pip install` in place of `.venv/bin/uv pip install`).
-EXTRAS := spark,postgres,sqlite,celery,protoc,metrics,openlineage,iceberg
-
+# (requirements.txt as constraints), and the test tools (requirements-dev.txt).
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip "$$(grep '^uv==' requirements-dev.txt)"
-	$(VENV)/bin/uv pip install -q --python $(PY) -c requirements.txt -r requirements-dev.txt -e ".[$(EXTRAS)]"
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c requirements.txt -r requirements-dev.txt -e ".[spark,postgres,sqlite,celery,protoc,metrics,openlineage,iceberg]"
 	@# The lab (include/kafka_eos_lab: benchmarks, fault matrix, soak, the fault probe) is the
 	@# repository's and never in the wheel: on this environment's path through a path file.
 	echo "$(CURDIR)/include" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kafka_eos_lab.pth"

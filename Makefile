@@ -119,6 +119,11 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	@# The lab (include/kafka_eos_lab: benchmarks, fault matrix, soak, the fault probe) is the
 	@# repository's and never in the wheel: on this environment's path through a path file.
 	echo "$(CURDIR)/include" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kafka_eos_lab.pth"
+	@# The checkout's own modules byte-compiled once (pip compiles what it installs, not an editable
+	@# checkout): where PYTHONDONTWRITEBYTECODE is set, as on the CI machine, every process that
+	@# imports kafka-eos would compile it again (0.2-0.3 CPU-s each; make test starts hundreds).
+	@# An edited module's stale file is ignored by Python, which compiles the source instead.
+	$(PY) -m compileall -q include plugins spark_apps dags
 	touch $@
 
 jars: $(JARS)/kafka/.resolved $(JARS)/spark/.resolved $(JARS)/registry/.resolved $(JARS)/connect/.built \

@@ -246,8 +246,8 @@ def run_demo(bootstrap: str | None = None) -> int:
         res = subprocess.run([str(Path(sys.executable).parent / "airflow"), *command], env=env,
                              capture_output=True, text=True, timeout=900)
         if res.returncode != 0:
-            said = (res.stderr or res.stdout).strip().splitlines()
-            raise KafkaEosError(f"airflow {' '.join(command)} failed: {said[-1] if said else f'exit {res.returncode}'}")
+            said = (res.stderr or res.stdout).strip().splitlines() or [f"exit {res.returncode}"]
+            raise KafkaEosError(f"airflow {' '.join(command)} failed: {said[-1]}")
 
     rounds = [("initial", FIRST_BATCH, 0), ("incremental", SECOND_BATCH, FIRST_BATCH), ("nothing new", 0, 0)]
     truth = Produced()

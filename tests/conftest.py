@@ -51,6 +51,8 @@ def pytest_configure(config):
     The workers, started after this, inherit both through the environment."""
     from kafka_eos.settings import BOOTSTRAP_ENV
 
+    global _RUNS_TESTS
+    _RUNS_TESTS = hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None)
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: its pipes to the controller, first
         import worker_pipes
 
@@ -240,32 +242,87 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.integration)
 
 
+#: The CPU seconds of each test's process tree (tests/cpu_account.py), by node id: the snapshot
+#: at its start (in the process that runs it), and the seconds its teardown's report carries (in
+#: the controlling process).
+_CPU_AT_START: dict[str, object] = {}
+#: This process runs tests (a worker, or a serial session), not only the workers' reports.
+_RUNS_TESTS = True
+_SESSION_CPU: dict[str, float] = {}
+#: The report's user property that carries a test's CPU seconds to the controlling process.
+CPU_PROPERTY = "cpu_seconds"
+
+
+def pytest_runtest_logstart(nodeid, location):
+    """Where the test runs: its process tree's CPU seconds before its setup."""
+    if not _RUNS_TESTS:
+        return
+    from cpu_account import snapshot
+
+    _CPU_AT_START[nodeid] = snapshot()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The teardown's report carries the test's CPU seconds (setup, call and teardown)."""
+    outcome = yield
+    if call.when != "teardown" or item.nodeid not in _CPU_AT_START:
+        return
+    from cpu_account import snapshot, spent
+
+    seconds = spent(_CPU_AT_START.pop(item.nodeid), snapshot())
+    outcome.get_result().user_properties.append((CPU_PROPERTY, round(seconds, 2)))
+
+
 def pytest_runtest_logreport(report):
-    """In the controlling process (every worker's reports come here too): the test's seconds."""
+    """In the controlling process (every worker's reports come here too): the test's seconds,
+    and its CPU seconds."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         _SESSION_SECONDS[report.nodeid] = _SESSION_SECONDS.get(report.nodeid, 0.0) + report.duration
         if report.when == "teardown":
             _SESSION_ENDED.add(report.nodeid)
+            cpu = dict(report.user_properties).get(CPU_PROPERTY)
+            if cpu is not None:
+                _SESSION_CPU[report.nodeid] = cpu
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The tests' CPU seconds (each test's process tree; the shared broker not counted): their sum
+    and the most costly, beside their wall seconds. On two shared cores a test's wall time is
+    mostly its wait for the CPU; its CPU seconds are what it costs the suite."""
+    if not _SESSION_CPU:
+        return
+    total = sum(_SESSION_CPU.values())
+    terminalreporter.write_sep("=", f"the tests' CPU seconds: {total:,.0f} in all (their process trees)")
+    for nodeid, cpu in sorted(_SESSION_CPU.items(), key=lambda kv: -kv[1])[:CPU_SUMMARY_TESTS]:
+        terminalreporter.write_line(f"{cpu:8.1f} CPU-s {_SESSION_SECONDS.get(nodeid, 0.0):8.1f} s  {nodeid}")
+
+
+#: How many tests the CPU summary names.
+CPU_SUMMARY_TESTS = 30
 
 
 def _record_durations(session) -> None:
     """A parallel session's tests' seconds into ``.local/test-durations.json`` (over what earlier
-    sessions recorded there), for :data:`DURATIONS_FILE`."""
+    sessions recorded there), for :data:`DURATIONS_FILE`; their CPU seconds likewise into
+    ``.local/test-cpu.json``."""
     ended = {nodeid: round(seconds, 2) for nodeid, seconds in _SESSION_SECONDS.items() if nodeid in _SESSION_ENDED}
     if not ended or not getattr(session.config.option, "numprocesses", None):
         return
     from kafka_eos.paths import local_dir
 
-    path = local_dir() / "test-durations.json"
-    recorded = _read_durations(path)
-    recorded.update(ended)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.{os.getpid()}")
-        partial.write_text(json.dumps(dict(sorted(recorded.items())), indent=0) + "\n")
-        os.replace(partial, path)  # a concurrent session's reader sees a whole file
-    except OSError as exc:  # the order of a later session only: never the session's result
-        logging.getLogger(__name__).warning("test durations not recorded in %s: %s", path, exc)
+    cpu = {nodeid: seconds for nodeid, seconds in _SESSION_CPU.items() if nodeid in ended}
+    for name, figures in (("test-durations.json", ended), ("test-cpu.json", cpu)):
+        path = local_dir() / name
+        recorded = _read_durations(path)
+        recorded.update(figures)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(f".{path.name}.{os.getpid()}")
+            partial.write_text(json.dumps(dict(sorted(recorded.items())), indent=0) + "\n")
+            os.replace(partial, path)  # a concurrent session's reader sees a whole file
+        except OSError as exc:  # the order of a later session only: never the session's result
+            logging.getLogger(__name__).warning("test figures not recorded in %s: %s", path, exc)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -245,7 +245,7 @@ def pytest_collection_modifyitems(config, items):
 #: The CPU seconds of each test's process tree (tests/cpu_account.py), by node id: the snapshot
 #: at its start (in the process that runs it), and the seconds its teardown's report carries (in
 #: the controlling process).
-_CPU_AT_START: dict[str, object] = {}
+_CPU_AT_START: dict[str, dict] = {}
 #: This process runs tests (a worker, or a serial session), not only the workers' reports.
 _RUNS_TESTS = True
 _SESSION_CPU: dict[str, float] = {}

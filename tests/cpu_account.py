@@ -14,28 +14,23 @@ up to what the workers' trees spent, and each figure holds:
   worker's) children's times, less what it had spent before the test began (counted by the tests
   before).
 
-A process whose parent exits before it (a daemon that forks twice) is counted only while it is
-under the worker.
+A process whose parent exits before it (a daemon that forks twice, PostgreSQL's server under
+``pg_ctl``) is counted only while it is under the worker.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import psutil
+
+#: The CPU seconds of a process tree at one moment, by process (pid and start time).
+Snapshot = dict[tuple[int, float], float]
 
 
 def _total(times) -> float:
     """A process's own CPU seconds and those of its children it waited for."""
     return times.user + times.system + getattr(times, "children_user", 0.0) + getattr(times, "children_system", 0.0)
-
-
-@dataclass
-class Snapshot:
-    """The CPU seconds of a process tree at one moment, by process (pid and start time)."""
-
-    totals: dict[tuple[int, float], float]
 
 
 def snapshot(pid: int | None = None) -> Snapshot:
@@ -48,13 +43,13 @@ def snapshot(pid: int | None = None) -> Snapshot:
                 totals[(proc.pid, proc.create_time())] = _total(proc.cpu_times())
         except psutil.Error:  # ended between the listing and the look: its parent's times hold it
             continue
-    return Snapshot(totals)
+    return totals
 
 
 def spent(before: Snapshot, after: Snapshot) -> float:
     """The tree's CPU seconds between two snapshots: the alive processes' growth (children waited
     for included), less what the processes that ended had spent by ``before`` (their whole time
     arrives in a surviving parent's children's times)."""
-    grown = sum(total - before.totals.get(key, 0.0) for key, total in after.totals.items())
-    ended = sum(total for key, total in before.totals.items() if key not in after.totals)
+    grown = sum(total - before.get(key, 0.0) for key, total in after.items())
+    ended = sum(total for key, total in before.items() if key not in after)
     return max(0.0, grown - ended)

@@ -251,6 +251,8 @@ _RUNS_TESTS = True
 _SESSION_CPU: dict[str, float] = {}
 #: The report's user property that carries a test's CPU seconds to the controlling process.
 CPU_PROPERTY = "cpu_seconds"
+#: How many tests the CPU summary names.
+CPU_SUMMARY_TESTS = 30
 
 
 def pytest_runtest_logstart(nodeid, location):
@@ -296,10 +298,6 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_sep("=", f"the tests' CPU seconds: {total:,.0f} in all (their process trees)")
     for nodeid, cpu in sorted(_SESSION_CPU.items(), key=lambda kv: -kv[1])[:CPU_SUMMARY_TESTS]:
         terminalreporter.write_line(f"{cpu:8.1f} CPU-s {_SESSION_SECONDS.get(nodeid, 0.0):8.1f} s  {nodeid}")
-
-
-#: How many tests the CPU summary names.
-CPU_SUMMARY_TESTS = 30
 
 
 def _record_durations(session) -> None:

@@ -15,6 +15,7 @@ import os
 import random
 import socket
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -59,6 +60,11 @@ def pytest_configure(config):
         worker_pipes.record()
     if config.option.collectonly:
         return  # collecting starts no JVM and no broker
+    if not _RUNS_TESTS:  # the controlling process of a parallel session: the cores' use, sampled
+        global _CORES
+        from session_timeline import CoreSampler
+
+        _CORES = CoreSampler().start()
     archive = None
     if "SPARK_SUBMIT_OPTS" not in os.environ:
         from kafka_eos.paths import local_dir
@@ -249,6 +255,11 @@ _CPU_AT_START: dict[str, dict] = {}
 #: This process runs tests (a worker, or a serial session), not only the workers' reports.
 _RUNS_TESTS = True
 _SESSION_CPU: dict[str, float] = {}
+#: Each test's worker and the epoch seconds its setup began and its teardown ended (the controlling
+#: process of a parallel session), and the cores' use meanwhile (tests/session_timeline.py).
+_SESSION_SPANS: dict[str, tuple[str, float, float]] = {}
+_SESSION_START = time.time()
+_CORES = None
 #: The report's user property that carries a test's CPU seconds to the controlling process.
 CPU_PROPERTY = "cpu_seconds"
 #: How many tests the CPU summary names.
@@ -281,6 +292,10 @@ def pytest_runtest_logreport(report):
     and its CPU seconds."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         _SESSION_SECONDS[report.nodeid] = _SESSION_SECONDS.get(report.nodeid, 0.0) + report.duration
+        node = getattr(report, "node", None)  # the worker that ran it (pytest-xdist sets it)
+        if node is not None:
+            worker, start, _ = _SESSION_SPANS.get(report.nodeid, (node.gateway.id, report.start, 0.0))
+            _SESSION_SPANS[report.nodeid] = (worker, min(start, report.start), report.stop)
         if report.when == "teardown":
             _SESSION_ENDED.add(report.nodeid)
             cpu = dict(report.user_properties).get(CPU_PROPERTY)
@@ -298,6 +313,12 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_sep("=", f"the tests' CPU seconds: {total:,.0f} in all (their process trees)")
     for nodeid, cpu in sorted(_SESSION_CPU.items(), key=lambda kv: -kv[1])[:CPU_SUMMARY_TESTS]:
         terminalreporter.write_line(f"{cpu:8.1f} CPU-s {_SESSION_SECONDS.get(nodeid, 0.0):8.1f} s  {nodeid}")
+    if _SESSION_SPANS:
+        from session_timeline import summary_lines
+
+        terminalreporter.write_sep("=", "the session's timeline (seconds from its start)")
+        for line in summary_lines(_SESSION_SPANS, _CORES.samples if _CORES else [], _SESSION_START):
+            terminalreporter.write_line(line)
 
 
 def _record_durations(session) -> None:
@@ -310,6 +331,12 @@ def _record_durations(session) -> None:
     from kafka_eos.paths import local_dir
 
     cpu = {nodeid: seconds for nodeid, seconds in _SESSION_CPU.items() if nodeid in ended}
+    timeline = local_dir() / "test-timeline.json"  # this session's only (no earlier one's)
+    try:
+        timeline.write_text(json.dumps({"start": _SESSION_START, "tests": _SESSION_SPANS,
+                                        "cores_busy": _CORES.samples if _CORES else []}) + "\n")
+    except OSError as exc:
+        logging.getLogger(__name__).warning("the session's timeline not recorded in %s: %s", timeline, exc)
     for name, figures in (("test-durations.json", ended), ("test-cpu.json", cpu)):
         path = local_dir() / name
         recorded = _read_durations(path)

@@ -5,6 +5,9 @@ results into ``--table``, dead letters into ``<table>_dead``; PostgreSQL's JDBC 
 ``--jars``), or, for a spec with an Iceberg sink, with ``df.write.parquet(mode="append")`` into the
 folder ``--parquet`` (dead letters into ``<folder>_dead``). With ``--noop`` it writes the Kafka sink's
 rows nowhere (Spark's ``noop`` format), counting them: the floor of any sink that reads through Spark.
+With ``--lz4`` it writes them with Spark's Kafka sink as above, but with kafka-eos's producer settings
+(:data:`KAFKA_EOS_PRODUCER`): what a producer in the JVM costs beyond the floor when it batches and
+compresses as kafka-eos does, transactions aside.
 
     spark-submit --jars <connector jars> include/kafka_eos_lab/bench/baseline_app.py --spec S --plan P
     python include/kafka_eos_lab/bench/baseline_app.py --spec S --plan P --spark-remote sc://127.0.0.1:15002
@@ -23,6 +26,10 @@ import os
 import sys
 import time
 from pathlib import Path
+
+#: kafka-eos's producer settings (``kafka_eos.txn``: lz4, a 20 ms linger, librdkafka's 1 MB batches)
+#: as the Java producer under Spark's Kafka sink names them.
+KAFKA_EOS_PRODUCER = {"kafka.compression.type": "lz4", "kafka.linger.ms": "20", "kafka.batch.size": "1000000"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--noop", action="store_true",
                         help="a Kafka sink's spec: read and transform as for Spark's Kafka sink, write the rows "
                              "nowhere (format noop), and print how many there were")
+    parser.add_argument("--lz4", action="store_true",
+                        help="a Kafka sink's spec: Spark's Kafka sink with kafka-eos's producer settings")
     parser.add_argument("--parquet", help="an Iceberg sink's spec: the folder the results are appended to as "
                                           "Parquet files (dead letters: <folder>_dead)")
     args = parser.parse_args(argv)
@@ -80,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                                                 "rows": seen.get["rows"]}))
         return 0
     writer = out.write.format("kafka")
-    for key, value in settings.spark_options().items():
+    for key, value in {**settings.spark_options(), **(KAFKA_EOS_PRODUCER if args.lz4 else {})}.items():
         writer = writer.option(key, value)
     writer.save()
     print("BASELINE_SUMMARY " + json.dumps({"seconds_in_app": round(time.monotonic() - started, 3)}))

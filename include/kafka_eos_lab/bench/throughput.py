@@ -361,17 +361,18 @@ def _plan_file(work: Path, plan) -> Path:
 
 
 def run_baseline(work: Path, settings: KafkaSettings, source: Input, remote: str | None = None,
-                 label: str | None = None, noop: bool = False) -> dict:
+                 label: str | None = None, noop: bool = False, lz4: bool = False) -> dict:
     """Plain Spark: the orders transform over the whole topic, Spark's own Kafka sink (through the
     Spark Connect server ``remote``, if given: the app as a plain Python process, in a session of
     its own unless ``remote`` names one). With ``noop``, the floor: the same rows written nowhere
-    (Spark's ``noop`` format), counted."""
+    (Spark's ``noop`` format), counted. With ``lz4``, Spark's sink with kafka-eos's producer
+    settings (compressed, larger batches): what a JVM writer would cost, transactions aside."""
     from kafka_eos.pipeline import compute_plan
 
-    spec = bench_spec(work, settings, source, "floor" if noop else "baseline")
+    spec = bench_spec(work, settings, source, "floor" if noop else "lz4" if lz4 else "baseline")
     plan, _drift = compute_plan(spec, settings, "bench")
     app, args = Path(__file__).with_name("baseline_app.py"), ["--spec", spec.path, "--plan", str(_plan_file(work, plan))]
-    args += ["--noop"] if noop else []
+    args += (["--noop"] if noop else []) + (["--lz4"] if lz4 else [])
     argv = [sys.executable, str(app), *args, "--spark-remote", remote] if remote else spark_submit(app, args)
     m = run_measured(argv, spark_env(settings, work), work / f"{spec.name}.log")
     if m.returncode != 0:
@@ -388,7 +389,9 @@ def run_baseline(work: Path, settings: KafkaSettings, source: Input, remote: str
             row["anomalies"] = [f"computed {summary['rows']} rows for {source.records} committed inputs"]
         return row
     out, dead = count_committed(settings, spec.sink.topic), count_committed(settings, spec.sink.dlq_topic)
-    what = "Spark's Kafka sink (at-least-once)" + (", through the Spark Connect server" if remote else "")
+    what = ("Spark's Kafka sink (at-least-once)" + (" with kafka-eos's producer settings (lz4, 20 ms linger, 1 MB "
+                                                   "batches)" if lz4 else "")
+            + (", through the Spark Connect server" if remote else ""))
     if label == "baseline_connect_session":
         what += ", its runs in one session (as kafka-eos's; x base: against a session each)"
     row = _row(name, what, source, m, out, dead)
@@ -804,6 +807,10 @@ def verdicts(rows: list[dict]) -> list[str]:
             spread += ")" if spread else ""
             lines.append(f"{r['name']} at {r['size']}x: {r['x_baseline']}x the at-least-once baseline, medians{spread} "
                          f"(target >= {target}x): {'met' if ok else 'NOT met'}{_floor_note(r, rows)}")
+    for r in (r for r in rows if r["name"] in ("spark_sink_lz4", "spark_sink_lz4_connect_fresh")):
+        lines.append(f"{r['name']} at {r['size']}x: {r['x_baseline']}x the baseline — Spark's sink with kafka-eos's "
+                     f"producer settings, about what a writer in the JVM would reach, transactions aside (no "
+                     f"target){_floor_note(r, rows)}")
     for r in (r for r in rows if r["name"] == "sql_rows"):
         ok = r["x_baseline"] is not None and r["x_baseline"] >= TARGETS["sql_rows"]
         lines.append(f"SQL sink at {r['size']}x: {r['x_baseline']}x Spark's JDBC writer (target >= "
@@ -963,7 +970,9 @@ def _sizes(args, skip: set, settings: KafkaSettings, work: Path, rows: list[dict
                 (f"kafka-eos {commit} {size}x", partial(run_kafka_eos, work, settings, source, "kafka", commit))
                 for commit in ("atomic", "per_partition")] + [
                 (f"the floor {size}x (written nowhere)", partial(run_baseline, work, settings, source, noop=True,
-                                                                 label="floor"))])
+                                                                 label="floor")),
+                (f"Spark's sink, lz4 {size}x", partial(run_baseline, work, settings, source, lz4=True,
+                                                       label="spark_sink_lz4"))])
         if remote:
             # Like with like: each side's runs of one row in one session of the server (as a
             # deployed pipeline's runs are), and each side in a session of its own every run (as
@@ -975,7 +984,9 @@ def _sizes(args, skip: set, settings: KafkaSettings, work: Path, rows: list[dict
                          remote=with_session_id(remote, str(uuid.uuid4()))))
                 for commit in ("atomic", "per_partition")] + [
                 (f"the floor {size}x, Spark Connect, a session each", partial(
-                    run_baseline, work, settings, source, remote, label="floor_connect_fresh", noop=True))] + [
+                    run_baseline, work, settings, source, remote, label="floor_connect_fresh", noop=True)),
+                (f"Spark's sink, lz4 {size}x, Spark Connect, a session each", partial(
+                    run_baseline, work, settings, source, remote, label="spark_sink_lz4_connect_fresh", lz4=True))] + [
                 (f"baseline {size}x, Spark Connect, one session",
                  partial(run_baseline, work, settings, source, with_session_id(remote, str(uuid.uuid4())),
                          label="baseline_connect_session"))] + [

@@ -94,3 +94,20 @@ def test_the_jit_threads_are_found_by_name_in_a_running_jvm(tmp_path):
     assert found and all(pid == java.pid and seconds >= 0 for (pid, _tid), seconds in found.items())
     assert _jit_threads(os.getpid()) == {}  # this Python has no compiler threads
     assert _jit_threads(2 ** 22 + 7) == {}  # above Linux's largest pid: no such process
+
+
+def test_spark_sink_with_kafka_eos_producer_settings_is_compared_with_the_baseline_of_its_kind_and_the_floor():
+    # Spark's sink with lz4 and larger batches: the JVM writer's best case, no target of its own.
+    rows = [median_run(_runs(name, seconds)) for name, seconds in (
+        ("baseline", [26.0, 26.0, 26.0]), ("floor", [20.0, 20.0, 20.0]), ("spark_sink_lz4", [21.0, 22.0, 20.0]),
+        ("baseline_connect", [8.0, 8.0, 8.0]), ("floor_connect_fresh", [6.0, 6.0, 6.0]),
+        ("spark_sink_lz4_connect_fresh", [6.4, 6.4, 6.4]))]
+    _ratios(rows)
+    assert [r["x_baseline"] for r in rows] == [1.0, 1.3, 1.24, 1.0, 1.33, 1.25]
+    lines = verdicts(rows)
+    assert next(v for v in lines if v.startswith("spark_sink_lz4 at 1x: 1.24x the baseline")).endswith(
+        "(no target); the floor (the same read and transform, written nowhere) is 1.3x, so the writing took 1.0 s "
+        "beyond it against Spark's sink's 6.0 s")
+    assert next(v for v in lines if v.startswith("spark_sink_lz4_connect_fresh at 1x")).endswith(
+        "is 1.33x, so the writing took 0.4 s beyond it against Spark's sink's 2.0 s")
+    assert not any("target >=" in v for v in lines)  # no scope's row here: no target line

@@ -18,6 +18,18 @@ def _runs(name: str, seconds: list[float], size: int = 1, records: int = 300_000
              "run": i} for i, s in enumerate(seconds)]
 
 
+def _line(lines: list[str], start: str) -> str:
+    """The verdict line that begins with ``start``."""
+    return next(v for v in lines if v.startswith(start))
+
+
+def _rated(*named: tuple[str, list[float]]) -> list[dict]:
+    """Rows (``(name, each run's seconds)``), each its median run, rated against their baselines."""
+    rows = [median_run(_runs(name, seconds)) for name, seconds in named]
+    _ratios(rows)
+    return rows
+
+
 def test_a_row_is_its_median_run_with_every_runs_seconds():
     row = median_run(_runs("atomic", [20.6, 19.2, 25.0]))
     assert (row["seconds"], row["run"]) == (20.6, 0)
@@ -34,7 +46,7 @@ def test_each_turn_is_compared_with_the_baselines_run_of_the_same_turn():
     assert per_partition["x_turns"] == [0.8, 1.1, 1.2]
     assert per_partition["x_baseline"] == 1.1  # 22.0 s against 20.0 s, the medians
     assert "x_turns" not in baseline
-    line = next(v for v in verdicts(rows) if v.startswith("per_partition at 1x"))
+    line = _line(verdicts(rows), "per_partition at 1x")
     assert line == ("per_partition at 1x: 1.1x the at-least-once baseline, medians (runs 20.0-25.0 s; turn by turn "
                     "0.8x / 1.1x / 1.2x) (target >= 1.1x): met")
 
@@ -42,28 +54,27 @@ def test_each_turn_is_compared_with_the_baselines_run_of_the_same_turn():
 def test_the_verdict_says_the_floor_and_the_writings_seconds_beyond_it():
     # The floor: the same read and transform written nowhere. Spark's sink writes for 6 s beyond it,
     # per_partition for 4 s; the floor is 26/20 = 1.3x the baseline: no Spark-read sink is faster.
-    rows = [median_run(_runs(name, seconds)) for name, seconds in (
+    rows = _rated(
         ("baseline", [26.0, 27.0, 25.0]), ("per_partition", [24.0, 23.0, 25.0]), ("floor", [20.0, 19.0, 21.0]),
         ("baseline_connect", [8.0, 8.0, 8.0]), ("per_partition_connect_fresh", [10.0, 9.0, 9.5]),
         ("floor_connect_fresh", [6.0, 6.5, 5.5]),
-        ("per_partition_connect", [7.0, 7.0, 7.0]))]
-    _ratios(rows)
+        ("per_partition_connect", [7.0, 7.0, 7.0]))
     assert rows[2]["x_baseline"] == 1.3
     lines = verdicts(rows)
-    assert next(v for v in lines if v.startswith("per_partition at 1x")).endswith(
+    assert _line(lines, "per_partition at 1x").endswith(
         "NOT met; the floor (the same read and transform, written nowhere) is 1.3x, so the writing took 4.0 s "
         "beyond it against Spark's sink's 6.0 s")
     # Through Connect, a session each, against the floor of a session each (not spark-submit's).
-    assert next(v for v in lines if v.startswith("per_partition_connect_fresh at 1x")).endswith(
+    assert _line(lines, "per_partition_connect_fresh at 1x").endswith(
         "is 1.33x, so the writing took 3.5 s beyond it against Spark's sink's 2.0 s")
     # In one session: no floor of that kind here, so nothing is said.
-    assert next(v for v in lines if v.startswith("per_partition_connect at 1x")).endswith("(target >= 1.1x): NOT met")
+    assert _line(lines, "per_partition_connect at 1x").endswith("(target >= 1.1x): NOT met")
     # With one, against Spark's sink in one session too (not a session each).
     rows += [median_run(_runs(name, seconds)) for name, seconds in (
         ("baseline_connect_session", [6.0, 6.0, 6.0]), ("floor_connect", [5.0, 4.0, 4.5]))]
     _ratios(rows)
     assert rows[-1]["x_baseline"] == 1.33
-    assert next(v for v in verdicts(rows) if v.startswith("per_partition_connect at 1x")).endswith(
+    assert _line(verdicts(rows), "per_partition_connect at 1x").endswith(
         "(target >= 1.1x): NOT met; the floor (the same read and transform, written nowhere) is 1.33x, so the "
         "writing took 2.5 s beyond it against Spark's sink's 1.5 s")
 
@@ -98,16 +109,16 @@ def test_the_jit_threads_are_found_by_name_in_a_running_jvm(tmp_path):
 
 def test_spark_sink_with_kafka_eos_producer_settings_is_compared_with_the_baseline_of_its_kind_and_the_floor():
     # Spark's sink with lz4 and larger batches: the JVM writer's best case, no target of its own.
-    rows = [median_run(_runs(name, seconds)) for name, seconds in (
+    rows = _rated(
         ("baseline", [26.0, 26.0, 26.0]), ("floor", [20.0, 20.0, 20.0]), ("spark_sink_lz4", [21.0, 22.0, 20.0]),
         ("baseline_connect", [8.0, 8.0, 8.0]), ("floor_connect_fresh", [6.0, 6.0, 6.0]),
-        ("spark_sink_lz4_connect_fresh", [6.4, 6.4, 6.4]))]
-    _ratios(rows)
+        ("spark_sink_lz4_connect_fresh", [6.4, 6.4, 6.4]))
     assert [r["x_baseline"] for r in rows] == [1.0, 1.3, 1.24, 1.0, 1.33, 1.25]
-    lines = verdicts(rows)
-    assert next(v for v in lines if v.startswith("spark_sink_lz4 at 1x: 1.24x the baseline")).endswith(
-        "(no target); the floor (the same read and transform, written nowhere) is 1.3x, so the writing took 1.0 s "
-        "beyond it against Spark's sink's 6.0 s")
-    assert next(v for v in lines if v.startswith("spark_sink_lz4_connect_fresh at 1x")).endswith(
-        "is 1.33x, so the writing took 0.4 s beyond it against Spark's sink's 2.0 s")
-    assert not any("target >=" in v for v in lines)  # no scope's row here: no target line
+    assert [v for v in verdicts(rows) if v.startswith("spark_sink_lz4")] == [
+        "spark_sink_lz4 at 1x: 1.24x the baseline — Spark's sink with kafka-eos's producer settings, about what a "
+        "writer in the JVM would reach, transactions aside (no target); the floor (the same read and transform, "
+        "written nowhere) is 1.3x, so the writing took 1.0 s beyond it against Spark's sink's 6.0 s",
+        "spark_sink_lz4_connect_fresh at 1x: 1.25x the baseline — Spark's sink with kafka-eos's producer settings, "
+        "about what a writer in the JVM would reach, transactions aside (no target); the floor (the same read and "
+        "transform, written nowhere) is 1.33x, so the writing took 0.4 s beyond it against Spark's sink's 2.0 s"]
+    assert not any("target >=" in v for v in verdicts(rows))  # no scope's row here: no target line

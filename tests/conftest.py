@@ -324,19 +324,13 @@ def pytest_terminal_summary(terminalreporter):
 def _record_durations(session) -> None:
     """A parallel session's tests' seconds into ``.local/test-durations.json`` (over what earlier
     sessions recorded there), for :data:`DURATIONS_FILE`; their CPU seconds likewise into
-    ``.local/test-cpu.json``."""
+    ``.local/test-cpu.json``; the session's timeline into ``.local/test-timeline.json``."""
     ended = {nodeid: round(seconds, 2) for nodeid, seconds in _SESSION_SECONDS.items() if nodeid in _SESSION_ENDED}
     if not ended or not getattr(session.config.option, "numprocesses", None):
         return
     from kafka_eos.paths import local_dir
 
     cpu = {nodeid: seconds for nodeid, seconds in _SESSION_CPU.items() if nodeid in ended}
-    timeline = local_dir() / "test-timeline.json"  # this session's only (no earlier one's)
-    try:
-        timeline.write_text(json.dumps({"start": _SESSION_START, "tests": _SESSION_SPANS,
-                                        "cores_busy": _CORES.samples if _CORES else []}) + "\n")
-    except OSError as exc:
-        logging.getLogger(__name__).warning("the session's timeline not recorded in %s: %s", timeline, exc)
     for name, figures in (("test-durations.json", ended), ("test-cpu.json", cpu)):
         path = local_dir() / name
         recorded = _read_durations(path)
@@ -348,6 +342,12 @@ def _record_durations(session) -> None:
             os.replace(partial, path)  # a concurrent session's reader sees a whole file
         except OSError as exc:  # the order of a later session only: never the session's result
             logging.getLogger(__name__).warning("test figures not recorded in %s: %s", path, exc)
+    timeline = local_dir() / "test-timeline.json"  # this session's only (no earlier one's)
+    try:
+        timeline.write_text(json.dumps({"start": _SESSION_START, "tests": _SESSION_SPANS,
+                                        "cores_busy": _CORES.samples if _CORES else []}) + "\n")
+    except OSError as exc:
+        logging.getLogger(__name__).warning("the session's timeline not recorded in %s: %s", timeline, exc)
 
 
 def pytest_sessionfinish(session, exitstatus):

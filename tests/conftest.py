@@ -47,7 +47,7 @@ SHARED_BROKER_ENV = "KAFKA_EOS_TEST_BOOTSTRAP"
 
 def pytest_configure(config):
     """In the controlling process of a parallel session (or the one process of a serial one): the
-    JVM settings of every Spark driver the tests start (:mod:`spark_startup`), and the one broker
+    JVM settings of every Spark driver the tests start (:mod:`kafka_eos.local.spark_startup`), and the one broker
     the workers share (each worker starting its own would race for the same port and data folder).
     The workers, started after this, inherit both through the environment."""
     from kafka_eos.settings import BOOTSTRAP_ENV
@@ -68,7 +68,7 @@ def pytest_configure(config):
     archive = None
     if "SPARK_SUBMIT_OPTS" not in os.environ:
         from kafka_eos.paths import local_dir
-        from spark_startup import spark_submit_opts
+        from kafka_eos.local.spark_startup import spark_submit_opts
 
         # A new archive is made beside the shared broker's start, before any test's driver: a
         # session that left it to be made beside the tests took 100 s to make it (not 25), and its

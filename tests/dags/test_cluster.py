@@ -50,7 +50,7 @@ def on_cluster(monkeypatch, airflow_db, kafka_connection, spark_cluster, tmp_pat
     ``events`` (Spark settings as ``-Dspark.…`` system properties of the driver, which SparkConf
     reads like a ``spark-defaults.conf``; ``spark_defaults(extra)`` sets them again with extra
     settings). Not a ``SPARK_CONF_DIR``: it would change the driver's class path, and the drivers
-    would start without the session's class-data archive (tests/spark_startup.py)."""
+    would start without the session's class-data archive (kafka_eos.local.spark_startup)."""
     # The executors' Python, named (the Spark task never assumes the worker's own on a cluster).
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({
         "conn_type": "spark", "host": "spark://127.0.0.1", "port": spark_cluster.port,

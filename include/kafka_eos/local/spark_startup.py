@@ -1,9 +1,9 @@
-"""Cheaper Spark driver start-ups for the test session: JVM flags and a class-data archive.
+"""Cheaper starts for short-lived local Spark drivers: JVM flags and a class-data archive.
 
-The suite starts dozens of short-lived Spark drivers on purpose (spark-submit from DAG runs,
-``kafka-eos run`` and stream processes, the in-process SparkSession of each worker). Most of a
-small driver's CPU goes to loading and verifying some ten thousand classes and compiling them.
-Two JVM settings cut it, and neither changes what Spark does:
+``kafka-eos demo`` starts four small spark-submit jobs through Airflow, and the test suite dozens
+(spark-submit from DAG runs, ``kafka-eos run`` and stream processes, the in-process SparkSession of
+each worker). Most of a small driver's CPU goes to loading and verifying some ten thousand classes
+and compiling them. Two JVM settings cut it, and neither changes what Spark does:
 
 - the JIT's first tier only and the serial collector (a 10-record ``kafka-eos run`` 24.7 s ->
   19.7 s);
@@ -12,10 +12,13 @@ Two JVM settings cut it, and neither changes what Spark does:
   parsed and verified again (measured on 2 cores: a small spark-submit job 15.7-18.2 -> 10.0-11.7
   CPU seconds).
 
+Both suit short jobs on a developer's machine, not a long production job (whose JIT should reach
+its last tier): they go into ``SPARK_SUBMIT_OPTS`` of the demo's and the tests' processes only.
 The archive is made once per JDK, pyspark and connector jars (its name holds a digest of them)
-under ``.local/spark-cds/`` and reused by later sessions; a driver whose class path differs from
-the probe's (another ``SPARK_CONF_DIR``, another virtualenv) silently starts without it. Only
-``spark-class`` reads ``SPARK_SUBMIT_OPTS``: brokers and production runs are not affected.
+under ``.local/spark-cds/`` (about 150 MB) and reused by every later demo and test session; a
+driver whose class path differs from the probe's (another ``SPARK_CONF_DIR``, another virtualenv)
+silently starts without it. Only ``spark-class`` reads ``SPARK_SUBMIT_OPTS``: brokers are not
+affected.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from kafka_eos.spark_io import connector_jars
 
 #: JIT's first tier and the serial collector: a short-lived JVM starts about 20% sooner.
 BASE_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
@@ -50,7 +55,7 @@ spark.stop()
 """
 
 
-def _digest(connector_jars: list[str]) -> str:
+def _digest(jars: list[str]) -> str:
     """What the archive depends on: the JDK, pyspark's jars and the connector's jars."""
     import pyspark
 
@@ -58,14 +63,12 @@ def _digest(connector_jars: list[str]) -> str:
     spark_jars = Path(pyspark.__file__).parent / "jars"
     parts = [os.path.realpath(java), os.environ.get("JAVA_HOME", ""), pyspark.__version__,
              *sorted(f"{p.name}:{p.stat().st_size}" for p in spark_jars.glob("*.jar")),
-             *sorted(f"{Path(j).name}:{Path(j).stat().st_size}" for j in connector_jars)]
+             *sorted(f"{Path(j).name}:{Path(j).stat().st_size}" for j in jars)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
 def _archive_path(folder: Path) -> tuple[Path, list[str]]:
     """Where the archive of this JDK, pyspark and connector jars is (or goes), and those jars."""
-    from kafka_eos.spark_io import connector_jars
-
     jars = connector_jars()
     return folder / f"spark-{_digest(jars)}.jsa", jars
 

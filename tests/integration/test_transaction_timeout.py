@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 
 @F.udf("binary")
 def _slowly(value):
-    time.sleep(0.12)
+    time.sleep(0.25)
     return value + b" " * 200_000  # 200 records: 40 MB of output
 
 def slow_identity(df):
@@ -36,14 +36,18 @@ def slow_transform(transforms_from):
 
 def test_spark_time_that_outlasts_an_atomic_transaction_is_paid_again_not_fatal(spark, kafka_settings, make_spec,
                                                                                 slow_transform, capfd):
-    """One pass keeps the transaction open while Spark computes: here a task's 8 s of UDF time
-    against a 1 s timeout (the coordinator looks every 5 s). The coordinator aborts it; the run
-    then computes the output first and commits it after, instead of failing on every try.
+    """One pass keeps the transaction open while Spark computes: here three tasks of about 17 s of
+    UDF time each on two cores, against a 4 s timeout. The coordinator's clock starts at the
+    transaction's first partition (the first task's rows, after about 17 s; the last task ends
+    about 17 s later) and it looks every 5 s: it aborts the transaction 4-9 s after that, before
+    the job can end. The run then computes the output first and commits it after, instead of
+    failing on every try. (Tasks of 8 s and a 1 s timeout: the abort raced the commit, and the
+    second pass's transaction was aborted too when its 40 MB took 3 s to stream on a busy machine.)
 
     40 MB of output: the one-pass job's results that nobody read any more once its transaction was
     aborted filled the socket to the driver, and Spark's scheduler, blocked on it, never started
     the fallback's job (a hang) until the one-pass job was cancelled by the garbage collector."""
-    spec = make_spec(slow_transform, "kafka", "atomic", transaction_timeout_s=1)
+    spec = make_spec(slow_transform, "kafka", "atomic", transaction_timeout_s=4)
     produce_orders(kafka_settings, spec.source.topics[0], 200, abort_every=0, malformed_every=0)
     plan = prepare_plan(spec, kafka_settings, "r1")
     summary = run_batch(spark, spec, plan, kafka_settings)
@@ -51,7 +55,7 @@ def test_spark_time_that_outlasts_an_atomic_transaction_is_paid_again_not_fatal(
     out = read_committed(kafka_settings, spec.sink.topic)
     assert len(out) == 200 and all(len(m.value) > 200_000 for m in out)
     err = capfd.readouterr().err
-    assert "aborted by the transaction coordinator after the transaction timeout of 1s" in err
+    assert "aborted by the transaction coordinator after the transaction timeout of 4s" in err
     assert "computing the output first, then committing it" in err
 
 

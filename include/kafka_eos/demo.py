@@ -234,16 +234,17 @@ def run_demo(bootstrap: str | None = None) -> int:
     if bootstrap and bootstrap != broker.bootstrap:
         raise KafkaEosError("the demo resets its topics and groups: it runs on the local broker only "
                             "(point real pipelines at a cluster with `kafka-eos run --bootstrap ...`)")
+    # The demo's Spark drivers are small and short-lived: started on the JIT's first tier, the
+    # serial collector and a class-data archive (kafka_eos.local.spark_startup), each costs about
+    # half the CPU. A new archive's probe job runs beside the broker's start, the reset and
+    # Airflow's DB set-up below.
+    opts, archive = os.environ.get("SPARK_SUBMIT_OPTS"), None
+    if opts is None:
+        opts, archive = spark_submit_opts(local_dir() / "spark-cds")
     print(f"== kafka-eos demo: local broker {broker.start()}")
     demo_started = datetime.now(timezone.utc).isoformat()
     settings = KafkaSettings(broker.bootstrap)
-    env = airflow_env(settings)
-    # The demo's Spark drivers are small and short-lived: started on the JIT's first tier, the
-    # serial collector and a class-data archive (kafka_eos.local.spark_startup), each costs about
-    # half the CPU. A new archive's probe job runs beside the reset and Airflow's DB set-up below.
-    archive = None
-    if "SPARK_SUBMIT_OPTS" not in env:
-        env["SPARK_SUBMIT_OPTS"], archive = spark_submit_opts(local_dir() / "spark-cds")
+    env = {**airflow_env(settings), "SPARK_SUBMIT_OPTS": opts}
     specs = demo_specs()
     reset(settings, specs)
     print("== Airflow metadata DB (SQLite under .local/airflow)")

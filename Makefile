@@ -109,7 +109,7 @@ wheel: setup
 	@ls dist/kafka_eos-*.whl
 
 # The virtualenv and the JVM jars, side by side: pip installs on one core while Maven resolves and
-# builds the jars on the other (on a clean clone, about 58 s rather than 79 s one after the other).
+# builds the jars on the other (on a clean clone, 67 s rather than 79 s one after the other).
 setup:
 	@$(MAKE) --no-print-directory -j2 install jars
 

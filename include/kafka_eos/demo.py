@@ -236,8 +236,8 @@ def run_demo(bootstrap: str | None = None) -> int:
                             "(point real pipelines at a cluster with `kafka-eos run --bootstrap ...`)")
     # The demo's Spark drivers are small and short-lived: started on the JIT's first tier, the
     # serial collector and a class-data archive (kafka_eos.local.spark_startup), each costs about
-    # half the CPU. A new archive's probe job runs beside the broker's start, the reset and
-    # Airflow's DB set-up below.
+    # a third of the CPU (7-8 CPU seconds rather than 25-30). A new archive's probe job runs beside
+    # the broker's start, the reset and Airflow's DB set-up below.
     opts, archive = os.environ.get("SPARK_SUBMIT_OPTS"), None
     if opts is None:
         opts, archive = spark_submit_opts(local_dir() / "spark-cds")

@@ -37,12 +37,12 @@ def slow_transform(transforms_from):
 def test_spark_time_that_outlasts_an_atomic_transaction_is_paid_again_not_fatal(spark, kafka_settings, make_spec,
                                                                                 slow_transform, capfd):
     """One pass keeps the transaction open while Spark computes: here three tasks of about 17 s of
-    UDF time each on two cores, against a 4 s timeout. The coordinator's clock starts at the
-    transaction's first partition (the first task's rows, after about 17 s; the last task ends
-    about 17 s later) and it looks every 5 s: it aborts the transaction 4-9 s after that, before
-    the job can end. The run then computes the output first and commits it after, instead of
-    failing on every try. (Tasks of 8 s and a 1 s timeout: the abort raced the commit, and the
-    second pass's transaction was aborted too when its 40 MB took 3 s to stream on a busy machine.)
+    UDF time each on two cores. The first task's rows go to the producer after about 17 s and the
+    last task ends about 17 s later: far beyond the 4 s timeout (the coordinator looks every 5 s),
+    so the coordinator aborts the transaction before the job can end. The run then computes the
+    output first and commits it after, instead of failing on every try; the second pass's
+    transaction is open only while its 40 MB stream to the producer (3 s on a busy machine). (Tasks
+    of 8 s and a 1 s timeout: the second pass's transaction was aborted too, once.)
 
     40 MB of output: the one-pass job's results that nobody read any more once its transaction was
     aborted filled the socket to the driver, and Spark's scheduler, blocked on it, never started

@@ -67,13 +67,12 @@ def pytest_configure(config):
         _CORES = CoreSampler().start()
     archive = None
     if "SPARK_SUBMIT_OPTS" not in os.environ:
-        from kafka_eos.paths import local_dir
         from kafka_eos.local.spark_startup import spark_submit_opts
 
         # A new archive is made beside the shared broker's start, before any test's driver: a
         # session that left it to be made beside the tests took 100 s to make it (not 25), and its
         # first drivers started without it.
-        os.environ["SPARK_SUBMIT_OPTS"], archive = spark_submit_opts(local_dir() / "spark-cds")
+        os.environ["SPARK_SUBMIT_OPTS"], archive = spark_submit_opts()
     parallel = bool(getattr(config.option, "numprocesses", None))
     try:
         if (not parallel or os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get(BOOTSTRAP_ENV)

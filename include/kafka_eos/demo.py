@@ -240,7 +240,7 @@ def run_demo(bootstrap: str | None = None) -> int:
     # the broker's start, the reset and Airflow's DB set-up below.
     opts, archive = os.environ.get("SPARK_SUBMIT_OPTS"), None
     if opts is None:
-        opts, archive = spark_submit_opts(local_dir() / "spark-cds")
+        opts, archive = spark_submit_opts()
     print(f"== kafka-eos demo: local broker {broker.start()}")
     demo_started = datetime.now(timezone.utc).isoformat()
     settings = KafkaSettings(broker.bootstrap)

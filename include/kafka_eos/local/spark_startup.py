@@ -33,6 +33,7 @@ import threading
 import time
 from pathlib import Path
 
+from kafka_eos.paths import local_dir
 from kafka_eos.spark_io import connector_jars
 
 #: JIT's first tier and the serial collector: a short-lived JVM starts about 20% sooner.
@@ -104,12 +105,14 @@ def class_data_archive(folder: Path) -> Path:
     return archive
 
 
-def spark_submit_opts(folder: Path) -> tuple[str, threading.Thread | None]:
-    """``SPARK_SUBMIT_OPTS`` for the session's Spark drivers, and the thread making the archive
-    they name when there is none yet (a probe job, some 25 s on a clean clone): join it before the
+def spark_submit_opts(folder: Path | None = None) -> tuple[str, threading.Thread | None]:
+    """``SPARK_SUBMIT_OPTS`` for the demo's or a test session's Spark drivers, and the thread
+    making the archive they name (under ``folder``, default ``.local/spark-cds/``, which the demo
+    and the tests share) when there is none yet (a probe job, some 25 s on a clean clone): join it before the
     first driver starts. (A driver started before the archive is in place finds no file there and
     starts without it, silently: the JVM's default ``-Xshare:auto``; the archive appears whole,
     ``os.replace``, for every later one.)"""
+    folder = folder or local_dir() / "spark-cds"  # the demo's and the tests' one archive
     try:
         archive, _jars = _archive_path(folder)
     except Exception as exc:  # noqa: BLE001 - no jars yet, no pyspark: only slower

@@ -22,6 +22,7 @@ from test_dag_runs import _specs_dir, read_committed, returned, run_dag, write_s
 
 from kafka_eos import kafka_admin
 from kafka_eos.local.spark import LocalSparkCluster
+from kafka_eos.local.spark_startup import BASE_OPTS
 from kafka_eos.manifest import ManifestStore
 from kafka_eos.sample_data import produce_orders
 from kafka_eos.sinks.per_partition import COMMIT_JOB
@@ -36,9 +37,13 @@ PARTITIONS = 3
 
 @pytest.fixture(scope="module")
 def spark_cluster(tmp_path_factory, free_ports):
-    """A master and two workers (1 core, one executor each), started once for this module."""
+    """A master and two workers (1 core, one executor each), started once for this module. Their
+    JVMs and the executors' (the workers pass their environment on) on the JIT's first tier and the
+    serial collector, as the tests' drivers (kafka_eos.local.spark_startup): each application's
+    executors live for a test's run, where most of a JVM's CPU goes to its JIT."""
     cluster = LocalSparkCluster(tmp_path_factory.mktemp("spark"), port=free_ports(1),
-                                ui_port=free_ports(3))  # the master's UI, then one per worker
+                                ui_port=free_ports(3),  # the master's UI, then one per worker
+                                environ={"JAVA_TOOL_OPTIONS": BASE_OPTS})
     cluster.start()
     yield cluster
     cluster.stop()

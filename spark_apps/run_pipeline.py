@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     # Imported once the script's own folder no longer shadows the packages it imports.
     from kafka_eos.batch import run_batch
     from kafka_eos.errors import KafkaEosError
+    from kafka_eos.kafka_admin import shared_admin_clients
     from kafka_eos.plan import Plan
     from kafka_eos.settings import KafkaSettings
     from kafka_eos.spark_io import get_session
@@ -53,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
             raise KafkaEosError(f"{args.plan}: plan of pipeline {plan.pipeline!r}, not {spec.name!r}")
         settings = KafkaSettings.from_environ(os.environ)
         spark = get_session(f"kafka-eos {spec.name} {plan.run_id}", conf=spec.spark_conf)
-        summary = run_batch(spark, spec, plan, settings)
+        with shared_admin_clients():  # a token callback's clients cost a second each to build
+            summary = run_batch(spark, spec, plan, settings)
     except KafkaEosError as exc:
         print(f"run_pipeline: {exc}", file=sys.stderr)
         return 1

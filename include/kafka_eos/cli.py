@@ -24,6 +24,7 @@ from importlib import metadata
 # SQLAlchemy and the local Airflow's and Spark's helpers among them (0.5 s a start instead of 0.15 s).
 from kafka_eos.console import Console, elapsed_since, seconds, table
 from kafka_eos.errors import KafkaEosError
+from kafka_eos.kafka_admin import shared_admin_clients
 from kafka_eos.local.kafka import SUPER_USER, LocalBroker, LocalCluster
 from kafka_eos.settings import BOOTSTRAP_ENV, CONNECT_TIMEOUT_ENV, KafkaSettings
 from kafka_eos.spec import PipelineSpec, load_spec, spec_paths
@@ -927,7 +928,8 @@ def main(argv: list[str] | None = None) -> int:
     log_file = setup_cli_logging(args.verbose)
     log.info("kafka-eos %s", " ".join(sys.argv[1:] if argv is None else argv))
     try:
-        return args.func(args)
+        with shared_admin_clients():  # a token callback's clients cost a second each to build
+            return args.func(args)
     except KafkaEosError as exc:
         log.info("failed", exc_info=True)
         print(f"kafka-eos: {exc}", file=sys.stderr)

@@ -10,14 +10,23 @@ outlives the facts it caches: after a topic is deleted and created again, or aft
 restart raised a partition's leader epoch, a long-lived client sends stale leader epochs and gets
 ``UNKNOWN_LEADER_EPOCH`` / ``NOT_LEADER_FOR_PARTITION`` until its next metadata refresh, while a
 fresh client is right at once. So each retry starts from a fresh client.
+
+One exception: settings with a token callback (OAUTHBEARER through ``oauth_cb``). confluent-kafka
+(since 2.13) holds each new client in its constructor until the callback's first token is set, and
+it looks once a second: every such client costs a second before its first request, and a run's
+planning and checks use a dozen. Inside :func:`shared_admin_clients` (the CLI's commands, the Spark
+task's application) those settings share one AdminClient per process; a retry after a transient
+error drops it, so the retry still starts from a fresh client.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-
+import contextlib
 import logging
+import os
 import re
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -61,8 +70,60 @@ class PartitionOffsets:
     high_watermark: int  # READ_UNCOMMITTED latest
 
 
+#: The AdminClients shared inside :func:`shared_admin_clients` (settings with a token callback
+#: only), by settings; None outside it. The process that opened the scope, so that a forked child
+#: never uses (or destroys) its parent's clients: librdkafka's threads do not survive a fork.
+_shared: dict[tuple, AdminClient] | None = None
+_shared_pid = 0
+_shared_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def shared_admin_clients():
+    """Inside: :func:`admin_client` returns one AdminClient per settings that have a token
+    callback, built at first use and destroyed at the scope's end (the module's docstring says
+    why). Other settings still get a new client per call. A nested scope is the outer one's."""
+    global _shared, _shared_pid
+    with _shared_lock:
+        if _shared is not None and _shared_pid == os.getpid():
+            opened = False
+        else:
+            _shared, _shared_pid, opened = {}, os.getpid(), True
+    try:
+        yield
+    finally:
+        if opened:
+            with _shared_lock:
+                clients, _shared = _shared, None
+            clients.clear()  # destroyed here, in the process that made them
+
+
+def _forget_shared_admins() -> None:
+    """The next :func:`admin_client` call of each settings builds a fresh client (fresh metadata)."""
+    with _shared_lock:
+        if _shared is not None and _shared_pid == os.getpid():
+            _shared.clear()
+
+
 def admin_client(settings: KafkaSettings) -> AdminClient:
-    return AdminClient(settings.client_config())
+    """An AdminClient of ``settings``: a new one, except for settings with a token callback inside
+    :func:`shared_admin_clients`."""
+    if settings.token_callback is None:
+        return AdminClient(settings.client_config())
+    key = (settings.bootstrap_servers, tuple(sorted((k, str(v)) for k, v in settings.extra.items())))
+    with _shared_lock:
+        if _shared is None or _shared_pid != os.getpid():
+            shared = None
+        else:
+            shared = _shared
+            if key in shared:
+                return shared[key]
+    client = AdminClient(settings.client_config())  # about a second: not under the lock
+    if shared is not None:
+        with _shared_lock:
+            if _shared is shared:
+                client = shared.setdefault(key, client)
+    return client
 
 
 def is_transient_error(err: KafkaError) -> bool:
@@ -107,6 +168,7 @@ def retrying(call: Callable[[], T], timeout_s: float = ADMIN_TIMEOUT_S) -> T:
             if not is_transient(exc) or time.monotonic() > deadline:
                 raise
             log.info("retrying after a transient error: %s", exc)
+            _forget_shared_admins()
             # Leader elections and coordinator loads on a healthy cluster take tens to hundreds
             # of milliseconds; back off to 1 s so a slow restart is not hammered.
             time.sleep(delay)

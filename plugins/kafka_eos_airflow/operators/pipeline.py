@@ -58,13 +58,18 @@ _NOT_RETRIABLE = (SpecError, DataLossError, TopicRecreated)
 
 @contextmanager
 def task_errors() -> Iterator[None]:
-    """Turn a :class:`KafkaEosError` into a task failure that carries its one-line message.
+    """Turn a :class:`KafkaEosError` into a task failure that carries its one-line message. Inside,
+    a token callback's AdminClients are shared (:func:`kafka_eos.kafka_admin.shared_admin_clients`).
 
     :raises AirflowFailException: for errors a retry cannot fix (no retries are spent).
     :raises AirflowException: for every other kafka-eos error (the task is retried).
     """
+    # Here, not at the top: a DAG's parse imports no Kafka client (tests/dags/test_dagbag.py).
+    from kafka_eos.kafka_admin import shared_admin_clients
+
     try:
-        yield
+        with shared_admin_clients():
+            yield
     except _NOT_RETRIABLE as exc:
         raise AirflowFailException(str(exc)) from exc
     except KafkaEosError as exc:

@@ -4,25 +4,29 @@ partitions of topics, offsets (log start, LSO, high watermark), group offsets, a
 Isolation is always explicit: librdkafka's ``list_offsets`` defaults to READ_UNCOMMITTED, which is
 the high watermark, not the last stable offset (docs/architecture.md, "Offsets").
 
-Every call takes :class:`KafkaSettings` and builds its own short-lived client, and every read is
-retried with a bound while it fails with an error that clears by itself. A client's metadata cache
-outlives the facts it caches: after a topic is deleted and created again, or after a broker
-restart raised a partition's leader epoch, a long-lived client sends stale leader epochs and gets
-``UNKNOWN_LEADER_EPOCH`` / ``NOT_LEADER_FOR_PARTITION`` until its next metadata refresh, while a
-fresh client is right at once. So each retry starts from a fresh client.
+Every call takes :class:`KafkaSettings` and builds its own short-lived client (but see the token
+callbacks' exception below), and every read is retried with a bound while it fails with an error
+that clears by itself. A client's metadata cache outlives the facts it caches: after a topic is
+deleted and created again, or after a broker restart raised a partition's leader epoch, a
+long-lived client sends stale leader epochs and gets ``UNKNOWN_LEADER_EPOCH`` /
+``NOT_LEADER_FOR_PARTITION`` until its next metadata refresh, while a fresh client is right at
+once. So each retry starts from a fresh client.
 
 One exception: settings with a token callback (OAUTHBEARER through ``oauth_cb``). confluent-kafka
 (since 2.13) holds each new client in its constructor until the callback's first token is set, and
 it looks once a second: every such client costs a second before its first request, and a run's
-planning and checks use a dozen. Inside :func:`shared_admin_clients` (the CLI's commands, the Spark
-task's application) those settings share one AdminClient per process; a retry after a transient
-error drops it, so the retry still starts from a fresh client.
+planning and checks use a dozen. Inside :func:`shared_admin_clients` (a CLI command, the Spark
+task's application, each kafka-eos step of an Airflow task) those settings share one AdminClient
+per process, for a minute at most: the first attempt of a read may then go out with metadata up to
+a minute old, and a retry after a transient error drops the shared client, so the retry starts
+from a fresh one.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import ctypes
 import logging
 import os
 import re
@@ -70,32 +74,58 @@ class PartitionOffsets:
     high_watermark: int  # READ_UNCOMMITTED latest
 
 
+#: How long a shared client is used before the next call builds a fresh one: a run's planning
+#: and checks take seconds; a stream's command runs for hours, and a client's metadata outlives
+#: the facts it caches.
+SHARED_CLIENT_MAX_AGE_S = 60.0
 #: The AdminClients shared inside :func:`shared_admin_clients` (settings with a token callback
-#: only), by settings; None outside it. The process that opened the scope, so that a forked child
-#: never uses (or destroys) its parent's clients: librdkafka's threads do not survive a fork.
-_shared: dict[tuple, AdminClient] | None = None
+#: only): settings -> (client, when it was built). None outside a scope.
+_shared: dict[tuple, tuple[AdminClient, float]] | None = None
+#: The process that opened the scope.
 _shared_pid = 0
 _shared_lock = threading.Lock()
+#: Clients a forked child inherited: kept, never destroyed. librdkafka's threads do not survive a
+#: fork, so a child must neither use nor destroy them (rd_kafka_destroy would wait on threads that
+#: are not there). The list holds one reference more than anything releases, so not even the
+#: interpreter's exit frees it.
+_inherited: list = []
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(_inherited))
+
+
+def _after_fork_in_child() -> None:
+    """In a child made by ``os.fork()`` (subprocesses exec at once and never come here): no scope,
+    the parent's clients parked in :data:`_inherited`, a lock of its own."""
+    global _shared, _shared_lock
+    if _shared:
+        _inherited.append(_shared)
+    _shared, _shared_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @contextlib.contextmanager
 def shared_admin_clients():
     """Inside: :func:`admin_client` returns one AdminClient per settings that have a token
-    callback, built at first use and destroyed at the scope's end (the module's docstring says
-    why). Other settings still get a new client per call. A nested scope is the outer one's."""
+    callback, built at first use (again once :data:`SHARED_CLIENT_MAX_AGE_S` old, and after a
+    transient error) and destroyed at the scope's end; the module's docstring says why. Other
+    settings still get a new client per call. A nested scope is the outer one's."""
     global _shared, _shared_pid
+    pid = os.getpid()
     with _shared_lock:
-        if _shared is not None and _shared_pid == os.getpid():
-            opened = False
-        else:
-            _shared, _shared_pid, opened = {}, os.getpid(), True
+        opened = _shared is None or _shared_pid != pid
+        if opened:
+            _shared, _shared_pid = {}, pid
     try:
         yield
     finally:
+        clients = None
         if opened:
             with _shared_lock:
-                clients, _shared = _shared, None
-            clients.clear()  # destroyed here, in the process that made them
+                if _shared_pid == os.getpid():  # a forked child unwinding its parent's scope: not its own
+                    clients, _shared = _shared, None
+        if clients:
+            clients.clear()  # destroyed here, in the process that built them
 
 
 def _forget_shared_admins() -> None:
@@ -112,17 +142,16 @@ def admin_client(settings: KafkaSettings) -> AdminClient:
         return AdminClient(settings.client_config())
     key = (settings.bootstrap_servers, tuple(sorted((k, str(v)) for k, v in settings.extra.items())))
     with _shared_lock:
-        if _shared is None or _shared_pid != os.getpid():
-            shared = None
-        else:
-            shared = _shared
-            if key in shared:
-                return shared[key]
+        shared = _shared if _shared is not None and _shared_pid == os.getpid() else None
+        if shared is not None and key in shared:
+            client, built = shared[key]
+            if time.monotonic() - built < SHARED_CLIENT_MAX_AGE_S:
+                return client
     client = AdminClient(settings.client_config())  # about a second: not under the lock
     if shared is not None:
         with _shared_lock:
             if _shared is shared:
-                client = shared.setdefault(key, client)
+                shared[key] = (client, time.monotonic())
     return client
 
 
@@ -381,7 +410,8 @@ def _create(settings: KafkaSettings, topics: Mapping[str, int], replication: int
             if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
                 raise BrokerError(f"creating topic {topic!r}: {exc.args[0].str()}") from None
     # Created is not usable yet: the leaders are still being elected. Wait with fresh clients
-    # (this one may have cached an older incarnation of the same names).
+    # (this one may have cached an older incarnation of the same names; a shared one too).
+    _forget_shared_admins()
     partition_offsets(settings, [(t.topic, p) for t in new for p in range(t.num_partitions)])
 
 

@@ -32,7 +32,7 @@ def test_a_token_callbacks_client_is_built_once_per_scope_and_other_settings_get
         with kafka_admin.shared_admin_clients():  # nested: the outer scope's
             assert kafka_admin.admin_client(TOKEN) is first
         assert kafka_admin.admin_client(TOKEN) is first  # the nested scope's end kept it
-        # Other settings: the same settings, another principal; no token callback.
+        # Other settings: the same cluster, another principal; and settings with no token callback.
         other = KafkaSettings(TOKEN.bootstrap_servers, extra={**TOKEN.extra, "sasl.oauthbearer.config": "sub=ops"})
         assert kafka_admin.admin_client(other) is not first
         assert kafka_admin.admin_client(PLAIN) is not kafka_admin.admin_client(PLAIN)
@@ -57,15 +57,34 @@ def test_a_retry_after_a_transient_error_starts_from_a_fresh_client():
         assert kafka_admin.admin_client(TOKEN) is seen[1]  # the fresh one is shared from then on
 
 
-def test_a_forked_child_never_uses_its_parents_client(monkeypatch):
-    import os
+def test_a_shared_client_is_built_again_once_a_minute_old(monkeypatch):
+    with kafka_admin.shared_admin_clients():
+        first = kafka_admin.admin_client(TOKEN)
+        now = time.monotonic()
+        monkeypatch.setattr(kafka_admin.time, "monotonic", lambda: now + kafka_admin.SHARED_CLIENT_MAX_AGE_S)
+        again = kafka_admin.admin_client(TOKEN)
+        assert again is not first and kafka_admin.admin_client(TOKEN) is again
 
+
+def test_a_forked_child_neither_uses_nor_destroys_its_parents_clients(monkeypatch):
+    """What ``os.fork()`` runs in the child (kafka_admin._after_fork_in_child), played in this
+    process: the parent's clients are parked, never released; the child's own scope builds its own."""
+    import os
+    import sys
+
+    parent_pid = os.getpid()
     with kafka_admin.shared_admin_clients():
         parent = kafka_admin.admin_client(TOKEN)
-        child_pid = os.getpid() + 1
-        monkeypatch.setattr(kafka_admin.os, "getpid", lambda: child_pid)  # as in a child after fork
-        child = kafka_admin.admin_client(TOKEN)
-        assert child is not parent and kafka_admin.admin_client(TOKEN) is not child  # no scope of its own
-        monkeypatch.undo()
-        assert kafka_admin.admin_client(TOKEN) is parent
-
+        references = sys.getrefcount(parent)
+        parked = len(kafka_admin._inherited)
+        monkeypatch.setattr(kafka_admin.os, "getpid", lambda: parent_pid + 1)
+        kafka_admin._after_fork_in_child()
+        assert kafka_admin._inherited[parked:] and kafka_admin._shared is None
+        assert kafka_admin.admin_client(TOKEN) is not parent  # the child: no scope, a new client
+        with kafka_admin.shared_admin_clients():  # the child's own scope
+            child = kafka_admin.admin_client(TOKEN)
+            assert child is not parent and kafka_admin.admin_client(TOKEN) is child
+        assert sys.getrefcount(parent) == references  # the child's scope released nothing of the parent's
+    # The parent's scope, unwound in the "child": its clients stay parked, nothing is destroyed.
+    assert sys.getrefcount(parent) == references
+    del kafka_admin._inherited[parked:]

@@ -25,7 +25,7 @@ from pathlib import Path
 from kafka_eos import kafka_admin
 from kafka_eos.errors import BrokerError, BrokerUnreachable, KafkaEosError
 from kafka_eos.local.kafka import LocalBroker
-from kafka_eos.local.spark_startup import spark_submit_opts
+from kafka_eos.local.spark_startup import BASE_OPTS, LAUNCHER_OPTS_ENV, spark_submit_opts
 from kafka_eos.manifest import ManifestStore
 from kafka_eos.paths import PROJECT_ROOT, local_dir
 from kafka_eos.pipeline import checkpoints, source_partitions
@@ -244,7 +244,8 @@ def run_demo(bootstrap: str | None = None) -> int:
     print(f"== kafka-eos demo: local broker {broker.start()}")
     demo_started = datetime.now(timezone.utc).isoformat()
     settings = KafkaSettings(broker.bootstrap)
-    env = {**airflow_env(settings), "SPARK_SUBMIT_OPTS": opts}
+    env = {**airflow_env(settings), "SPARK_SUBMIT_OPTS": opts,
+           LAUNCHER_OPTS_ENV: os.environ.get(LAUNCHER_OPTS_ENV, BASE_OPTS)}
     specs = demo_specs()
     reset(settings, specs)
     print("== Airflow metadata DB (SQLite under .local/airflow)")

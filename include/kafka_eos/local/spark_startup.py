@@ -38,6 +38,9 @@ from kafka_eos.spark_io import connector_jars
 
 #: JIT's first tier and the serial collector: a short-lived JVM starts about 20% sooner.
 BASE_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: ``spark-class`` first runs a small JVM (Spark's launcher) that builds the real command; it reads
+#: its settings here. With :data:`BASE_OPTS`: 0.22 CPU seconds rather than 0.31 (median of eight).
+LAUNCHER_OPTS_ENV = "SPARK_LAUNCHER_OPTS"
 #: A probe job on 2 busy cores takes well under a minute; dumping the archive adds ~10 s.
 PROBE_TIMEOUT_S = 300
 

@@ -8,7 +8,10 @@ under the pipeline's group-level transactional.id (docs/architecture.md, "Commit
 3. The transaction opens (:class:`kafka_eos.txn.TransactionalCommit`: fence, check the checkpoint),
    and rows stream to it as Arrow batches as Spark's tasks end (**one pass**: one job computes
    every task at once, :func:`kafka_eos.sinks.batches.computed`), never collected whole. The job's
-   own result, raised before its last row, is the proof that the range was read whole.
+   own result, raised before its last row, is the proof that the range was read whole. (A task's
+   last bytes reach the driver's Python only when the next task's result, or the job's end, pushes
+   them out of Spark's socket buffer, 8 KB: with small tasks the transaction opens when the job
+   is nearly done. Measured: a task done 5 s into a 22-s job was handed over at 21.7 s.)
 4. Where one pass cannot be safe (``spark.driver.maxResultSize`` near the heap) or failed for a
    reason two passes do not meet (the transaction timed out while Spark computed, an output over
    maxResultSize), **two passes**: computed and cached first, then streamed to a new transaction.

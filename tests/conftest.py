@@ -65,15 +65,13 @@ def pytest_configure(config):
         from session_timeline import CoreSampler
 
         _CORES = CoreSampler().start()
-    from kafka_eos.local.spark_startup import BASE_OPTS, LAUNCHER_OPTS_ENV, spark_submit_opts
+    from kafka_eos.local.spark_startup import driver_environ
 
-    archive = None
-    os.environ.setdefault(LAUNCHER_OPTS_ENV, BASE_OPTS)  # Spark's launcher, a JVM before each driver's
-    if "SPARK_SUBMIT_OPTS" not in os.environ:
-        # A new archive is made beside the shared broker's start, before any test's driver: a
-        # session that left it to be made beside the tests took 100 s to make it (not 25), and its
-        # first drivers started without it.
-        os.environ["SPARK_SUBMIT_OPTS"], archive = spark_submit_opts()
+    # A new archive is made beside the shared broker's start, before any test's driver: a session
+    # that left it to be made beside the tests took 100 s to make it (not 25), and its first
+    # drivers started without it.
+    drivers, archive = driver_environ()
+    os.environ.update(drivers)
     parallel = bool(getattr(config.option, "numprocesses", None))
     try:
         if (not parallel or os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get(BOOTSTRAP_ENV)

@@ -25,7 +25,7 @@ from pathlib import Path
 from kafka_eos import kafka_admin
 from kafka_eos.errors import BrokerError, BrokerUnreachable, KafkaEosError
 from kafka_eos.local.kafka import LocalBroker
-from kafka_eos.local.spark_startup import BASE_OPTS, LAUNCHER_OPTS_ENV, spark_submit_opts
+from kafka_eos.local.spark_startup import driver_environ
 from kafka_eos.manifest import ManifestStore
 from kafka_eos.paths import PROJECT_ROOT, local_dir
 from kafka_eos.pipeline import checkpoints, source_partitions
@@ -238,14 +238,11 @@ def run_demo(bootstrap: str | None = None) -> int:
     # serial collector and a class-data archive (kafka_eos.local.spark_startup), each costs about
     # a third of the CPU (7-8 CPU seconds rather than 25-30). A new archive's probe job runs beside
     # the broker's start, the reset and Airflow's DB set-up below.
-    opts, archive = os.environ.get("SPARK_SUBMIT_OPTS"), None
-    if opts is None:
-        opts, archive = spark_submit_opts()
+    drivers, archive = driver_environ()
     print(f"== kafka-eos demo: local broker {broker.start()}")
     demo_started = datetime.now(timezone.utc).isoformat()
     settings = KafkaSettings(broker.bootstrap)
-    env = {**airflow_env(settings), "SPARK_SUBMIT_OPTS": opts,
-           LAUNCHER_OPTS_ENV: os.environ.get(LAUNCHER_OPTS_ENV, BASE_OPTS)}
+    env = {**airflow_env(settings), **drivers}
     specs = demo_specs()
     reset(settings, specs)
     print("== Airflow metadata DB (SQLite under .local/airflow)")

@@ -140,7 +140,7 @@ def admin_client(settings: KafkaSettings) -> AdminClient:
     :func:`shared_admin_clients`."""
     if settings.token_callback is None:
         return AdminClient(settings.client_config())
-    key = (settings.bootstrap_servers, tuple(sorted((k, str(v)) for k, v in settings.extra.items())))
+    key = settings.key
     with _shared_lock:
         shared = _shared if _shared is not None and _shared_pid == os.getpid() else None
         if shared is not None and key in shared:

@@ -145,6 +145,12 @@ class KafkaSettings:
                                 "(their log lines go to its logger; offsets are committed only in its transactions)")
 
     @property
+    def key(self) -> tuple:
+        """These settings as a hashable value (``extra`` is a mapping): the key of a process's
+        cache of clients built from them."""
+        return (self.bootstrap_servers, tuple(sorted((k, repr(v)) for k, v in self.extra.items())))
+
+    @property
     def token_callback(self) -> str | None:
         """The dotted path of the OAUTHBEARER token callback (``oauth_cb``) every client logs in
         through; None: no callback."""

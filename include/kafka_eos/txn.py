@@ -436,7 +436,7 @@ def _shared_reader(settings: KafkaSettings, group_id: str) -> tuple[Consumer, th
     """This process's one reader of ``group_id``'s offsets (a consumer that never joins it), with
     the lock its users take: a librdkafka client costs some 8 file descriptors and 4 threads, and a
     stream's driver kept two per source partition (200 partitions: 3,200 descriptors, 1,600 threads)."""
-    key = (settings.bootstrap_servers, group_id, tuple(sorted((k, repr(v)) for k, v in settings.extra.items())))
+    key = (settings.key, group_id)
     with _readers_lock:
         if key not in _readers:
             _readers[key] = (group_client(settings, group_id), threading.Lock())

@@ -108,6 +108,17 @@ def class_data_archive(folder: Path) -> Path:
     return archive
 
 
+def driver_environ(environ=os.environ) -> tuple[dict[str, str], threading.Thread | None]:
+    """The environment settings of the demo's and a test session's Spark drivers, each kept where
+    ``environ`` already sets it: ``SPARK_SUBMIT_OPTS`` (:func:`spark_submit_opts`) and Spark's
+    launcher's :data:`LAUNCHER_OPTS_ENV`; with the thread making the archive, if one is made."""
+    archive = None
+    opts = environ.get("SPARK_SUBMIT_OPTS")
+    if opts is None:
+        opts, archive = spark_submit_opts()
+    return {"SPARK_SUBMIT_OPTS": opts, LAUNCHER_OPTS_ENV: environ.get(LAUNCHER_OPTS_ENV, BASE_OPTS)}, archive
+
+
 def spark_submit_opts(folder: Path | None = None) -> tuple[str, threading.Thread | None]:
     """``SPARK_SUBMIT_OPTS`` for the demo's or a test session's Spark drivers, and the thread
     making the archive they name (under ``folder``, default ``.local/spark-cds/``, which the demo

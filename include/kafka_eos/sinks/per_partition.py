@@ -210,8 +210,7 @@ _kept_lock = threading.Lock()
 def _kept_key(spec: PipelineSpec, r: PartitionRange, settings: KafkaSettings) -> tuple:
     return (spec.transactional_id(r.topic, r.partition), spec.source.group_id, spec.sink.dlq_topic,
             spec.transactional_id(), spec.sink.transaction_timeout_s, producer_batch_bytes(spec),
-            settings.bootstrap_servers,
-            tuple(sorted((k, repr(v)) for k, v in settings.extra.items())))
+            settings.key)
 
 
 def kept_limit() -> int:

@@ -129,6 +129,23 @@ def _shared_scope(root: Path, path: str) -> str | None:
     return path if 'scope="module"' in text or "connect_server" in text else None
 
 
+#: The marker of a test module that mostly waits (a timeout, a retention, a stream's interval):
+#: with at least :data:`WAITING_LANE_WORKERS` workers, the last one runs these modules only.
+WAITS_MARKER = "pytest.mark.waits"
+#: The fewest workers of a session that gives its last one to the waiting modules. Sampled over a
+#: whole CI run with three workers, the cores idled 14 % of the time, mostly in the minutes where
+#: two workers waited at once (the retention test's sleeps, a transaction's timeout, a stream's
+#: batches); a fourth worker for any test slowed every test beside it (docs/testing.md).
+WAITING_LANE_WORKERS = 4
+
+
+@functools.cache
+def _waits(root: Path, scope: str) -> bool:
+    """Whether a work unit's module is marked :data:`WAITS_MARKER` (read from its text: the
+    controller collects no items)."""
+    return WAITS_MARKER in _module_text(root, scope.split("::", 1)[0])
+
+
 #: Each test's seconds (setup, call and teardown) in a whole ``make test`` on this machine, by node
 #: id: the suite's scheduler hands out the longest work first. Every parallel session records its
 #: own in ``.local/test-durations.json`` (:func:`pytest_sessionfinish`); docs/testing.md says how
@@ -180,6 +197,15 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             return _shared_scope(config.rootpath, nodeid.split("::", 1)[0]) or nodeid
 
+        def _waiting_lane(self):
+            """The worker that runs the waiting modules (:data:`WAITS_MARKER`): the session's
+            last, while it runs; None with fewer than :data:`WAITING_LANE_WORKERS` workers."""
+            workers = getattr(config.option, "numprocesses", None) or 0
+            if not isinstance(workers, int) or workers < WAITING_LANE_WORKERS:
+                return None
+            return next((n for n in self.assigned_work if n.gateway.id == f"gw{workers - 1}"
+                         and not n.shutting_down), None)
+
         def _assign_work_unit(self, node):
             # pytest-xdist queues the units by their number of tests, most first, then as
             # collected: one-test units of minutes (the soak, the wheel's test, a stream's refresh)
@@ -189,12 +215,24 @@ def pytest_xdist_make_scheduler(config, log):
                 self._first_assigned = True
                 for scope, _unit in sorted(self.workqueue.items(), key=lambda item: -_unit_seconds(item[1])):
                     self.workqueue.move_to_end(scope)
+            # The waiting lane takes the waiting modules only (and ends when none is left); the
+            # other workers take the rest, and the waiting modules too once nothing else is left
+            # (or the lane is gone: a crashed lane's tests are queued again).
+            lane = self._waiting_lane()
+            scopes = list(self.workqueue)
+            if lane is not None:
+                mine = [s for s in scopes if _waits(config.rootpath, s) == (node is lane)]
+                scopes = mine if mine or node is lane else scopes
+            if not scopes:
+                node.shutdown()
+                return
             # A worker runs a test once it holds the next one: what waits behind a unit of
             # minutes is taken from the queue's end (the shortest), not a long unit another worker
             # could start now.
             pending = self.assigned_work.get(node, {}).values()
-            if len(self.workqueue) > 1 and any(_unit_seconds(unit, unfinished=True) >= LONG_UNIT_S for unit in pending):
-                self.workqueue.move_to_end(next(reversed(self.workqueue)), last=False)
+            shortest_behind = len(scopes) > 1 and any(_unit_seconds(unit, unfinished=True) >= LONG_UNIT_S
+                                                      for unit in pending)
+            self.workqueue.move_to_end(scopes[-1] if shortest_behind else scopes[0], last=False)
             super()._assign_work_unit(node)
 
         # pytest-xdist 3.8's LoadScopeScheduling hangs the session for good once a worker crashes
@@ -223,9 +261,9 @@ def pytest_xdist_make_scheduler(config, log):
             # finish collecting first and reschedule every node) gets work after its collection.
             if node.shutting_down or node not in self.registered_collections:
                 return
-            while self.workqueue and self._pending_of(self.assigned_work[node]) <= 2:
+            while self.workqueue and not node.shutting_down and self._pending_of(self.assigned_work[node]) <= 2:
                 self._assign_work_unit(node)
-            if not self.workqueue:
+            if not self.workqueue and not node.shutting_down:
                 node.shutdown()
 
     return SharedResourceScheduling(config, log)

@@ -15,7 +15,7 @@ from kafka_eos.readers import read_committed
 from kafka_eos.sample_data import produce_orders
 from kafka_eos.sinks import batches
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.waits]
 
 SLOW = '''
 import time

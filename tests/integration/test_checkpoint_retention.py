@@ -27,7 +27,7 @@ from kafka_eos.readers import read_committed
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import load_spec
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.waits]
 
 #: The smallest retention Kafka takes (1 minute), checked every second.
 RETENTION_S = 60

@@ -31,7 +31,7 @@ from kafka_eos.lease import StreamLease, stream_owner
 from kafka_eos.stream.loop import STREAM_RUN_ID, StreamRunner
 from waiting import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.waits]
 
 KAFKA_EOS = Path(sys.executable).parent / "kafka-eos"
 

@@ -22,7 +22,7 @@ from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import load_spec
 from waiting import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.waits]
 
 KAFKA_EOS = Path(sys.executable).parent / "kafka-eos"
 #: The smallest offsets retention Kafka takes (1 minute), checked every second.

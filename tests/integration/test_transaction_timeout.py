@@ -12,7 +12,7 @@ from kafka_eos.pipeline import prepare_plan
 from kafka_eos.readers import read_committed
 from kafka_eos.sample_data import produce_orders
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.waits]
 
 SLOW = '''
 import time

@@ -112,3 +112,30 @@ def test_a_durations_file_that_is_no_mapping_of_seconds_orders_nothing(tmp_path,
         assert conftest._unit_seconds({"t.py::a": True, "t.py::b": False}, unfinished=True) == 0.5
     finally:
         conftest._durations.cache_clear()
+
+
+def test_the_waiting_modules_run_on_the_last_worker_and_only_they(tmp_path):
+    """With four workers, the modules marked ``waits`` go to the last one (gw3), which runs nothing
+    else; the other three run the rest, and take waiting tests too once nothing else is queued."""
+    (tmp_path / "helper_order.py").write_text(RECORDING)
+    for module, mark, tests in (("busy", "", 9), ("sleepy", ", pytest.mark.waits", 4), ("nap", ", pytest.mark.waits", 2)):
+        (tmp_path / f"test_{module}.py").write_text(
+            "import time\nimport pytest\nfrom helper_order import record\n\n"
+            f"pytestmark = [pytest.mark.integration{mark}]\n\n"
+            f"@pytest.mark.parametrize('i', range({tests}))\n"
+            f"def test_{module}(i):\n    record('{module}')\n    time.sleep(0.2)\n")
+    order_file = tmp_path / "order.txt"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
+    env.update(PYTHONPATH=os.pathsep.join([str(TESTS), str(tmp_path), env.get("PYTHONPATH", "")]),
+               KAFKA_EOS_TEST_BOOTSTRAP="127.0.0.1:1", RUN_ORDER_FILE=str(order_file), KAFKA_EOS_HOME=str(tmp_path / "home"),
+               KAFKA_EOS_TEST_DURATIONS=str(tmp_path / "none.json"))
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-n", "4", "--dist", "loadscope",
+                          "-p", "no:cacheprovider", "-q", "-m", "integration or not integration",
+                          "test_busy.py", "test_sleepy.py", "test_nap.py"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "15 passed" in run.stdout, run.stdout[-3000:]
+    runs = [line.split() for line in order_file.read_text().splitlines()]
+    on_lane = [name for worker, _, name in runs if worker == "gw3"]
+    assert len(on_lane) >= 3 and set(on_lane) <= {"nap", "sleepy"}, runs
+    assert {worker for worker, _, name in runs if name == "busy"} <= {"gw0", "gw1", "gw2"}, runs

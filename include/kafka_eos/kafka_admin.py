@@ -92,12 +92,18 @@ _inherited: list = []
 ctypes.pythonapi.Py_IncRef(ctypes.py_object(_inherited))
 
 
+def keep_inherited(clients: object) -> None:
+    """In a child made by ``os.fork()``: the parent's librdkafka clients (any container of them)
+    kept in :data:`_inherited`, so that the child never destroys them."""
+    _inherited.append(clients)
+
+
 def _after_fork_in_child() -> None:
     """In a child made by ``os.fork()`` (subprocesses exec at once and never come here): no scope,
     the parent's clients parked in :data:`_inherited`, a lock of its own."""
     global _shared, _shared_lock
     if _shared:
-        _inherited.append(_shared)
+        keep_inherited(_shared)
     _shared, _shared_lock = None, threading.Lock()
 
 

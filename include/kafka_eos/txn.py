@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from kafka_eos.errors import CheckpointConflict, CheckpointLost, ProducerFenced, TransactionFailed, TransactionTimedOut
 from kafka_eos.probes import armed, point
-from kafka_eos.kafka_admin import committed_offsets, group_client, offset_metadata
+from kafka_eos.kafka_admin import committed_offsets, group_client, keep_inherited, offset_metadata
 from kafka_eos.plan import PartitionRange
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.wire import OutRecord, is_dead_letter
@@ -441,6 +442,19 @@ def _shared_reader(settings: KafkaSettings, group_id: str) -> tuple[Consumer, th
         if key not in _readers:
             _readers[key] = (group_client(settings, group_id), threading.Lock())
         return _readers[key]
+
+
+def _after_fork_in_child() -> None:
+    """In a child made by ``os.fork()``: readers of its own when it reads group offsets; the
+    parent's, whose librdkafka threads did not survive the fork, kept and never used or
+    destroyed (``kafka_admin.keep_inherited``)."""
+    global _readers, _readers_lock
+    if _readers:
+        keep_inherited(_readers)
+    _readers, _readers_lock = {}, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class CallHung(Exception):

@@ -222,3 +222,28 @@ def test_a_new_transactional_producer_asks_for_a_topics_metadata_twice_before_it
     assert calls == [("metadata", "kafka-eos.p|orders|2"), ("metadata", "kafka-eos.p|orders|2"),
                      ("init", "kafka-eos.p|orders|2"), ("metadata", "kafka-eos.p"), ("metadata", "kafka-eos.p"),
                      ("init", "kafka-eos.p")]
+
+
+def test_a_forked_child_reads_group_offsets_with_readers_of_its_own():
+    """A child made by ``os.fork()`` after the parent read group offsets: the parent's reader
+    (its librdkafka threads are gone in the child) is neither used nor destroyed there; the child
+    that reads builds its own."""
+    import os
+
+    from kafka_eos import kafka_admin, txn
+    from kafka_eos.settings import KafkaSettings
+
+    settings = KafkaSettings("127.0.0.1:9")
+    parent, _ = txn._shared_reader(settings, "g")
+    pid = os.fork()
+    if pid == 0:  # the child: any failure is its exit status
+        try:
+            ok = not txn._readers and txn._shared_reader(settings, "g")[0] is not parent
+            ok = ok and any(parked.get((settings.key, "g"), (None,))[0] is parent
+                            for parked in kafka_admin._inherited if isinstance(parked, dict))
+        except BaseException:  # noqa: BLE001 - reported as the exit status
+            ok = False
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert txn._shared_reader(settings, "g")[0] is parent  # the parent's own, untouched

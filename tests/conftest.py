@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import random
+import re
 import socket
 import sys
 import time
@@ -129,9 +130,10 @@ def _shared_scope(root: Path, path: str) -> str | None:
     return path if 'scope="module"' in text or "connect_server" in text else None
 
 
-#: The marker of a test module that mostly waits (a timeout, a retention, a stream's interval):
-#: with at least :data:`WAITING_LANE_WORKERS` workers, the last one runs these modules only.
-WAITS_MARKER = "pytest.mark.waits"
+#: A test module's ``pytestmark`` line with the marker ``waits`` (a module that mostly waits: a
+#: timeout, a retention, a stream's interval): with at least :data:`WAITING_LANE_WORKERS`
+#: workers, the last one runs these modules only.
+WAITS_MARK = re.compile(r"^pytestmark\s*=.*\bpytest\.mark\.waits\b", re.M)
 #: The fewest workers of a session that gives its last one to the waiting modules. Sampled over a
 #: whole CI run with three workers, the cores idled 14 % of the time, mostly in the minutes where
 #: two workers waited at once (the retention test's sleeps, a transaction's timeout, a stream's
@@ -141,9 +143,9 @@ WAITING_LANE_WORKERS = 4
 
 @functools.cache
 def _waits(root: Path, scope: str) -> bool:
-    """Whether a work unit's module is marked :data:`WAITS_MARKER` (read from its text: the
-    controller collects no items)."""
-    return WAITS_MARKER in _module_text(root, scope.split("::", 1)[0])
+    """Whether a work unit's module is marked ``waits`` (:data:`WAITS_MARK`, read from its text:
+    the controller collects no items)."""
+    return WAITS_MARK.search(_module_text(root, scope.split("::", 1)[0])) is not None
 
 
 #: Each test's seconds (setup, call and teardown) in a whole ``make test`` on this machine, by node
@@ -198,7 +200,7 @@ def pytest_xdist_make_scheduler(config, log):
             return _shared_scope(config.rootpath, nodeid.split("::", 1)[0]) or nodeid
 
         def _waiting_lane(self):
-            """The worker that runs the waiting modules (:data:`WAITS_MARKER`): the session's
+            """The worker that runs the waiting modules (:data:`WAITS_MARK`): the session's
             last, while it runs; None with fewer than :data:`WAITING_LANE_WORKERS` workers."""
             workers = getattr(config.option, "numprocesses", None) or 0
             if not isinstance(workers, int) or workers < WAITING_LANE_WORKERS:
@@ -446,6 +448,9 @@ def _goodbye_before_the_broker_stops() -> None:
         active = SparkSession.getActiveSession()
         if active is not None:
             active.stop()
+            # py4j's finalizer thread may still send (and log, through the root logger, to the
+            # worker's streams, closed by then) a Java object's release: not a failure of any test.
+            logging.raiseExceptions = False
     gc.collect()
 
 

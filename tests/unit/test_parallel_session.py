@@ -49,6 +49,20 @@ def record(name):
 """
 
 
+def _ordered_session(tmp_path: Path, workers: int, modules: list[str], durations: Path, *args: str):
+    """A parallel session of the suite's conftest over ``modules`` in ``tmp_path``, each test
+    recording its worker in ``order.txt`` (``RECORDING``): (the finished run, order.txt)."""
+    order_file = tmp_path / "order.txt"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
+    env.update(PYTHONPATH=os.pathsep.join([str(TESTS), str(tmp_path), env.get("PYTHONPATH", "")]),
+               KAFKA_EOS_TEST_BOOTSTRAP="127.0.0.1:1", RUN_ORDER_FILE=str(order_file), KAFKA_EOS_HOME=str(tmp_path / "home"),
+               KAFKA_EOS_TEST_DURATIONS=str(durations))
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-n", str(workers), "--dist", "loadscope",
+                          "-p", "no:cacheprovider", "-q", *args, *modules],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    return run, order_file
+
+
 def test_the_longest_work_starts_first_and_only_short_tests_wait_behind_it(tmp_path):
     """The soak, the wheel's test: by the recorded durations, a test of minutes collected last is
     handed out first, and what its worker holds behind it comes from the queue's end (the shortest
@@ -67,14 +81,8 @@ def test_the_longest_work_starts_first_and_only_short_tests_wait_behind_it(tmp_p
                  **{f"test_a.py::test_a[{i}]": 20.0 - i for i in range(6)},
                  **{f"test_c.py::test_c[{i}]": 0.6 - i / 10 for i in range(6)}}
     (tmp_path / "durations.json").write_text(json.dumps(durations))
-    order_file = tmp_path / "order.txt"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
-    env.update(PYTHONPATH=os.pathsep.join([str(TESTS), str(tmp_path), env.get("PYTHONPATH", "")]),
-               KAFKA_EOS_TEST_BOOTSTRAP="127.0.0.1:1", RUN_ORDER_FILE=str(order_file), KAFKA_EOS_HOME=str(tmp_path / "home"),
-               KAFKA_EOS_TEST_DURATIONS=str(tmp_path / "durations.json"))
-    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-n", "2", "--dist", "loadscope",
-                          "-p", "no:cacheprovider", "-q", "test_a.py", "test_c.py", "test_z_long.py"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    run, order_file = _ordered_session(tmp_path, 2, ["test_a.py", "test_c.py", "test_z_long.py"],
+                                       tmp_path / "durations.json")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     runs = sorted((line.split() for line in order_file.read_text().splitlines()), key=lambda r: float(r[1]))
     assert len(runs) == 13
@@ -124,15 +132,8 @@ def test_the_waiting_modules_run_on_the_last_worker_and_only_they(tmp_path):
             f"pytestmark = [pytest.mark.integration{mark}]\n\n"
             f"@pytest.mark.parametrize('i', range({tests}))\n"
             f"def test_{module}(i):\n    record('{module}')\n    time.sleep(0.2)\n")
-    order_file = tmp_path / "order.txt"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
-    env.update(PYTHONPATH=os.pathsep.join([str(TESTS), str(tmp_path), env.get("PYTHONPATH", "")]),
-               KAFKA_EOS_TEST_BOOTSTRAP="127.0.0.1:1", RUN_ORDER_FILE=str(order_file), KAFKA_EOS_HOME=str(tmp_path / "home"),
-               KAFKA_EOS_TEST_DURATIONS=str(tmp_path / "none.json"))
-    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-n", "4", "--dist", "loadscope",
-                          "-p", "no:cacheprovider", "-q", "-m", "integration or not integration",
-                          "test_busy.py", "test_sleepy.py", "test_nap.py"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    run, order_file = _ordered_session(tmp_path, 4, ["test_busy.py", "test_sleepy.py", "test_nap.py"],
+                                       tmp_path / "none.json", "-m", "integration or not integration")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert "15 passed" in run.stdout, run.stdout[-3000:]
     runs = [line.split() for line in order_file.read_text().splitlines()]

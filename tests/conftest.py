@@ -201,12 +201,14 @@ def pytest_xdist_make_scheduler(config, log):
 
         def _waiting_lane(self):
             """The worker that runs the waiting modules (:data:`WAITS_MARK`): the session's
-            last, while it runs; None with fewer than :data:`WAITING_LANE_WORKERS` workers."""
-            workers = getattr(config.option, "numprocesses", None) or 0
-            if not isinstance(workers, int) or workers < WAITING_LANE_WORKERS:
+            last (a crashed worker's replacement is numbered after them all, never the lane),
+            while it runs beside another that can take the rest; None with fewer than
+            :data:`WAITING_LANE_WORKERS` workers."""
+            if self.numnodes < WAITING_LANE_WORKERS:
                 return None
-            return next((n for n in self.assigned_work if n.gateway.id == f"gw{workers - 1}"
-                         and not n.shutting_down), None)
+            live = [n for n in self.assigned_work if not n.shutting_down]
+            lane = next((n for n in live if n.gateway.id == f"gw{self.numnodes - 1}"), None)
+            return lane if lane is not None and len(live) > 1 else None
 
         def _assign_work_unit(self, node):
             # pytest-xdist queues the units by their number of tests, most first, then as

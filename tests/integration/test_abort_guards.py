@@ -22,7 +22,7 @@ from kafka_eos.health.attribute import admin, open_transactions
 from kafka_eos.health.detect import find_stalls
 from kafka_eos.readers import read_committed
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.waits]
 
 
 def cli(capsys, settings, *argv: str) -> tuple[int, str, str]:

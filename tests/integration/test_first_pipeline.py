@@ -26,7 +26,7 @@ from kafka_eos_lab import faults
 from waiting import wait_until
 from wheel_build import build_wheel
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.waits]
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "first-pipeline.md"

@@ -18,7 +18,7 @@ from kafka_eos.errors import RecordRefused
 from kafka_eos.pipeline import prepare_plan, verify
 from kafka_eos.readers import read_committed
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.waits]
 
 SMALL = 10  # small records per source partition
 

@@ -18,7 +18,7 @@ from kafka_eos.errors import DataLossError
 from kafka_eos.readers import read_committed
 from waiting import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.waits]
 
 #: A recent hour, on a 5-minute boundary: older records would be deleted by the broker's
 #: retention (7 days) while the test runs.

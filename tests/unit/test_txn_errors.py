@@ -1,11 +1,7 @@
 """The commit protocol's one retry routine, on a faked producer (failure paths only; the
-protocol itself is proved against a real broker in tests/integration), and its shared readers
-of group offsets across a fork."""
+protocol itself is proved against a real broker in tests/integration)."""
 
 from __future__ import annotations
-
-import os
-import time
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -226,34 +222,3 @@ def test_a_new_transactional_producer_asks_for_a_topics_metadata_twice_before_it
     assert calls == [("metadata", "kafka-eos.p|orders|2"), ("metadata", "kafka-eos.p|orders|2"),
                      ("init", "kafka-eos.p|orders|2"), ("metadata", "kafka-eos.p"), ("metadata", "kafka-eos.p"),
                      ("init", "kafka-eos.p")]
-
-
-def test_a_forked_child_reads_group_offsets_with_readers_of_its_own():
-    """A child made by ``os.fork()`` after the parent read group offsets: the parent's reader
-    (its librdkafka threads are gone in the child) is neither used nor destroyed there; the child
-    that reads builds its own."""
-    from kafka_eos import kafka_admin, txn
-
-    settings = KafkaSettings("127.0.0.1:9")
-    parent, _ = txn._shared_reader(settings, "g")
-    try:
-        pid = os.fork()
-        if pid == 0:  # the child: any failure is its exit status
-            try:
-                ok = not txn._readers and txn._shared_reader(settings, "g")[0] is not parent
-                ok = ok and any(parked.get((settings.key, "g"), (None,))[0] is parent
-                                for parked in kafka_admin._inherited if isinstance(parked, dict))
-            except BaseException:  # noqa: BLE001 - reported as the exit status
-                ok = False
-            os._exit(0 if ok else 1)
-        deadline = time.monotonic() + 30
-        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if done[0] == 0:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-        assert done[0] == pid, "the child did not end within 30 s"
-        assert os.waitstatus_to_exitcode(done[1]) == 0
-        assert txn._shared_reader(settings, "g")[0] is parent  # the parent's own, untouched
-    finally:
-        txn._readers.pop((settings.key, "g"))[0].close()

@@ -44,6 +44,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import threading
 import time
 from collections import Counter
@@ -53,7 +54,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from kafka_eos import probes
 from kafka_eos.errors import DeadLetterWithoutTopic, RangeMismatch, RecordRefused, SpecError
-from kafka_eos.kafka_admin import TP
+from kafka_eos.kafka_admin import TP, keep_inherited
 from kafka_eos.manifest import COMMITTED, NOOP, ManifestStore, now_iso, partition_key, run_key
 from kafka_eos.plan import PartitionRange, Plan
 from kafka_eos.settings import KafkaSettings
@@ -205,6 +206,20 @@ def partition_commit(spec: PipelineSpec, r: PartitionRange, settings: KafkaSetti
 #: This process's kept commits (:func:`kept_commit`): key -> (commit, last used, monotonic).
 _kept: dict[tuple, tuple[TransactionalCommit, float]] = {}
 _kept_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """In a child made by ``os.fork()`` (OpenLineage's event pool in a task process, say): no
+    kept commits; the parent's, whose producers' librdkafka threads did not survive the fork, kept
+    and never used, closed or destroyed (``kafka_admin.keep_inherited``). The child that commits
+    builds its own, under the same transactional.ids: the parent's are fenced then."""
+    global _kept, _kept_lock
+    if _kept:
+        keep_inherited(_kept)
+    _kept, _kept_lock = {}, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _kept_key(spec: PipelineSpec, r: PartitionRange, settings: KafkaSettings) -> tuple:

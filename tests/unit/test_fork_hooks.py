@@ -44,6 +44,14 @@ def _parked(obj: object) -> bool:
                for parked in kafka_admin._inherited)
 
 
+def _free(lock) -> bool:
+    """``lock`` can be taken (and is given back): not one the parent held at the fork."""
+    if not lock.acquire(timeout=1):
+        return False
+    lock.release()
+    return True
+
+
 def test_a_forked_child_reads_group_offsets_with_readers_of_its_own():
     """After the parent read group offsets: the parent's reader is neither used nor destroyed in
     the child; the child that reads builds its own."""
@@ -52,8 +60,10 @@ def test_a_forked_child_reads_group_offsets_with_readers_of_its_own():
     settings = KafkaSettings("127.0.0.1:9")
     parent, _ = txn._shared_reader(settings, "g")
     try:
-        _holds_in_a_forked_child(lambda: not txn._readers and _parked(parent)
-                                 and txn._shared_reader(settings, "g")[0] is not parent)
+        with txn._readers_lock:  # held by another of the parent's threads at the fork: not the child's
+            _holds_in_a_forked_child(lambda: not txn._readers and _parked(parent)
+                                     and _free(txn._readers_lock)
+                                     and txn._shared_reader(settings, "g")[0] is not parent)
         assert txn._shared_reader(settings, "g")[0] is parent  # the parent's own, untouched
     finally:
         txn._readers.pop((settings.key, "g"))[0].close()
@@ -61,20 +71,17 @@ def test_a_forked_child_reads_group_offsets_with_readers_of_its_own():
 
 def test_a_forked_child_keeps_no_commit_of_its_parents_stream():
     """A stream's kept per-partition commits (their producers): in the child, none is kept (a
-    batch there builds its own commit) and the parent's are parked, never closed; the parent's
-    stay its own."""
+    batch there builds its own commit), the parent's are parked, and the cache's lock is the
+    child's own; the parent's commits stay its own."""
     from kafka_eos.sinks import per_partition
 
-    class Commit:  # stands in for a kept TransactionalCommit: closing it in the child is the fault
-        closed = False
-
-        def close(self):
-            self.closed = True
-
-    key, commit = ("kafka-eos.p.orders.0",), Commit()
+    commit = object()  # stands in for a kept TransactionalCommit
+    key = ("kafka-eos.p.orders.0",)
     per_partition._kept[key] = (commit, time.monotonic())
     try:
-        _holds_in_a_forked_child(lambda: not per_partition._kept and _parked(commit) and not commit.closed)
-        assert per_partition._kept[key][0] is commit and not commit.closed
+        with per_partition._kept_lock:  # held by another of the parent's threads at the fork
+            _holds_in_a_forked_child(lambda: not per_partition._kept and _parked(commit)
+                                     and _free(per_partition._kept_lock))
+        assert per_partition._kept[key][0] is commit
     finally:
         per_partition._kept.pop(key, None)

@@ -291,12 +291,6 @@ def airflow_deployment(kafka_settings, free_ports, postgres_url):
                "AIRFLOW__KAFKA_EOS__DAG_ID_PREFIXES": "team_c__",
                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,alice:viewer,bob:viewer",
                "KAFKA_EOS_LAB_DAG_ACCESS": json.dumps(PAGE_USERS),  # kafka_eos_lab.auth.ACCESS_ENV
-               # Each test asks for the parse of what it writes (LocalAirflow.wait_for_dag: a new
-               # file is found within the refresh interval's 5 s), so the dag-processor's own
-               # passes over unchanged files come every 5 minutes, not every 30 s: an idle
-               # deployment's dag-processor 1.1 % of a core rather than 2.9 % (measured over
-               # 120 s), through the 20 minutes this deployment lives.
-               "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "300",
                **statsd.environ()}
     deployment = LocalAirflow(home / "home", free_ports(1), home / "dags", environ,
                               database_url=postgres_url.rsplit("/", 1)[0] + f"/{database}", executor="celery",

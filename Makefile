@@ -27,7 +27,7 @@ demo-avro: setup
 TEST_WORKERS ?= 4
 
 test: setup postgres redis chromium compose-tool
-	@echo "make test: every test, on $(TEST_WORKERS) workers: 15-23 minutes on 2 cores, by the host's speed (make test-quick: about a minute)"
+	@echo "make test: every test, on $(TEST_WORKERS) workers: 20-28 minutes on 2 cores, by the host's speed (make test-quick: about a minute)"
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadscope -m "not chaos" $(PYTEST_ARGS)
 
 # The edit loop: the unit tests and the quick integration tests (marked quick) on the shared

@@ -26,7 +26,7 @@ from kafka_eos_lab import faults
 from waiting import wait_until
 from wheel_build import build_wheel
 
-pytestmark = [pytest.mark.integration, pytest.mark.waits]
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "first-pipeline.md"
@@ -68,6 +68,9 @@ def _forget_the_guides_pipeline(settings) -> None:
             fut.result(30)
 
 
+# The guide's own bound, not the suite's 15 minutes: on a slow hour its fresh virtualenv and its
+# Airflow took 14 minutes under a loaded session's start.
+@pytest.mark.timeout(GUIDE_TIMEOUT_S)
 def test_the_first_pipeline_guide_runs_as_written(tmp_path_factory, kafka_settings, free_ports):
     work = tmp_path_factory.mktemp("first-pipeline")
     project, state = work / "project", work / "state"

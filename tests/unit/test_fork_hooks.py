@@ -39,8 +39,8 @@ def _parked(obj: object) -> bool:
     """``obj`` is among what this (child) process keeps of its parent's clients."""
     from kafka_eos import kafka_admin
 
-    return any(obj is parked or (isinstance(parked, dict) and any(obj is v or (isinstance(v, tuple) and obj in v)
-                                                               for v in parked.values()))
+    # Each cache parked is a dict whose values are tuples holding the client (and its lock or age).
+    return any(isinstance(parked, dict) and any(obj in value for value in parked.values())
                for parked in kafka_admin._inherited)
 
 

@@ -53,6 +53,37 @@ START_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 30.0
 #: The login of the local deployment (Airflow's simple auth manager; its password is generated).
 ADMIN = "admin"
+#: A REST call's read timeout. A token request or a GET whose answer does not come within it is
+#: asked again until :data:`REST_PATIENCE_S` have passed since its first try: on a saturated
+#: machine the API server can be slower than one read timeout. Any other call (a DAG run's POST)
+#: is asked once only: asked again, it could trigger two runs.
+REST_READ_S = 60.0
+REST_PATIENCE_S = 180.0
+#: A user's bearer token is used for this long, then asked for again (Airflow issues it for 24 h);
+#: sooner when the API server refuses it (401: a restarted deployment's new signing key).
+TOKEN_REUSE_S = 600.0
+
+
+def _timed_out(exc: OSError) -> bool:
+    """The server took longer than the read timeout (not: refused, reset, an HTTP error)."""
+    return isinstance(exc, TimeoutError) or (type(exc) is urllib.error.URLError and isinstance(exc.reason, TimeoutError))
+
+
+def _answer(req: urllib.request.Request, again_on_timeout: bool) -> bytes:
+    """The body of the answer to ``req``; asked again after a read timeout while
+    :data:`REST_PATIENCE_S` have not passed (``again_on_timeout``: the request is safe to repeat).
+
+    :raises urllib.error.HTTPError: the API server answered with an error.
+    :raises OSError: no answer (refused, reset; a timeout once patience ran out).
+    """
+    deadline = time.monotonic() + REST_PATIENCE_S
+    while True:
+        try:
+            with urllib.request.urlopen(req, timeout=REST_READ_S) as resp:
+                return resp.read()
+        except OSError as exc:
+            if not (again_on_timeout and _timed_out(exc)) or time.monotonic() >= deadline:
+                raise
 
 
 def connections_environ(settings, spark_master: str | None = None, spark_remote: str | None = None) -> dict[str, str]:
@@ -131,6 +162,8 @@ class LocalAirflow:
     #: --executor celery``): its ``database_url`` names a database on it.
     postgres: object | None = None
     _log_start: dict[str, int] = field(default_factory=dict, repr=False)
+    #: Each user's bearer token, and when it was issued (``time.monotonic()``).
+    _tokens: dict[str, tuple[float, str]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
@@ -429,12 +462,17 @@ class LocalAirflow:
             self.postgres.stop()
 
     def token(self, user: str = ADMIN) -> str:
-        """A bearer token of a user (the admin by default) for the REST API."""
+        """A bearer token of a user (the admin by default) for the REST API: the one issued within
+        :data:`TOKEN_REUSE_S`, else a new one."""
+        issued, token = self._tokens.get(user, (0.0, ""))
+        if token and time.monotonic() - issued < TOKEN_REUSE_S:
+            return token
         body = json.dumps({"username": user, "password": self.password(user)}).encode()
         req = urllib.request.Request(f"{self.url}/auth/token", data=body, method="POST",
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return json.load(resp)["access_token"]
+        token = json.loads(_answer(req, again_on_timeout=True))["access_token"]
+        self._tokens[user] = (time.monotonic(), token)
+        return token
 
     def run_note(self, dag_id: str, run_id: str) -> str | None:
         """The note a kafka-eos pipeline run left: the XCom ``note`` of its verify task, else of its
@@ -451,12 +489,22 @@ class LocalAirflow:
         return None
 
     def api(self, method: str, path: str, body: dict | None = None, user: str = ADMIN) -> dict:
-        """One REST call (``/api/v2/…``) as a user (the admin by default); the decoded JSON answer."""
-        req = urllib.request.Request(f"{self.url}{path}", method=method,
-                                     data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json",
-                                              "Authorization": f"Bearer {self.token(user)}"})
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            body = resp.read()
-            return json.loads(body) if body else {}  # 204 No Content (a DELETE)
+        """One REST call (``/api/v2/…``) as a user (the admin by default); the decoded JSON answer.
+        A GET is asked again after a read timeout (:data:`REST_PATIENCE_S`); a call refused with
+        401 is made once more with a new token (a refused call did nothing)."""
+        def ask() -> bytes:
+            req = urllib.request.Request(f"{self.url}{path}", method=method,
+                                         data=None if body is None else json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json",
+                                                  "Authorization": f"Bearer {self.token(user)}"})
+            return _answer(req, again_on_timeout=method == "GET")
+
+        try:
+            answer = ask()
+        except urllib.error.HTTPError as exc:
+            if exc.code != 401:
+                raise
+            self._tokens.pop(user, None)  # expired, or signed by an earlier start's key
+            answer = ask()
+        return json.loads(answer) if answer else {}  # 204 No Content (a DELETE)
 

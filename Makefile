@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 JARS   := .local/jars
 MVN    := mvn -q -B -s jvm/settings.xml -f jvm/pom.xml
 
-.PHONY: demo demo-avro test test-quick chaos soak bench bench-stream bench-page bench-scale structure wheel compat compat-floors setup install jars postgres redis chromium compose-tool kafka-start kafka-stop cluster-up cluster-down airflow-up airflow-down clean
+.PHONY: demo demo-avro test test-quick chaos soak bench bench-stream bench-page bench-scale structure wheel compat compat-floors setup install jars debian-packages postgres redis chromium compose-tool kafka-start kafka-stop cluster-up cluster-down airflow-up airflow-down clean
 
 demo: setup
 	$(VENV)/bin/kafka-eos demo
@@ -26,7 +26,8 @@ demo-avro: setup
 # each stay on one worker (tests/conftest.py).
 TEST_WORKERS ?= 4
 
-test: setup postgres redis chromium compose-tool
+test: setup
+	@$(MAKE) --no-print-directory debian-packages PACKAGES="$(TEST_PACKAGES)"
 	@echo "make test: every test, on $(TEST_WORKERS) workers: 20-28 minutes on 2 cores, by the host's speed (make test-quick: about a minute)"
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadscope -m "not chaos" $(PYTEST_ARGS)
 
@@ -43,33 +44,38 @@ test-quick: setup
 structure:
 	python3 tests/structure.py
 
-# The SQL sink is tested on PostgreSQL too: Debian's server package (the tests start a
-# throwaway cluster of their own on 127.0.0.1).
+# Debian's packages the tests start, each installed only where missing, all in one apt-get run (on a
+# fresh machine each apt-get's index update costs seconds): `make debian-packages PACKAGES="..."`.
+# - postgresql: the SQL sink is tested on PostgreSQL too (the tests start throwaway clusters of
+#   their own on 127.0.0.1);
+# - redis-server: Airflow's CeleryExecutor takes Redis as Celery's broker (kafka-eos airflow start
+#   --executor celery, the deployment tests, the soak), started by them on 127.0.0.1;
+# - chromium, chromium-driver: the browser tests drive Debian's Chromium with Selenium (the system
+#   driver: nothing is downloaded at run time);
+# - docker-compose: the compose-file test runs its `config` (or the docker compose plugin where
+#   present); no Docker engine is needed for it.
+TEST_PACKAGES = postgresql redis-server chromium chromium-driver docker-compose
+debian-packages:
+	@missing=""; for package in $(PACKAGES); do \
+	  case $$package in \
+	    postgresql) ls /usr/lib/postgresql/*/bin/initdb ;; \
+	    chromium-driver) command -v chromedriver ;; \
+	    docker-compose) command -v docker-compose || docker compose version ;; \
+	    *) command -v $$package ;; \
+	  esac >/dev/null 2>&1 || missing="$$missing $$package"; \
+	done; \
+	[ -z "$$missing" ] || { \
+	  echo "installing from Debian's packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; }
+
 postgres:
-	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
-	  echo "installing PostgreSQL from Debian's packages"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
-
-# Airflow's CeleryExecutor takes Redis as Celery's broker (kafka-eos airflow start --executor celery,
-# the deployment tests): Debian's server package, started by them on 127.0.0.1.
+	@$(MAKE) --no-print-directory debian-packages PACKAGES=postgresql
 redis:
-	@command -v redis-server >/dev/null 2>&1 || { \
-	  echo "installing Redis from Debian's packages"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
-
-# The trigger-form test drives Debian's Chromium with Selenium (the system driver: nothing is
-# downloaded at run time).
+	@$(MAKE) --no-print-directory debian-packages PACKAGES=redis-server
 chromium:
-	@command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || { \
-	  echo "installing Chromium from Debian's packages"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
-
-# The compose-file test runs `config` with Debian's docker-compose (or the docker compose plugin
-# where present): no Docker engine is needed for it.
+	@$(MAKE) --no-print-directory debian-packages PACKAGES="chromium chromium-driver"
 compose-tool:
-	@command -v docker-compose >/dev/null 2>&1 || docker compose version >/dev/null 2>&1 || { \
-	  echo "installing docker-compose from Debian's packages"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null; }
+	@$(MAKE) --no-print-directory debian-packages PACKAGES=docker-compose
 
 # The Kafka broker versions docs/versions.md claims: the exactly-once and hung-transaction tests
 # against a broker of each version, started from its own jars (Maven Central) on 127.0.0.1:19400.
@@ -207,7 +213,7 @@ chaos: setup postgres redis
 # (docs/soak.md). The report and the lag chart go to .local/soak/<time>/report.
 SOAK_MINUTES ?= 60
 
-soak: setup postgres
+soak: setup postgres redis
 	SOAK_MINUTES=$(SOAK_MINUTES) SOAK_SEED=$(SOAK_SEED) $(PY) -m kafka_eos_lab.soak
 
 # Throughput beside plain at-least-once Spark and Kafka's own perf tools, fixed costs, the planner

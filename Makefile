@@ -201,7 +201,8 @@ $(JARS)/registry/.resolved: jvm/registry/pom.xml
 # faults inside the read: every kind at every point of a task's input, in each scope, in-process
 # and through Spark Connect servers with and without kafka-eos's plugin, and a Spark executor (the
 # application's JVM) killed mid-read under spark-submit.
-chaos: setup postgres redis
+chaos: setup
+	@$(MAKE) --no-print-directory debian-packages PACKAGES="postgresql redis-server"
 	$(PY) -m kafka_eos_lab.chaos $(CHAOS_ARGS)
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests/dags/test_celery_workers.py
 	$(VENV)/bin/pytest -q -p no:cacheprovider -m chaos tests/integration/test_read_faults.py \
@@ -213,7 +214,8 @@ chaos: setup postgres redis
 # (docs/soak.md). The report and the lag chart go to .local/soak/<time>/report.
 SOAK_MINUTES ?= 60
 
-soak: setup postgres redis
+soak: setup
+	@$(MAKE) --no-print-directory debian-packages PACKAGES="postgresql redis-server"
 	SOAK_MINUTES=$(SOAK_MINUTES) SOAK_SEED=$(SOAK_SEED) $(PY) -m kafka_eos_lab.soak
 
 # Throughput beside plain at-least-once Spark and Kafka's own perf tools, fixed costs, the planner

@@ -19,8 +19,8 @@ from kafka_eos.local.airflow import LocalAirflow
 
 class FakeApi(ThreadingHTTPServer):
     """``POST /auth/token`` issues ``token-N``; any other path answers ``{"path": …, "token": …}``.
-    The next ``late[path]`` requests to that path are answered after :attr:`delay_s`; ``refused``
-    tokens get 401."""
+    The next ``late[path]`` requests to that path are answered only once :attr:`release` is set
+    (at the test's end: the client has given up on them); ``refused`` tokens get 401."""
 
     daemon_threads = True
 
@@ -29,7 +29,7 @@ class FakeApi(ThreadingHTTPServer):
         self.calls: list[tuple[str, str]] = []
         self.late: dict[str, int] = {}
         self.refused: set[str] = set()
-        self.delay_s = 0.0
+        self.release = threading.Event()
         self.issued = 0
 
 
@@ -44,7 +44,7 @@ class _Handler(BaseHTTPRequestHandler):
             issued = api.issued  # numbered as asked for, whenever answered
         if api.late.get(path, 0) > 0:
             api.late[path] -= 1
-            time.sleep(api.delay_s)
+            api.release.wait()
         if path == "/auth/token":
             status, answer = 201, {"access_token": f"token-{issued}"}
         else:
@@ -67,40 +67,46 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def api(monkeypatch, tmp_path):
-    monkeypatch.setattr(local_airflow, "REST_READ_S", 0.3)
-    monkeypatch.setattr(local_airflow, "REST_PATIENCE_S", 5.0)
+    monkeypatch.setattr(local_airflow, "REST_READ_S", 1.0)
+    monkeypatch.setattr(local_airflow, "REST_PATIENCE_S", 30.0)
     server = FakeApi()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server, LocalAirflow(tmp_path / "home", server.server_address[1], tmp_path / "dags")
+    server.release.set()
     server.shutdown()
     server.server_close()
 
 
 def test_a_late_token_and_a_late_get_are_asked_again(api):
     server, airflow = api
-    server.delay_s, server.late = 0.6, {"/auth/token": 2, "/api/v2/dags": 1}
+    server.late = {"/auth/token": 2, "/api/v2/dags": 1}
     assert airflow.api("GET", "/api/v2/dags") == {"path": "/api/v2/dags", "token": "token-3"}
     assert server.calls == [("POST", "/auth/token")] * 3 + [("GET", "/api/v2/dags")] * 2
 
 
-def test_a_late_post_is_not_asked_again(api):
+def test_a_late_post_is_waited_for_once_not_asked_again(api, monkeypatch):
     server, airflow = api
-    server.delay_s, server.late = 0.6, {"/api/v2/dags/d/dagRuns": 1}
+    monkeypatch.setattr(local_airflow, "REST_PATIENCE_S", 2.0)
+    server.late = {"/api/v2/dags/d/dagRuns": 1}
+    started = time.monotonic()
     with pytest.raises((TimeoutError, urllib.error.URLError)):
         airflow.api("POST", "/api/v2/dags/d/dagRuns", {"conf": {}})
+    assert time.monotonic() - started >= 2.0  # the whole patience, not one read's timeout
     assert server.calls.count(("POST", "/api/v2/dags/d/dagRuns")) == 1
 
 
 def test_patience_runs_out(api, monkeypatch):
     server, airflow = api
-    monkeypatch.setattr(local_airflow, "REST_PATIENCE_S", 1.0)
-    server.delay_s, server.late = 0.6, {"/api/v2/dags": 100}
+    monkeypatch.setattr(local_airflow, "REST_PATIENCE_S", 2.4)
+    airflow.token()
+    server.late = {"/api/v2/dags": 100}
     started = time.monotonic()
     with pytest.raises((TimeoutError, urllib.error.URLError)):
         airflow.api("GET", "/api/v2/dags")
-    assert time.monotonic() - started < 3.0
-    assert 2 <= server.calls.count(("GET", "/api/v2/dags")) <= 5
+    waited = time.monotonic() - started
+    assert 2.4 <= waited < 2.8, waited  # the patience, not a whole read's timeout beyond it
+    assert server.calls.count(("GET", "/api/v2/dags")) == 3  # 1 s, 1 s, then the last 0.4 s
 
 
 def test_a_token_is_reused_and_a_refused_one_replaced_once(api, monkeypatch):
@@ -114,5 +120,7 @@ def test_a_token_is_reused_and_a_refused_one_replaced_once(api, monkeypatch):
     with pytest.raises(urllib.error.HTTPError) as refused:
         airflow.api("GET", "/d")
     assert refused.value.code == 401
-    monkeypatch.setattr(local_airflow, "TOKEN_REUSE_S", 0.0)  # an old token is not used
+    server.refused.clear()
+    monkeypatch.setattr(local_airflow, "TOKEN_REUSE_S", 0.0)  # an old token is not used: asked for anew
     assert airflow.api("GET", "/e")["token"] == "token-4"
+    assert server.calls[-2:] == [("POST", "/auth/token"), ("GET", "/e")]

@@ -56,7 +56,7 @@ ADMIN = "admin"
 #: A REST call's read timeout. A token request or a GET whose answer does not come within it is
 #: asked again until :data:`REST_PATIENCE_S` have passed since its first try: on a saturated
 #: machine the API server can be slower than one read timeout. Any other call (a DAG run's POST)
-#: is asked once only: asked again, it could trigger two runs.
+#: is asked once only, and waited for as long (asked again, it could trigger two runs).
 REST_READ_S = 60.0
 REST_PATIENCE_S = 180.0
 #: A user's bearer token is used for this long, then asked for again (Airflow issues it for 24 h);
@@ -70,19 +70,23 @@ def _timed_out(exc: OSError) -> bool:
 
 
 def _answer(req: urllib.request.Request, again_on_timeout: bool) -> bytes:
-    """The body of the answer to ``req``; asked again after a read timeout while
-    :data:`REST_PATIENCE_S` have not passed (``again_on_timeout``: the request is safe to repeat).
+    """The body of the answer to ``req``, waited for :data:`REST_PATIENCE_S` in all: in one read
+    (a request not safe to repeat), else in reads of :data:`REST_READ_S`, asked again after each
+    that timed out (``again_on_timeout``).
 
     :raises urllib.error.HTTPError: the API server answered with an error.
     :raises OSError: no answer (refused, reset; a timeout once patience ran out).
     """
+    if not again_on_timeout:
+        with urllib.request.urlopen(req, timeout=REST_PATIENCE_S) as resp:
+            return resp.read()
     deadline = time.monotonic() + REST_PATIENCE_S
     while True:
         try:
-            with urllib.request.urlopen(req, timeout=REST_READ_S) as resp:
+            with urllib.request.urlopen(req, timeout=min(REST_READ_S, deadline - time.monotonic())) as resp:
                 return resp.read()
         except OSError as exc:
-            if not (again_on_timeout and _timed_out(exc)) or time.monotonic() >= deadline:
+            if not _timed_out(exc) or time.monotonic() >= deadline:
                 raise
 
 

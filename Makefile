@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 JARS   := .local/jars
 MVN    := mvn -q -B -s jvm/settings.xml -f jvm/pom.xml
 
-.PHONY: demo demo-avro test test-quick chaos soak bench bench-stream bench-page bench-scale structure wheel compat compat-floors setup install jars debian-packages postgres redis chromium compose-tool kafka-start kafka-stop cluster-up cluster-down airflow-up airflow-down clean
+.PHONY: demo demo-avro test test-quick chaos soak bench bench-stream bench-page bench-scale structure wheel compat compat-floors setup install jars debian-packages postgres compose-tool kafka-start kafka-stop cluster-up cluster-down airflow-up airflow-down clean
 
 demo: setup
 	$(VENV)/bin/kafka-eos demo
@@ -68,12 +68,9 @@ debian-packages:
 	  echo "installing from Debian's packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; }
 
+# The two a message of the code names (a missing PostgreSQL server, a missing Compose tool).
 postgres:
 	@$(MAKE) --no-print-directory debian-packages PACKAGES=postgresql
-redis:
-	@$(MAKE) --no-print-directory debian-packages PACKAGES=redis-server
-chromium:
-	@$(MAKE) --no-print-directory debian-packages PACKAGES="chromium chromium-driver"
 compose-tool:
 	@$(MAKE) --no-print-directory debian-packages PACKAGES=docker-compose
 

@@ -28,7 +28,7 @@ TEST_WORKERS ?= 4
 
 test: setup
 	@$(MAKE) --no-print-directory debian-packages PACKAGES="$(TEST_PACKAGES)"
-	@echo "make test: every test, on $(TEST_WORKERS) workers: 19-28 minutes on 2 cores, by the host's speed (make test-quick: about a minute)"
+	@echo "make test: every test, on $(TEST_WORKERS) workers: 18-28 minutes on 2 cores, by the host's speed (make test-quick: about a minute)"
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadscope -m "not chaos" $(PYTEST_ARGS)
 
 # The edit loop: the unit tests and the quick integration tests (marked quick) on the shared

@@ -3,7 +3,10 @@ the run, and the timeout is a spec setting the brokers must accept."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
+from confluent_kafka import KafkaException, Producer
 
 from kafka_eos import kafka_admin
 from kafka_eos.batch import run_batch
@@ -11,6 +14,7 @@ from kafka_eos.errors import SpecError
 from kafka_eos.pipeline import prepare_plan
 from kafka_eos.readers import read_committed
 from kafka_eos.sample_data import produce_orders
+from waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.waits]
 
@@ -68,3 +72,55 @@ def test_a_timeout_above_the_brokers_limit_fails_before_spark(spark, kafka_setti
         run_batch(spark, spec, plan, kafka_settings)
     tps = [r.tp for r in plan.ranges]
     assert set(kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, tps).values()) == {None}
+
+
+#: The transaction timeout of the test below (6 s: a commit right after a record stays well within
+#: it on a busy machine), and how long its late first record waits after ``begin_transaction``: past
+#: the timeout and the coordinator's next look (every 5 s on the test brokers,
+#: ``transaction.abort.timed.out.transaction.cleanup.interval.ms``), with 5 s to spare.
+CLOCK_TIMEOUT_S, LATE_FIRST_RECORD_S = 6, 16
+
+
+def test_the_transaction_timeout_counts_from_the_first_record_not_from_begin(kafka_settings, unique):
+    """What ``sink.transaction_timeout_s`` counts (docs/configuration.md): at the coordinator a
+    transaction starts with its first record, not with ``begin_transaction``
+    (librdkafka, without KIP-890's second transaction protocol, adds a partition with its first
+    record; ``begin_transaction`` sends nothing). So a one-pass atomic run's timeout runs from the
+    first rows the driver produces, not from its Spark job's start."""
+    topic = f"{unique}.out"
+    kafka_admin.create_topics(kafka_settings, {topic: 1})
+
+    def producer(name: str) -> Producer:
+        p = Producer({**kafka_settings.client_config(), "transactional.id": f"{unique}-{name}",
+                      "transaction.timeout.ms": CLOCK_TIMEOUT_S * 1000})
+        p.init_transactions(30)
+        return p
+
+    # Begun long before its first record, committed right after it: within its timeout.
+    late = producer("late")
+    late.begin_transaction()
+    time.sleep(LATE_FIRST_RECORD_S)
+    late.produce(topic, b"late")
+    late.commit_transaction(30)
+
+    # Its first record long before the commit: the coordinator aborts it (and bumps its epoch).
+    early = producer("early")
+    early.begin_transaction()
+    early.produce(topic, b"early")
+    assert early.flush(30) == 0
+    admin = kafka_admin.transaction_admin(kafka_settings)
+    try:
+        txid = f"{unique}-early"
+
+        def ended() -> bool:
+            state = admin.describe_transactions([txid])[txid].state
+            return getattr(state, "value", str(state)) in ("PrepareAbort", "CompleteAbort")
+
+        wait_until("the coordinator's abort of the early transaction", ended, 60, every_s=0.5)
+    finally:
+        admin.close()
+    with pytest.raises(KafkaException) as failed:
+        early.commit_transaction(30)
+    assert failed.value.args[0].fatal(), failed.value  # fenced by its coordinator's epoch bump
+
+    assert [m.value for m in read_committed(kafka_settings, topic)] == [b"late"]

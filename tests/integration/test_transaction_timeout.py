@@ -1,5 +1,6 @@
 """An atomic Kafka transaction that outlasts its timeout while Spark computes is not the end of
-the run, and the timeout is a spec setting the brokers must accept."""
+the run, the timeout is a spec setting the brokers must accept, and it counts from the
+transaction's first record."""
 
 from __future__ import annotations
 

@@ -31,6 +31,11 @@ def unioned(df):
     bad = df.where(F.col("offset") % 2 == 1).select(*cols, F.lit("odd offset").alias("dlq_reason"))
     return good.unionByName(bad)
 
+def without_partition_1(df):
+    # Row-wise (one pass), but every row of source partition 1 is filtered out.
+    return df.where(F.col("partition") != 1).select("key", "value", "headers", "topic", "partition", "offset",
+                                                    F.lit(None).cast("string").alias("dlq_reason"))
+
 def relabelled(df):
     # No Exchange, one task per source partition, but every row claims partition 0.
     return df.select("key", "value", "headers", "topic", F.lit(0).alias("partition"), "offset",
@@ -102,6 +107,39 @@ def test_per_partition_in_one_pass_a_task_whose_rows_claim_another_partition_com
     assert offsets == {(src, 0): ends[(src, 0)], (src, 1): None, (src, 2): None}
     source_0 = [m.value for m in read_committed(kafka_settings, src) if m.partition == 0]
     assert sorted(m.value for m in read_committed(kafka_settings, spec.sink.topic)) == sorted(source_0)
+
+
+def test_per_partition_in_one_pass_a_partition_whose_rows_are_all_filtered_out_commits_its_offsets_once(
+        spark, kafka_settings, make_spec, transforms_module):
+    """One pass, and a transform that keeps no row of partition 1: that task finds no row at its
+    end, aborts its transaction, and the driver commits the range's offsets alone (step 4). The
+    other partitions' rows are written once; every checkpoint ends at its range's end (past the
+    aborted transactions' markers); the same plan again writes nothing more."""
+    from kafka_eos import kafka_admin
+    from kafka_eos.batch import transformed
+    from kafka_eos.readers import read_committed
+    from kafka_eos.sinks import batches, per_partition
+
+    spec = make_spec(f"{transforms_module}:without_partition_1", "kafka", "per_partition")
+    src = spec.source.topics[0]
+    truth = produce_orders(kafka_settings, src, 90, abort_every=3, malformed_every=0)
+    plan = prepare_plan(spec, kafka_settings, "r1")
+    assert sum(1 for r in plan.active if not r.empty) == 3
+    _source, output, _dead, _undecodable = transformed(spark, spec, plan, kafka_settings)
+    assert per_partition.lineage_owner(batches.prepared(output), plan) is not None  # one pass
+    kept = sorted(m.value for m in read_committed(kafka_settings, src) if m.partition != 1)
+    assert kept and len(kept) < len(truth.committed)  # partition 1 held committed records too
+
+    summary = run_batch(spark, spec, plan, kafka_settings)
+    assert (summary.status, summary.records_out, summary.dead_letters) == ("committed", len(kept), 0)
+    assert sorted(m.value for m in read_committed(kafka_settings, spec.sink.topic)) == kept
+    ends = {r.tp: r.until for r in plan.ranges}
+    assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, list(ends)) == ends
+
+    again = run_batch(spark, spec, plan, kafka_settings)  # a retry of the same run: already committed
+    assert again.status == "noop", again
+    assert sorted(m.value for m in read_committed(kafka_settings, spec.sink.topic)) == kept
+    assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, list(ends)) == ends
 
 
 def test_a_small_stream_batch_commits_its_partitions_from_the_driver_and_refuses_a_relabelling_before_any(

@@ -23,7 +23,7 @@ from importlib import metadata
 # and the quick ones (status, checkpoint, pipelines) included, would otherwise load them all,
 # SQLAlchemy and the local Airflow's and Spark's helpers among them (0.5 s a start instead of 0.15 s).
 from kafka_eos.console import Console, elapsed_since, seconds, table
-from kafka_eos.errors import KafkaEosError
+from kafka_eos.errors import EXIT_HELD, KafkaEosError, PipelineHeld, RangeMismatch
 from kafka_eos.kafka_admin import shared_admin_clients
 from kafka_eos.local.kafka import SUPER_USER, LocalBroker, LocalCluster
 from kafka_eos.settings import BOOTSTRAP_ENV, CONNECT_TIMEOUT_ENV, KafkaSettings
@@ -33,7 +33,8 @@ from kafka_eos.stream import DEFAULT_INTERVAL_S
 log = logging.getLogger("kafka_eos.cli")
 
 #: Exit codes: 1 a kafka-eos error (bad input, Kafka refused, a check failed), 2 anything else;
-#: 3 ``txn hanging`` found partitions held by open transactions.
+#: 3 ``txn hanging`` found partitions held by open transactions (and the like: docs/cli.md);
+#: 4 a range committed short, or a pipeline held for one: a person must act, a retry cannot.
 EXIT_ERROR, EXIT_UNEXPECTED, EXIT_FOUND = 1, 2, 3
 
 
@@ -352,12 +353,15 @@ def cmd_stream(args) -> int:
     import signal
 
     from kafka_eos.logs import child_stderr_to, spark_log4j_options, spark_log_file
+    from kafka_eos.manifest import ManifestStore
+    from kafka_eos.pipeline import refuse_if_held
     from kafka_eos.spark_io import get_session
     from kafka_eos.stream import PARENT_PID_ENV, session_conf
     from kafka_eos.stream.loop import StreamRunner
 
     console = Console()
     spec, settings = _spec(args), _settings(args)
+    refuse_if_held(spec, ManifestStore.of(spec, settings).state())  # before Spark starts (its first plan would)
     console.step(f"kafka-eos stream {spec.name}: Kafka at {settings.bootstrap_servers}, {spec.sink.kind} sink, "
                  f"{spec.sink.commit} commit, a batch at most every {args.interval:g} s "
                  f"(Spark's log: {spark_log_file()}); SIGTERM or Ctrl-C stops it after the batch in flight")
@@ -424,6 +428,37 @@ def cmd_checkpoint(args) -> int:
                  for r in rows], ("partition", "checkpoint", "LSO", "HW", "lag", "oldest")))
     _print_pinned(pinned)
     _print_drift(drift)
+    return 0
+
+
+def cmd_acknowledge(args) -> int:
+    from kafka_eos.audit import AUDIT_TOPIC, write_audit
+    from kafka_eos.manifest import ManifestStore
+
+    spec, settings = _spec(args, import_transform=False), _settings(args)
+    store = ManifestStore.of(spec, settings)
+    held = store.state().held
+    if held is None or not args.yes:
+        if args.json:
+            _print_json({"pipeline": spec.name, "held": held, "acknowledged": None})
+        elif held is None:
+            print(f"pipeline {spec.name} is not held")
+        else:
+            print(f"pipeline {spec.name} is held since {held['found_at']}: {held['mismatch']}")
+            print(f"dry run: nothing changed. Repair the range first (kafka-eos audit {spec.name} --run-id "
+                  f"{held['run_id']} says where its missing records start), then add --yes: the pipeline plans "
+                  "again from its checkpoint")
+        return 0 if held is None else EXIT_FOUND
+    record = store.acknowledge(held, who=getpass.getuser(), note=args.note)
+    write_audit(settings, f"acknowledge:{spec.name}:{record['acknowledged_at']}", {
+        "action": "acknowledge_hold", "pipeline": spec.name, "who": record["acknowledged_by"],
+        "via": "kafka-eos acknowledge", "at": record["acknowledged_at"], "run_id": held["run_id"],
+        "mismatch": held["mismatch"], "found_at": held["found_at"], "note": args.note})
+    if args.json:
+        _print_json({"pipeline": spec.name, "held": None, "acknowledged": record})
+    else:
+        print(f"acknowledged: pipeline {spec.name} plans again from its checkpoint; the finding of run "
+              f"{held['run_id']!r} stays in its manifest, and this acknowledgement in {AUDIT_TOPIC}")
     return 0
 
 
@@ -816,6 +851,13 @@ def build_parser() -> argparse.ArgumentParser:
                  json_flag=True, pipeline=True)
     au.add_argument("--run-id", help="audit this run (default: the last runs)")
     au.add_argument("--last", type=positive_int, default=10, help="how many of the newest runs (default 10)")
+    ack = command("acknowledge", cmd_acknowledge, "a pipeline held because a run found a range committed short "
+                                                  "plans nothing until an operator acknowledges it: show the "
+                                                  f"finding (exit {EXIT_FOUND} while held); --yes acknowledges it",
+                  json_flag=True, pipeline=True)
+    ack.add_argument("--yes", action="store_true", help="really acknowledge it: the pipeline plans again")
+    ack.add_argument("--note", help="why (what was repaired, or why the loss is accepted): kept with the "
+                                    "acknowledgement")
     d = command("demo", cmd_demo, "the main job on the embedded default (local broker, Spark, Airflow)")
     d.add_argument("--format", choices=["json", "avro"], default="json",
                    help="avro: the Avro example instead (orders in Avro, their schema evolved mid-stream, through "
@@ -933,7 +975,7 @@ def main(argv: list[str] | None = None) -> int:
     except KafkaEosError as exc:
         log.info("failed", exc_info=True)
         print(f"kafka-eos: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_HELD if isinstance(exc, (RangeMismatch, PipelineHeld)) else EXIT_ERROR
     except Exception as exc:  # noqa: BLE001 - the contract is one line; the log file has the rest
         if os.environ.get("KAFKA_EOS_DEBUG") == "1":
             raise

@@ -119,6 +119,17 @@ class RangeMismatch(KafkaEosError):
     letters (and filtered records) its run committed; names the partition and the numbers."""
 
 
+class PipelineHeld(KafkaEosError):
+    """A run found a range committed short (:class:`RangeMismatch`): the pipeline plans nothing
+    more, batch or stream, until an operator acknowledges the finding (``kafka-eos acknowledge``);
+    names the partition, the run and the command."""
+
+
+#: The CLI's exit code for :class:`RangeMismatch` and :class:`PipelineHeld`: a person must act (repair
+#: the range, then acknowledge it); a retry or a restarted stream cannot help.
+EXIT_HELD = 4
+
+
 class ResultTooLarge(KafkaEosError):
     """One Spark task's output is more than ``spark.driver.maxResultSize`` lets the driver take:
     names the setting and what to change."""

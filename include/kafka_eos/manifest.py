@@ -8,8 +8,10 @@
 - ``<pipeline>:checkpoint:<topic>-<p>``: the last checkpoint kafka-eos committed for a source
   partition, written inside the transaction that commits it (Kafka sinks).
 - ``<pipeline>:starts``: where the pipeline's first plan started each partition.
-- ``<pipeline>:state``: a snapshot of the memory above (checkpoints and starts) as read up to
-  offset ``read_upto``; a ``reset`` snapshot forgets everything before it.
+- ``<pipeline>:hold``: a range a run found committed short (``held``), until an operator
+  acknowledges it (the same record, ``held`` false, with who and when): while held, nothing plans.
+- ``<pipeline>:state``: a snapshot of the memory above (checkpoints, starts, the hold) as read up
+  to offset ``read_upto``; a ``reset`` snapshot forgets everything before it but the hold.
 
 Every lookup walks the topic backwards from its end and stops at the first record that settles
 it (the newest plan, the newest run record, the newest snapshot), so its cost does not grow with
@@ -85,6 +87,16 @@ def state_key(pipeline: str) -> str:
     return f"{pipeline}:state"
 
 
+def hold_key(pipeline: str) -> str:
+    """Key of the pipeline's hold: a range committed short, held until acknowledged."""
+    return f"{pipeline}:hold"
+
+
+def hold_record(run_id: str, mismatch: str) -> dict:
+    """A run's finding that holds the pipeline (:class:`kafka_eos.errors.RangeMismatch`'s line)."""
+    return {"held": True, "run_id": run_id, "mismatch": mismatch, "found_at": now_iso()}
+
+
 def checkpoint_record(run_id: str, group_id: str, topic: str, partition: int, offset: int) -> dict:
     """The manifest's memory of a checkpoint, written inside the transaction that commits it:
     a checkpoint the broker later expires is recognised as lost, never as a new partition."""
@@ -146,6 +158,13 @@ class ManifestState:
     snapshot_at: float | None = None
     #: False when retention deleted records and no snapshot was found: the memory may be gone.
     complete: bool = True
+    #: The newest hold record (:func:`hold_record`, or one acknowledged since), None when none.
+    hold: dict | None = None
+
+    @property
+    def held(self) -> dict | None:
+        """The finding that holds the pipeline, while no operator has acknowledged it."""
+        return self.hold if self.hold is not None and self.hold.get("held") else None
 
     def remember(self, rec: dict) -> None:
         """Take a checkpoint record, keeping the highest offset per partition (checkpoints only
@@ -208,13 +227,22 @@ class ManifestStore:
         self.put(state_key(self.pipeline), {
             "snapshot": True, "reset": reset, "read_upto": state.read_upto, "written_at": now_iso(),
             "checkpoints": [rec for _tp, rec in sorted(state.checkpoints.items())],
-            "starts": None if state.starts is None else [[t, p, o] for (t, p), o in sorted(state.starts.items())]})
+            "starts": None if state.starts is None else [[t, p, o] for (t, p), o in sorted(state.starts.items())],
+            "hold": state.hold})
+
+    def acknowledge(self, hold: dict, who: str, note: str | None = None) -> dict:
+        """Release the pipeline from ``hold`` (:attr:`ManifestState.held`): the same finding,
+        ``held`` false, with who acknowledged it, when, and why; returns that record."""
+        record = {**hold, "held": False, "acknowledged_by": who, "acknowledged_at": now_iso(), "note": note}
+        self.put(hold_key(self.pipeline), record)
+        return record
 
     def forget_checkpoints(self) -> None:
         """Forget the pipeline's checkpoints and first starts (a deliberate fresh start, together
-        with the group's offsets): a ``reset`` snapshot that lookups do not walk past."""
+        with the group's offsets): a ``reset`` snapshot that lookups do not walk past. A hold is
+        kept: a fresh start does not bring back what a range committed short lost."""
         if self._offsets() is not None:
-            self.put_snapshot(ManifestState(), reset=True)
+            self.put_snapshot(ManifestState(hold=self.state().hold), reset=True)
 
     # -- lookups ----------------------------------------------------------------------------
     def stored_plan(self, run_id: str) -> Plan | None:
@@ -316,13 +344,16 @@ class ManifestStore:
         return None
 
     def state(self) -> ManifestState:
-        """The pipeline's memory: its newest snapshot, with every checkpoint and starts record
+        """The pipeline's memory: its newest snapshot, with every checkpoint, starts and hold record
         written since the offset that snapshot had read up to."""
         offsets = self._offsets()
         if offsets is None:
             return ManifestState()
         state = ManifestState(read_upto=offsets.lso)
         start_read, stop = self.records_read, None
+        # The newest hold record above the snapshot's read_upto, else the snapshot's own.
+        hold: dict | None = None
+        snapshot_hold: dict | None = None
         with closing(self._tail(committed=True, offsets=offsets)) as records:
             for offset, ts, key, rec in records:
                 if stop is not None and offset < stop:
@@ -332,12 +363,15 @@ class ManifestStore:
                 if rec.get("snapshot") is True and key == state_key(self.pipeline):
                     if state.snapshot_at is None:
                         state.snapshot_at, stop = ts, rec["read_upto"]
+                        snapshot_hold = rec.get("hold")
                     for ck in rec["checkpoints"]:
                         state.remember(ck)
                     if state.starts is None and rec["starts"] is not None:
                         state.starts = {(t, p): o for t, p, o in rec["starts"]}
                     if rec["reset"]:
                         break
+                elif key == hold_key(self.pipeline):
+                    hold = hold or rec
                 elif rec.get("checkpoint") is True and \
                         key == checkpoint_key(self.pipeline, rec["topic"], rec["partition"]):
                     # Only the pipeline's own: a side run's checkpoints (its own group, its own
@@ -347,6 +381,7 @@ class ManifestStore:
                     state.starts = {(t, p): o for t, p, o in rec["starts"]}
         state.records_read = self.records_read - start_read
         state.complete = state.snapshot_at is not None or offsets.log_start == 0
+        state.hold = hold or snapshot_hold
         return state
 
     def refresh_state(self) -> ManifestState:

@@ -14,7 +14,7 @@ from typing import Callable, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 
-from kafka_eos.errors import BrokerError, CheckpointLost, KafkaEosError, PipelineBusy
+from kafka_eos.errors import BrokerError, CheckpointLost, KafkaEosError, PipelineBusy, PipelineHeld
 from kafka_eos.kafka_admin import (TP, TopicsMetadata, committed_offsets_and_times, topics_metadata,
                                    offsets_retention_s, partition_offsets, partitions_of)
 from kafka_eos.manifest import ManifestState, ManifestStore
@@ -235,6 +235,8 @@ def prepare_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> Pl
     A stored plan applies while every active range's checkpoint is still its expected
     checkpoint (not run yet, and its records still exist) or its end (committed: the re-run is a
     no-op). Otherwise the run is planned anew, so ``on_data_loss`` decides about deleted records.
+
+    :raises PipelineHeld: an earlier run found a range committed short (not acknowledged yet).
     """
     manifest = ManifestStore.of(spec, settings)
     cks, offsets, times, state = _repaired_state(spec, settings, manifest)
@@ -256,12 +258,27 @@ def _repaired_state(spec: PipelineSpec, settings: KafkaSettings, manifest: Manif
     however many runs later, stops at that snapshot).
 
     :param may_fence: the caller has no open transaction of the pipeline's (see :func:`_unpinned_state`).
+    :raises PipelineHeld: a run found a range committed short, and no operator has acknowledged it.
     """
     manifest.ensure_topic()
     cks, drift, offsets, times = _unpinned_state(spec, settings, may_fence)
     if drift:
         repair_drift(spec, settings, drift)
-    return cks, offsets, times, manifest.refresh_state()
+    # Read once no killed attempt's transaction pins the manifest's LSO (its records are read
+    # committed), so a hold written after that transaction is seen.
+    state = manifest.refresh_state()
+    refuse_if_held(spec, state)
+    return cks, offsets, times, state
+
+
+def refuse_if_held(spec: PipelineSpec, state: ManifestState) -> None:
+    """:raises PipelineHeld: ``state`` (the pipeline's memory) holds a finding of a range committed
+    short that no operator has acknowledged; names it and what ends it."""
+    hold = state.held
+    if hold is not None:
+        raise PipelineHeld(f"pipeline {spec.name} is held since {hold['found_at']}: {hold['mismatch']}; nothing "
+                           "is planned until an operator acknowledges it (docs/operations.md, \"A range committed "
+                           f"short\"): kafka-eos acknowledge {spec.name} --yes")
 
 
 def _unpinned_state(spec: PipelineSpec, settings: KafkaSettings, may_fence: bool):
@@ -314,6 +331,7 @@ def fresh_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str, may_fen
 
     :param may_fence: False while the caller keeps a producer of the pipeline's open (a stream
         after its first batch): fencing it would fence the stream itself.
+    :raises PipelineHeld: a run or batch found a range committed short (not acknowledged yet).
     """
     manifest = ManifestStore.of(spec, settings)
     cks, offsets, times, state = _repaired_state(spec, settings, manifest, may_fence)

@@ -5,6 +5,7 @@ spec's ``spark:`` section reaching spark-submit."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timezone
 from urllib.parse import quote
 
@@ -215,6 +216,43 @@ def test_one_kafka_connection_serves_both_kafka_providers(kafka_settings, monkey
     with pytest.raises(AirflowException, match=r"^connection 'kafka_log': Kafka settings set log_cb: kafka-eos's "
                                                r"clients take no such callback"):
         settings_from_connection(logs)
+
+
+@pytest.mark.integration
+def test_a_held_pipeline_fails_its_plan_and_stream_tasks_without_retries(kafka_connection, kafka_settings, unique,
+                                                                         tmp_path, monkeypatch):
+    """A range committed short holds the pipeline (tests/integration/test_read_faults.py finds one
+    for real; here its hold record is written as the finding writes it). The plan task and the
+    stream task fail at once, without spending retries: neither a retry nor a restarted stream can
+    help, only an operator's acknowledgement. The stream task runs the real ``kafka-eos stream``,
+    which exits 4 before it starts Spark."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from kafka_eos import kafka_admin
+    from kafka_eos.manifest import ManifestStore, hold_key, hold_record
+    from kafka_eos.pipeline import prepare_plan
+    from kafka_eos_airflow.operators.pipeline import task_errors
+    from kafka_eos_airflow.operators.stream import KafkaEosStreamOperator
+
+    kafka_admin.create_topics(kafka_settings, {f"in-{unique}": 1, f"out-{unique}": 1})
+    spec = parse_spec({"name": unique, "source": {"topics": [f"in-{unique}"]},
+                       "sink": {"kind": "kafka", "topic": f"out-{unique}", "commit": "per_partition"}},
+                      str(tmp_path / f"{unique}.yaml"))
+    (tmp_path / f"{unique}.yaml").write_text(yaml.safe_dump(spec_document(spec)))
+    store = ManifestStore.of(spec, kafka_settings)
+    store.ensure_topic()
+    finding = f"in-{unique}-0 [0, 10) of run 'run-1': Spark's transform gave 10 rows, the partition's transaction wrote 4"
+    store.put(hold_key(spec.name), hold_record("run-1", finding))
+    held = rf"^pipeline {unique} is held since .*: {re.escape(finding)}; nothing is planned until"
+
+    with pytest.raises(AirflowFailException, match=held):  # what the plan task does
+        with task_errors():
+            prepare_plan(spec, kafka_settings, "run-2")
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[1]"}))
+    stream = KafkaEosStreamOperator(task_id="stream", pipeline=spec.path, spark_conn_id="spark_default")
+    with pytest.raises(AirflowFailException, match=rf"^kafka-eos stream {re.escape(spec.path)} exited with 4: "
+                                                   rf"kafka-eos: pipeline {unique} is held since "):
+        stream.execute({"params": {}})
 
 
 def test_a_specs_spark_section_reaches_spark_submit(tmp_path, monkeypatch):

@@ -290,6 +290,111 @@ def test_a_range_committed_short_fails_its_run_again_naming_the_partition(spark,
     assert by_partition[0]["resume_at"] == BATCH_ROWS  # the first record not written (offsets 0.. are contiguous here)
     assert by_partition[1]["resume_at"] is None
 
+    # The finding holds the pipeline: the run's retry, and any later run, plans nothing until an
+    # operator acknowledges it; the CLI exits 4 (a person must act: a retry cannot help).
+    from kafka_eos.errors import PipelineHeld
+
+    with pytest.raises(PipelineHeld) as held:
+        prepare_plan(spec, kafka_settings, "run-2")
+    assert str(held.value).startswith(f"pipeline {spec.name} is held since ")
+    assert message in str(held.value) and str(held.value).endswith(f"kafka-eos acknowledge {spec.name} --yes")
+    code = main(["run", str(path), "--bootstrap", kafka_settings.bootstrap_servers])
+    printed = capsys.readouterr()
+    assert code == 4 and printed.err.splitlines()[-1].startswith(f"kafka-eos: pipeline {spec.name} is held since "), \
+        printed
+
+
+def test_a_stream_that_commits_a_range_short_stops_and_stays_held_until_acknowledged(
+        spark, kafka_settings, make_spec, tmp_path, capsys, monkeypatch):
+    """A stream's batches all run as run ``stream``, so the next batch's run record replaces the
+    last one's. A batch whose partition's transaction wrote fewer records than Spark gave it (a
+    lab fault: the driver's commit drops the second half of partition 0's rows) stops the stream,
+    and the finding holds the pipeline under a key of its own: a restarted stream (an Airflow retry)
+    and a batch run refuse to plan, a snapshot of the manifest's memory keeps it, until an operator
+    acknowledges it. Then the stream goes on from its checkpoint: the records the short commit lost
+    stay lost (the hold was for a person to repair them), nothing is written twice."""
+    import json
+
+    import yaml
+
+    from kafka_eos.audit import AUDIT_TOPIC
+    from kafka_eos.cli import main
+    from kafka_eos.errors import PipelineHeld, RangeMismatch
+    from kafka_eos.manifest import ManifestStore
+    from kafka_eos.sinks import per_partition
+    from kafka_eos.spec import spec_document
+    from kafka_eos.stream.loop import STREAM_RUN_ID, StreamRunner
+
+    spec = make_spec("identity", "kafka", "per_partition", partitions=2)
+    src = spec.source.topics[0]
+    produced = _source(kafka_settings, spec)
+    commit_rowless = per_partition.commit_rowless
+    kept: list[str] = []
+
+    def short(spec_, plan, settings, ranges, keep=False, dead=None):
+        """The driver's commit of a small stream batch, losing the second half of partition 0's rows."""
+        dead = dict(dead or {})
+        if dead.get((src, 0)):
+            rows = sum(len(part) for part in dead[(src, 0)])
+            first = dead[(src, 0)][0]
+            dead[(src, 0)] = [first.slice(0, len(first) // 2)]
+            kept.extend(v.decode() for v in dead[(src, 0)][0].column("value").to_pylist())
+            assert len(kept) < rows
+        return commit_rowless(spec_, plan, settings, ranges, keep, dead)
+
+    store = ManifestStore.of(spec, kafka_settings)
+    store.ensure_topic()
+    before = store.state()  # a snapshot of this, written after the hold, must not hide it
+    monkeypatch.setattr(per_partition, "commit_rowless", short)
+    with pytest.raises(RangeMismatch) as found:
+        StreamRunner(spark, spec, kafka_settings, interval_s=0.1, stop_when_caught_up=True).run()
+    monkeypatch.undo()
+    message = str(found.value)
+    assert message.startswith(f"{src}-0 [0, {RECORDS}) of run {STREAM_RUN_ID!r}: Spark's transform gave {RECORDS} "
+                              f"rows"), message
+    assert f"{RECORDS - len(kept)} rows are not in the output" in message
+
+    # A restarted stream refuses before its first plan, naming the finding and what ends it.
+    lines: list[str] = []
+    with pytest.raises(PipelineHeld) as held:
+        StreamRunner(spark, spec, kafka_settings, interval_s=0.1, stop_when_caught_up=True, report=lines.append).run()
+    assert message in str(held.value) and str(held.value).endswith(f"kafka-eos acknowledge {spec.name} --yes")
+    assert lines == []  # no batch ran
+    store.put_snapshot(before)  # a snapshot read before the hold and written after it (a plan's meanwhile)
+    assert store.state().held["mismatch"] == message
+    store.put_snapshot(store.state())  # a snapshot written since keeps the hold
+    assert store.state().held["mismatch"] == message
+    path = tmp_path / f"{spec.name}.yaml"
+    path.write_text(yaml.safe_dump(spec_document(spec)))
+    bootstrap = ["--bootstrap", kafka_settings.bootstrap_servers]
+    capsys.readouterr()
+    for command in ("stream", "run"):  # the stream's CLI (before it starts Spark), and a batch run
+        assert main([command, str(path), *bootstrap]) == 4, command
+        assert capsys.readouterr().err.splitlines()[-1].startswith(f"kafka-eos: pipeline {spec.name} is held since ")
+
+    # The operator: a dry run shows the finding (exit 3 while held), --yes acknowledges it.
+    assert main(["acknowledge", str(path), *bootstrap]) == 3
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"pipeline {spec.name} is held since ") and message in printed
+    assert main(["acknowledge", str(path), "--yes", "--note", "replayed from the audit's resume_at", "--json",
+                 *bootstrap]) == 0
+    done = json.loads(capsys.readouterr().out)
+    assert done["held"] is None and done["acknowledged"]["mismatch"] == message
+    assert done["acknowledged"]["held"] is False and done["acknowledged"]["acknowledged_by"]
+    audit = [json.loads(m.value) for m in read_committed(kafka_settings, AUDIT_TOPIC)
+             if m.key.decode() == f"acknowledge:{spec.name}:{done['acknowledged']['acknowledged_at']}"]
+    assert [(a["action"], a["run_id"], a["note"]) for a in audit] == [
+        ("acknowledge_hold", STREAM_RUN_ID, "replayed from the audit's resume_at")]
+    assert main(["acknowledge", str(path), *bootstrap]) == 0
+    assert capsys.readouterr().out.strip() == f"pipeline {spec.name} is not held"
+
+    # The stream goes on from its checkpoint (the range's end): the new records once each.
+    more = _source(kafka_settings, spec, first=RECORDS)
+    StreamRunner(spark, spec, kafka_settings, interval_s=0.1, stop_when_caught_up=True).run()
+    out = _values(kafka_settings, spec.sink.topic)
+    assert sorted(out) == sorted([*kept, *produced[1], *more[0], *more[1]])
+    assert store.state().held is None
+
 
 KILLING = '''
 import os

@@ -24,7 +24,8 @@ executors, under that partition's own transactional.id (docs/architecture.md, "C
 5. The run's record (:meth:`PerPartitionSink.commit`): the counts each partition's transaction
    wrote (an earlier attempt's from its partition records), checked against Spark's own count of
    the rows it gave each task (:func:`kafka_eos.sinks.proof.check_rows`); a mismatch is recorded,
-   then fails the run (and :func:`kafka_eos.pipeline.verify`).
+   then fails the run (and :func:`kafka_eos.pipeline.verify`), and holds the pipeline: nothing
+   plans until an operator acknowledges it (``kafka-eos acknowledge``).
 
 A stream's small batch (``keep=True``, at most :data:`DRIVER_BATCH_OFFSETS` planned offsets, the
 tasks proven in step 1) takes step 2 on the driver instead (:func:`driver_commits`): its rows are
@@ -55,7 +56,8 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 from kafka_eos import probes
 from kafka_eos.errors import DeadLetterWithoutTopic, RangeMismatch, RecordRefused, SpecError
 from kafka_eos.kafka_admin import TP, keep_inherited
-from kafka_eos.manifest import COMMITTED, NOOP, ManifestStore, now_iso, partition_key, run_key
+from kafka_eos.manifest import (COMMITTED, NOOP, ManifestStore, hold_key, hold_record, now_iso, partition_key,
+                                produce_json, run_key)
 from kafka_eos.plan import PartitionRange, Plan
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.sinks import batches, proof
@@ -121,8 +123,14 @@ class PerPartitionSink(KafkaSink):
             except RangeMismatch as exc:
                 mismatch = exc
                 record["mismatch"] = str(exc)
-        ManifestStore.of(spec, settings).put(run_key(spec.name, plan.run_id), record)
-        if mismatch is not None:
+        store = ManifestStore.of(spec, settings)
+        if mismatch is None:
+            store.put(run_key(spec.name, plan.run_id), record)
+        else:
+            # The run record keeps the finding under the run's id (a stream's next batch replaces
+            # it); the hold keeps it under the pipeline's, and stops every plan until acknowledged.
+            produce_json(settings, store.topic, [(run_key(spec.name, plan.run_id), record),
+                                                 (hold_key(spec.name), hold_record(plan.run_id, str(mismatch)))])
             raise mismatch
         if status == NOOP:  # an earlier attempt committed: this one counted nothing
             return Outcome(status, out + dead_letters, out, dead_letters, None, producers)

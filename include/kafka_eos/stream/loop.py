@@ -14,7 +14,10 @@ same commit protocol. What makes it a stream is what it keeps between batches:
 
 Every batch runs as run id ``stream``: its record in the run manifest (``<pipeline>:stream``, the
 stream's progress: last batch's plan and counts, totals since the start) and its per-partition
-records replace the previous ones under compaction instead of adding keys.
+records replace the previous ones under compaction instead of adding keys. So a batch that finds a
+range committed short (:class:`kafka_eos.errors.RangeMismatch`) stops the stream, and the finding is
+kept under the pipeline's hold key too (:func:`kafka_eos.manifest.hold_key`): a restarted stream's
+first plan refuses (:class:`kafka_eos.errors.PipelineHeld`) until an operator acknowledges it.
 
 Stopping: :meth:`StreamRunner.stop` (the CLI's SIGTERM/SIGINT handler) lets the batch in flight
 finish (commit) and ends the loop; a batch that fails meanwhile is aborted by the commit protocol.

@@ -28,7 +28,8 @@ from airflow.sdk.exceptions import (AirflowException, AirflowFailException, Airf
                                      AirflowSkipException)
 
 from kafka_eos.backfill.places import promote_caveat, side_branch, writes_to
-from kafka_eos.errors import DataLossError, KafkaEosError, PlanError, SpecError, TopicRecreated
+from kafka_eos.errors import (DataLossError, KafkaEosError, PipelineHeld, PlanError, RangeMismatch, SpecError,
+                              TopicRecreated)
 from kafka_eos.paths import spark_app
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec, load_spec
@@ -52,8 +53,9 @@ if TYPE_CHECKING:  # pragma: no cover
 #: The spark-submit entry point that runs one stored plan to its transactional commit.
 RUN_PIPELINE_APP = str(spark_app("run_pipeline"))
 
-#: Failures a retry cannot fix: a person has to change the spec, reset a group or re-plan.
-_NOT_RETRIABLE = (SpecError, DataLossError, TopicRecreated)
+#: Failures a retry cannot fix: a person has to change the spec, reset a group, re-plan, or repair
+#: and acknowledge a range committed short.
+_NOT_RETRIABLE = (SpecError, DataLossError, TopicRecreated, RangeMismatch, PipelineHeld)
 
 
 @contextmanager

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook, BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowNotFoundException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowNotFoundException
 
+from kafka_eos.errors import EXIT_HELD
 from kafka_eos.spec import load_spec
 from kafka_eos.stream import DEFAULT_INTERVAL_S, PARENT_PID_ENV
 from kafka_eos.stream.figures import parse_figures_line
@@ -105,7 +106,8 @@ class KafkaEosStreamOperator(BaseOperator):
 
     Kafka settings reach it through the environment and a private file it names (never argv);
     each line it logs per batch goes to the task's log. Exit 0 (stopped, or caught up with
-    ``until_caught_up``) is success; anything else fails the task with the stream's last line.
+    ``until_caught_up``) is success; anything else fails the task with the stream's last line, and
+    exit 4 (a range committed short: the pipeline is held until acknowledged) without retries.
 
     :param pipeline: spec name under include/pipelines/ or path to a spec YAML. (templated)
     :param kafka_conn_id: the ``kafka`` connection (see :class:`KafkaEosHook`). (templated)
@@ -166,6 +168,8 @@ class KafkaEosStreamOperator(BaseOperator):
                 self.log.info("%s", last)
             code = self._proc.wait()
             self._lineage = period.whole()
+        if code == EXIT_HELD:  # a range committed short: restarting the stream cannot help
+            raise AirflowFailException(f"kafka-eos stream {self.pipeline} exited with {code}: {last}")
         if code != 0:
             raise AirflowException(f"kafka-eos stream {self.pipeline} exited with {code}: {last}")
         return {"pipeline": self.pipeline, "stopped": last}

@@ -83,7 +83,8 @@ def _answer(req: urllib.request.Request, again_on_timeout: bool) -> bytes:
     deadline = time.monotonic() + REST_PATIENCE_S
     while True:
         try:
-            with urllib.request.urlopen(req, timeout=min(REST_READ_S, deadline - time.monotonic())) as resp:
+            # Never zero or less (the clock may pass the deadline between the check below and here).
+            with urllib.request.urlopen(req, timeout=max(0.01, min(REST_READ_S, deadline - time.monotonic()))) as resp:
                 return resp.read()
         except OSError as exc:
             if not _timed_out(exc) or time.monotonic() >= deadline:

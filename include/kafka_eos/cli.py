@@ -433,7 +433,7 @@ def cmd_checkpoint(args) -> int:
 
 def cmd_acknowledge(args) -> int:
     from kafka_eos.audit import AUDIT_TOPIC, write_audit
-    from kafka_eos.manifest import ManifestStore
+    from kafka_eos.manifest import ManifestStore, now_iso
 
     spec, settings = _spec(args, import_transform=False), _settings(args)
     store = ManifestStore.of(spec, settings)
@@ -449,11 +449,12 @@ def cmd_acknowledge(args) -> int:
                   f"{held['run_id']} says where its missing records start), then add --yes: the pipeline plans "
                   "again from its checkpoint")
         return 0 if held is None else EXIT_FOUND
-    record = store.acknowledge(held, who=getpass.getuser(), note=args.note)
-    write_audit(settings, f"acknowledge:{spec.name}:{record['acknowledged_at']}", {
-        "action": "acknowledge_hold", "pipeline": spec.name, "who": record["acknowledged_by"],
-        "via": "kafka-eos acknowledge", "at": record["acknowledged_at"], "run_id": held["run_id"],
-        "mismatch": held["mismatch"], "found_at": held["found_at"], "note": args.note})
+    who, at = getpass.getuser(), now_iso()
+    # The audit record first: a hold is never released without one.
+    write_audit(settings, f"acknowledge:{spec.name}:{at}", {
+        "action": "acknowledge_hold", "pipeline": spec.name, "who": who, "via": "kafka-eos acknowledge", "at": at,
+        "run_id": held["run_id"], "mismatch": held["mismatch"], "found_at": held["found_at"], "note": args.note})
+    record = store.acknowledge(held, who=who, at=at, note=args.note)
     if args.json:
         _print_json({"pipeline": spec.name, "held": None, "acknowledged": record})
     else:
@@ -519,6 +520,7 @@ def cmd_pipelines(args) -> int:
             "run_id": last["run_id"], "status": last["status"], "at": last["at"],
             **({"stream_batch": last["stream_batch"]} if "stream_batch" in last else {})}
         row["streaming"] = None if owner is None else owner.client_id
+        row["held"] = entry["held"]
     if args.json:
         _print_json({"pipelines": found})
         return 0
@@ -526,11 +528,11 @@ def cmd_pipelines(args) -> int:
         if "error" in r:
             return "error (below)"
         last = r.get("last_run")
-        if last is None:
-            return "none"
-        text = f"{last['status']} {(last['at'] or '')[:16].replace('T', ' ')}"
-        if "stream_batch" in last:
+        text = "none" if last is None else f"{last['status']} {(last['at'] or '')[:16].replace('T', ' ')}"
+        if last is not None and "stream_batch" in last:
             text += f" (stream batch {last['stream_batch']})"
+        if r.get("held"):
+            text += ", HELD (below)"
         return text + (f", streaming now in {r['streaming']}" if r.get("streaming") else "")
 
     print(table([(r["name"], r.get("sink"), r.get("target"), r.get("commit"), r.get("lag"), last_run(r))
@@ -538,6 +540,9 @@ def cmd_pipelines(args) -> int:
     for r in found:
         if "error" in r:
             print(f"  {r['name']}: {r['error']}")
+        elif r.get("held"):
+            print(f"  {r['name']}: held since {r['held']['found_at']}: {r['held']['mismatch']}; "
+                  f"kafka-eos acknowledge {r['name']} --yes ends it")
     return 0
 
 

@@ -64,6 +64,13 @@ MANIFEST_SEGMENT_MS = 3600 * 1000
 SNAPSHOT_MAX_AGE_S = MANIFEST_RETENTION_MS / 1000 / 4
 
 
+#: The run id of every batch of a stream (:mod:`kafka_eos.stream.loop`): its records replace each other.
+STREAM_RUN_ID = "stream"
+#: Run ids a batch run may not take: the keys of the pipeline's own records (``checkpoint``,
+#: ``starts``, ``state``, ``hold``) and the stream's run id.
+RESERVED_RUN_IDS = frozenset({"checkpoint", "starts", "state", "hold", STREAM_RUN_ID})
+
+
 def run_key(pipeline: str, run_id: str) -> str:
     return f"{pipeline}:{run_id}"
 
@@ -174,6 +181,31 @@ class ManifestState:
             self.checkpoints[tp] = rec
 
 
+class _Holds:
+    """The newest hold of a pipeline, from a walk newest first (:meth:`see` each record): the first
+    hold record, unless it lies below the newest snapshot's ``read_upto`` (the snapshot knew it,
+    or a newer one); else that snapshot's. A snapshot is read at one offset and written at a later
+    one, so a hold record can come between the two: newer than what the snapshot holds."""
+
+    def __init__(self, pipeline: str) -> None:
+        self.pipeline = pipeline
+        self.record: tuple[int, dict] | None = None
+        self.snapshot: dict | None = None
+
+    def see(self, offset: int, key: str, rec: dict | None) -> None:
+        if rec is None:
+            return
+        if key == hold_key(self.pipeline) and self.record is None:
+            self.record = (offset, rec)
+        elif key == state_key(self.pipeline) and rec.get("snapshot") is True and self.snapshot is None:
+            self.snapshot = rec
+
+    def newest(self) -> dict | None:
+        if self.record is not None and (self.snapshot is None or self.record[0] >= self.snapshot["read_upto"]):
+            return self.record[1]
+        return self.snapshot.get("hold") if self.snapshot is not None else None
+
+
 class ManifestStore:
     """Reads and writes one pipeline's run manifest.
 
@@ -230,10 +262,10 @@ class ManifestStore:
             "starts": None if state.starts is None else [[t, p, o] for (t, p), o in sorted(state.starts.items())],
             "hold": state.hold})
 
-    def acknowledge(self, hold: dict, who: str, note: str | None = None) -> dict:
+    def acknowledge(self, hold: dict, who: str, at: str, note: str | None = None) -> dict:
         """Release the pipeline from ``hold`` (:attr:`ManifestState.held`): the same finding,
-        ``held`` false, with who acknowledged it, when, and why; returns that record."""
-        record = {**hold, "held": False, "acknowledged_by": who, "acknowledged_at": now_iso(), "note": note}
+        ``held`` false, with who acknowledged it, when (``at``, ISO), and why; returns that record."""
+        record = {**hold, "held": False, "acknowledged_by": who, "acknowledged_at": at, "note": note}
         self.put(hold_key(self.pipeline), record)
         return record
 
@@ -242,7 +274,8 @@ class ManifestStore:
         with the group's offsets): a ``reset`` snapshot that lookups do not walk past. A hold is
         kept: a fresh start does not bring back what a range committed short lost."""
         if self._offsets() is not None:
-            self.put_snapshot(ManifestState(hold=self.state().hold), reset=True)
+            now = self.state()  # its hold, and the offset it read up to: a later walk reads no further back
+            self.put_snapshot(ManifestState(hold=now.hold, read_upto=now.read_upto), reset=True)
 
     # -- lookups ----------------------------------------------------------------------------
     def stored_plan(self, run_id: str) -> Plan | None:
@@ -310,14 +343,25 @@ class ManifestStore:
 
         :param offsets: the manifest partition's offsets, when the caller has them (one query for
             many pipelines' manifests); else they are looked up."""
+        return self.last_runs_and_hold(n, offsets)[0]
+
+    def last_runs_and_hold(self, n: int, offsets: PartitionOffsets | None = None) -> tuple[list[dict], dict | None]:
+        """:meth:`last_runs`, and the finding that holds the pipeline (:attr:`ManifestState.held`)
+        or None, from the same walk: a hold is newer than every run record (nothing plans while
+        held), so a walk over the last runs passes it; a snapshot's hold counts where no hold
+        record above the snapshot's ``read_upto`` settles it (as :meth:`state` reads it)."""
         found: dict[str, dict] = {}
+        offsets = offsets or self._offsets()
+        holds = self._holds_above_lso(offsets)
         with closing(self._tail(committed=True, offsets=offsets)) as records:
-            for _offset, _ts, key, rec in records:
+            for offset, _ts, key, rec in records:
+                holds.see(offset, key, rec)
                 if _is_run_of(self.pipeline, key, rec):
                     found.setdefault(key, rec)
                     if len(found) == n:
                         break
-        return sorted(found.values(), key=_record_time, reverse=True)
+        hold = holds.newest()
+        return sorted(found.values(), key=_record_time, reverse=True), hold if hold and hold.get("held") else None
 
     def runs_since(self, since: str) -> list[dict]:
         """The newest record of each run whose records are newer than ``since`` (ISO time),
@@ -351,27 +395,23 @@ class ManifestStore:
             return ManifestState()
         state = ManifestState(read_upto=offsets.lso)
         start_read, stop = self.records_read, None
-        # The newest hold record above the snapshot's read_upto, else the snapshot's own.
-        hold: dict | None = None
-        snapshot_hold: dict | None = None
+        holds = self._holds_above_lso(offsets)
+        forgotten = False  # past a reset snapshot: only a hold record is still taken, down to its read_upto
         with closing(self._tail(committed=True, offsets=offsets)) as records:
             for offset, ts, key, rec in records:
                 if stop is not None and offset < stop:
                     break
-                if rec is None:
+                holds.see(offset, key, rec)
+                if rec is None or forgotten:
                     continue
                 if rec.get("snapshot") is True and key == state_key(self.pipeline):
                     if state.snapshot_at is None:
                         state.snapshot_at, stop = ts, rec["read_upto"]
-                        snapshot_hold = rec.get("hold")
                     for ck in rec["checkpoints"]:
                         state.remember(ck)
                     if state.starts is None and rec["starts"] is not None:
                         state.starts = {(t, p): o for t, p, o in rec["starts"]}
-                    if rec["reset"]:
-                        break
-                elif key == hold_key(self.pipeline):
-                    hold = hold or rec
+                    forgotten = rec["reset"]
                 elif rec.get("checkpoint") is True and \
                         key == checkpoint_key(self.pipeline, rec["topic"], rec["partition"]):
                     # Only the pipeline's own: a side run's checkpoints (its own group, its own
@@ -381,7 +421,7 @@ class ManifestStore:
                     state.starts = {(t, p): o for t, p, o in rec["starts"]}
         state.records_read = self.records_read - start_read
         state.complete = state.snapshot_at is not None or offsets.log_start == 0
-        state.hold = hold or snapshot_hold
+        state.hold = holds.newest()
         return state
 
     def refresh_state(self) -> ManifestState:
@@ -393,6 +433,19 @@ class ManifestStore:
             if state.read_upto > 0:
                 self.put_snapshot(state)
         return state
+
+    def _holds_above_lso(self, offsets: PartitionOffsets | None) -> "_Holds":
+        """A hold search begun with the records above the LSO, read uncommitted: an open
+        transaction on the manifest (a side run's, a killed attempt's) pins the LSO, and a hold
+        written after it (outside any transaction, as are snapshots) must not wait for it."""
+        holds = _Holds(self.pipeline)
+        if offsets is not None and offsets.high_watermark > offsets.lso:
+            with closing(self._tail(committed=False, offsets=offsets)) as records:
+                for offset, _ts, key, rec in records:
+                    if offset < offsets.lso:
+                        break
+                    holds.see(offset, key, rec)
+        return holds
 
     # -- the backwards walk -----------------------------------------------------------------
     def _offsets(self) -> PartitionOffsets | None:

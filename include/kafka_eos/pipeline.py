@@ -14,10 +14,10 @@ from typing import Callable, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 
-from kafka_eos.errors import BrokerError, CheckpointLost, KafkaEosError, PipelineBusy, PipelineHeld
+from kafka_eos.errors import BrokerError, CheckpointLost, KafkaEosError, PipelineBusy, PipelineHeld, PlanError
 from kafka_eos.kafka_admin import (TP, TopicsMetadata, committed_offsets_and_times, topics_metadata,
                                    offsets_retention_s, partition_offsets, partitions_of)
-from kafka_eos.manifest import ManifestState, ManifestStore
+from kafka_eos.manifest import RESERVED_RUN_IDS, ManifestState, ManifestStore
 from kafka_eos.plan import PartitionRange, Plan, plan_ranges, stale_checkpoints
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.sinks.base import Drift
@@ -225,6 +225,10 @@ def _refresh(spec: PipelineSpec, settings: KafkaSettings, every: bool, next_in_s
                 created_at=datetime.fromtimestamp(planned, timezone.utc).isoformat())
     with sink_of(spec, settings) as sink:
         sink.refresh(plan)
+    # An idle pipeline's manifest memory, likewise, before retention deletes it: a snapshot older
+    # than SNAPSHOT_MAX_AGE_S is written again. A held pipeline plans nothing, so this is what
+    # keeps its hold (carried by the snapshot) beyond the manifest's retention.
+    ManifestStore.of(spec, settings).refresh_state()
     log.info("%s: refreshed the checkpoints of %s", spec.name, ", ".join(f"{t}-{p}" for t, p in due))
     return Refreshed(due)
 
@@ -237,7 +241,11 @@ def prepare_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> Pl
     no-op). Otherwise the run is planned anew, so ``on_data_loss`` decides about deleted records.
 
     :raises PipelineHeld: an earlier run found a range committed short (not acknowledged yet).
+    :raises PlanError: ``run_id`` is one the run manifest's own keys use.
     """
+    if run_id in RESERVED_RUN_IDS:
+        raise PlanError(f"pipeline {spec.name}: run id {run_id!r} is reserved (the run manifest's keys use "
+                        f"{', '.join(sorted(RESERVED_RUN_IDS))}): choose another")
     manifest = ManifestStore.of(spec, settings)
     cks, offsets, times, state = _repaired_state(spec, settings, manifest)
     stored = manifest.stored_plan(run_id)

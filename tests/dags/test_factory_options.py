@@ -220,15 +220,17 @@ def test_one_kafka_connection_serves_both_kafka_providers(kafka_settings, monkey
 
 @pytest.mark.integration
 def test_a_held_pipeline_fails_its_plan_and_stream_tasks_without_retries(kafka_connection, kafka_settings, unique,
-                                                                         tmp_path, monkeypatch):
+                                                                         tmp_path, monkeypatch, capsys):
     """A range committed short holds the pipeline (tests/integration/test_read_faults.py finds one
     for real; here its hold record is written as the finding writes it). The plan task and the
     stream task fail at once, without spending retries: neither a retry nor a restarted stream can
     help, only an operator's acknowledgement. The stream task runs the real ``kafka-eos stream``,
-    which exits 4 before it starts Spark."""
+    which exits 4 before it starts Spark. The operator page and ``kafka-eos pipelines`` show the
+    hold."""
     from airflow.sdk.exceptions import AirflowFailException
 
     from kafka_eos import kafka_admin
+    from kafka_eos.errors import PlanError
     from kafka_eos.manifest import ManifestStore, hold_key, hold_record
     from kafka_eos.pipeline import prepare_plan
     from kafka_eos_airflow.operators.pipeline import task_errors
@@ -241,18 +243,49 @@ def test_a_held_pipeline_fails_its_plan_and_stream_tasks_without_retries(kafka_c
     (tmp_path / f"{unique}.yaml").write_text(yaml.safe_dump(spec_document(spec)))
     store = ManifestStore.of(spec, kafka_settings)
     store.ensure_topic()
+    with pytest.raises(PlanError, match=rf"^pipeline {unique}: run id 'hold' is reserved"):  # the manifest's keys
+        prepare_plan(spec, kafka_settings, "hold")
+    # An open transaction on the manifest (a side run's attempt killed mid-commit) pins its LSO
+    # below the hold: the hold is read all the same (it is written outside any transaction).
+    from confluent_kafka import Producer
+
+    pinning = Producer(kafka_settings.client_config(**{"transactional.id": f"pin-{unique}"}))
+    pinning.init_transactions(30)
+    pinning.begin_transaction()
+    pinning.produce(spec.manifest_topic, key=b"side", value=b"{}")
+    assert pinning.flush(30) == 0
     finding = f"in-{unique}-0 [0, 10) of run 'run-1': Spark's transform gave 10 rows, the partition's transaction wrote 4"
     store.put(hold_key(spec.name), hold_record("run-1", finding))
     held = rf"^pipeline {unique} is held since .*: {re.escape(finding)}; nothing is planned until"
+    offsets = kafka_admin.partition_offsets(kafka_settings, [(spec.manifest_topic, 0)])[(spec.manifest_topic, 0)]
+    assert offsets.lso < offsets.high_watermark  # pinned
 
     with pytest.raises(AirflowFailException, match=held):  # what the plan task does
         with task_errors():
             prepare_plan(spec, kafka_settings, "run-2")
+    pinning.abort_transaction(30)
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[1]"}))
     stream = KafkaEosStreamOperator(task_id="stream", pipeline=spec.path, spark_conn_id="spark_default")
     with pytest.raises(AirflowFailException, match=rf"^kafka-eos stream {re.escape(spec.path)} exited with 4: "
                                                    rf"kafka-eos: pipeline {unique} is held since "):
         stream.execute({"params": {}})
+
+    # The operator page and `kafka-eos pipelines` say so, with the finding and what ends it.
+    from kafka_eos.cli import main
+    from kafka_eos_airflow.plugins import operator_page
+
+    monkeypatch.setenv("KAFKA_EOS_PIPELINES_DIR", str(tmp_path))
+    monkeypatch.setattr("kafka_eos_airflow.hooks.kafka.KafkaEosHook.get_checked_settings", lambda self: kafka_settings)
+    monkeypatch.setattr(operator_page, "_cache", None)
+    page = operator_page.overview()
+    assert [(e["pipeline"], e["held"]["run_id"], e["held"]["mismatch"]) for e in page["pipelines"]] == [
+        (unique, "run-1", finding)]
+    html = operator_page.render(page)
+    assert html.count('class="bad held"') == 1 and f"kafka-eos acknowledge {unique} --yes" in html
+    capsys.readouterr()
+    assert main(["--bootstrap", kafka_settings.bootstrap_servers, "pipelines"]) == 0
+    out = capsys.readouterr().out
+    assert "HELD (below)" in out and f"  {unique}: held since " in out and finding in out, out
 
 
 def test_a_specs_spark_section_reaches_spark_submit(tmp_path, monkeypatch):

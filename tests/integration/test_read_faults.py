@@ -318,9 +318,11 @@ def test_a_stream_that_commits_a_range_short_stops_and_stays_held_until_acknowle
     import yaml
 
     from kafka_eos.audit import AUDIT_TOPIC
+    from kafka_eos.backfill.reset import reset_checkpoint
     from kafka_eos.cli import main
     from kafka_eos.errors import PipelineHeld, RangeMismatch
     from kafka_eos.manifest import ManifestStore
+    from kafka_eos.overview.snapshot import snapshot
     from kafka_eos.sinks import per_partition
     from kafka_eos.spec import spec_document
     from kafka_eos.stream.loop import STREAM_RUN_ID, StreamRunner
@@ -364,6 +366,11 @@ def test_a_stream_that_commits_a_range_short_stops_and_stays_held_until_acknowle
     assert store.state().held["mismatch"] == message
     store.put_snapshot(store.state())  # a snapshot written since keeps the hold
     assert store.state().held["mismatch"] == message
+    assert snapshot(kafka_settings, [spec])[0]["held"]["mismatch"] == message  # the operator page's read
+    # A checkpoint reset (a repair) keeps the hold: its snapshot forgets the checkpoints, not the hold.
+    reset_checkpoint(spec, kafka_settings, {(src, 0): RECORDS}, run_id="reset-1", asked="offsets", who="test",
+                     via="test")
+    assert store.state().held["mismatch"] == message
     path = tmp_path / f"{spec.name}.yaml"
     path.write_text(yaml.safe_dump(spec_document(spec)))
     bootstrap = ["--bootstrap", kafka_settings.bootstrap_servers]
@@ -393,7 +400,7 @@ def test_a_stream_that_commits_a_range_short_stops_and_stays_held_until_acknowle
     StreamRunner(spark, spec, kafka_settings, interval_s=0.1, stop_when_caught_up=True).run()
     out = _values(kafka_settings, spec.sink.topic)
     assert sorted(out) == sorted([*kept, *produced[1], *more[0], *more[1]])
-    assert store.state().held is None
+    assert store.state().held is None and snapshot(kafka_settings, [spec])[0]["held"] is None
 
 
 KILLING = '''

@@ -70,7 +70,7 @@ def unreadable_spec(name: str, path: str, error: str) -> dict:
     """The entry of a spec that failed to load: shown in its own row, with its error."""
     return {"pipeline": name, "spec": path, "group_id": None,
             "sink": {"kind": None, "commit": None, "target": None, "dead_letters": None},
-            "partitions": [], "drift": [], "pinned": [], "lag": 0, "runs": [], "error": error}
+            "partitions": [], "drift": [], "pinned": [], "lag": 0, "runs": [], "held": None, "error": error}
 
 
 def snapshot(settings: KafkaSettings, specs: Iterable[PipelineSpec], runs: int = LAST_RUNS,
@@ -79,9 +79,11 @@ def snapshot(settings: KafkaSettings, specs: Iterable[PipelineSpec], runs: int =
 
     Each entry: ``pipeline``, ``group_id``, ``sink``, ``partitions`` (the rows of
     ``kafka-eos checkpoint --json``), ``drift``, ``pinned`` (stalls with their holder), ``lag``
-    (total), ``runs`` (newest first), and ``error`` (a one-line reason this pipeline could not be
-    read, e.g. a missing topic; the other pipelines are still shown). ``mirror``: SQL sinks'
-    checkpoints as their Kafka mirror has them, their databases never opened (no drift shown).
+    (total), ``runs`` (newest first), ``held`` (a range committed short that holds the pipeline
+    until acknowledged: its run, finding and time; else None), and ``error`` (a one-line reason
+    this pipeline could not be read, e.g. a missing topic; the other pipelines are still shown).
+    ``mirror``: SQL sinks' checkpoints as their Kafka mirror has them, their databases never opened
+    (no drift shown).
     """
     specs = list(specs)
     out: list[dict] = []
@@ -92,7 +94,7 @@ def snapshot(settings: KafkaSettings, specs: Iterable[PipelineSpec], runs: int =
     for spec in specs:
         entry = {"pipeline": spec.name, "group_id": spec.source.group_id, "sink": _sink(spec),
                  "checkpoints_from": "kafka mirror" if mirror and not spec.sink.about.transactional else "sink",
-                 "partitions": [], "drift": [], "pinned": [], "lag": 0, "runs": [], "error": None}
+                 "partitions": [], "drift": [], "pinned": [], "lag": 0, "runs": [], "held": None, "error": None}
         out.append(entry)
         try:
             tps_of[spec.name] = source_partitions(spec, settings, md)
@@ -106,16 +108,17 @@ def snapshot(settings: KafkaSettings, specs: Iterable[PipelineSpec], runs: int =
 
     # 2. Per pipeline, a few at a time (the clients wait on the network, not the CPU): its group
     # offsets (and a SQL sink's own checkpoints), and its last runs from its run manifest.
-    def per_pipeline(spec: PipelineSpec) -> tuple[dict, list[dict], list[dict]] | str:
-        """(checkpoints, drift, last runs), or the one-line reason they could not be read."""
+    def per_pipeline(spec: PipelineSpec) -> tuple[dict, list[dict], list[dict], dict | None] | str:
+        """(checkpoints, drift, last runs, hold), or the one-line reason they could not be read."""
         try:
             cks, drift = checkpoints(spec, settings, tps_of[spec.name], mirror)
             manifest = manifests.get(spec.name)
-            last = [_run(rec) for rec in ManifestStore.of(spec, settings).last_runs(runs, offsets[manifest])] \
-                if manifest else []
+            last, held = ManifestStore.of(spec, settings).last_runs_and_hold(runs, offsets[manifest]) \
+                if manifest else ([], None)
         except Exception as exc:  # noqa: BLE001 - a SQL sink's database error too: one row, not the page
             return one_line(exc)
-        return {tp: cks.get(tp) for tp in tps_of[spec.name]}, [dataclasses.asdict(d) for d in drift], last
+        return ({tp: cks.get(tp) for tp in tps_of[spec.name]}, [dataclasses.asdict(d) for d in drift],
+                [_run(rec) for rec in last], held)
 
     readable = [(spec, entry) for spec, entry in zip(specs, out) if spec.name in tps_of]
     with ThreadPoolExecutor(max_workers=PER_PIPELINE_READERS) as pool:
@@ -125,7 +128,8 @@ def snapshot(settings: KafkaSettings, specs: Iterable[PipelineSpec], runs: int =
         if isinstance(result, str):
             entry["error"] = result
             continue
-        cks, entry["drift"], entry["runs"] = result
+        cks, entry["drift"], entry["runs"], held = result
+        entry["held"] = None if held is None else {k: held[k] for k in ("run_id", "mismatch", "found_at")}
         rows_of_pipeline[spec.name] = rows_of(cks, offsets)
     # 3. One read of the oldest unprocessed committed record of every lagging partition.
     with_oldest_unprocessed(settings, [r for rows in rows_of_pipeline.values() for r in rows], now_ms)

@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Callable
 
 from kafka_eos import acls
 from kafka_eos.batch import RunSummary, run_batch
-from kafka_eos.errors import BrokerError, PipelineBusy, ProducerFenced, TransactionFailed
+from kafka_eos.errors import BrokerError, PipelineBusy, ProducerFenced, RangeMismatch, TransactionFailed
 from kafka_eos.kafka_admin import admin_client, offsets_retention_s, partition_offsets
-from kafka_eos.manifest import ManifestStore, now_iso
+from kafka_eos.manifest import STREAM_RUN_ID, ManifestStore, now_iso
 from kafka_eos.pipeline import fresh_plan
 from kafka_eos.plan import Plan, plan_ranges
 from kafka_eos.settings import KafkaSettings
@@ -53,8 +53,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-#: The run id of every batch of a stream (its manifest records replace each other).
-STREAM_RUN_ID = "stream"
 #: A full planning round this often: new partitions, checkpoints moved by someone else (a reset),
 #: idle checkpoints to commit again before the broker's offsets retention expires them. More often
 #: where the retention is short: every quarter of it (a checkpoint is committed again once it is
@@ -230,7 +228,7 @@ class StreamRunner:
                 summary = run_batch(self.spark, self.spec, plan, self.settings, self._sink,
                                     extra={"stream": self._progress(n)})
             except Exception as exc:  # noqa: BLE001 - decided below: retried, or raised
-                if self._stop.is_set():
+                if self._stop.is_set() and not isinstance(exc, RangeMismatch):  # that one committed: said as it is
                     # Stopping: Spark may have gone down with the signal. The commit protocol
                     # aborted the transaction; the next start resumes from the checkpoints.
                     self.report(f"batch {self.stats.batches + 1} not committed while stopping "

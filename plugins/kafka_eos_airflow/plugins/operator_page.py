@@ -288,6 +288,11 @@ def _pipeline(entry: dict, root: str) -> str:
         return f'{head}<p class="bad error">{_e(entry["error"])}</p></section>'
     drift = "".join(f'<p class="warn">drift {_e(d["topic"])}-{d["partition"]}: SQL sink at {_e(d["sink"])}, '
                     f'Kafka mirror at {_e(d["kafka"])} (the next run repairs it)</p>' for d in entry["drift"])
+    held = entry.get("held")
+    if held:
+        head += (f'<p class="bad held">HELD since {_e(held["found_at"])}: {_e(held["mismatch"])}. Nothing of this '
+                 f'pipeline runs until an operator repairs the range and acknowledges it: <code>kafka-eos acknowledge '
+                 f'{_e(name)} --yes</code></p>')
     return (f'{head}{_partitions(entry)}{_pinned(entry, root)}{drift}<h3>Last runs</h3>{_chart(entry["runs"])}'
             f'{_runs(entry)}</section>')
 

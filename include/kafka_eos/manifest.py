@@ -11,14 +11,16 @@
 - ``<pipeline>:hold``: a range a run found committed short (``held``), until an operator
   acknowledges it (the same record, ``held`` false, with who and when): while held, nothing plans.
 - ``<pipeline>:state``: a snapshot of the memory above (checkpoints, starts, the hold) as read up
-  to offset ``read_upto``; a ``reset`` snapshot forgets everything before it but the hold.
+  to offset ``read_upto``; a ``reset`` snapshot forgets the checkpoints and starts before it (not
+  the hold).
 
 Every lookup walks the topic backwards from its end and stops at the first record that settles
-it (the newest plan, the newest run record, the newest snapshot), so its cost does not grow with
-the number of runs; a state lookup that had to read far writes a new snapshot. A topic per
-pipeline means no other pipeline's open transaction pins its LSO; plans are looked up
+it (the newest plan, the newest run record, the newest snapshot's ``read_upto``), so its cost does
+not grow with the number of runs; a state lookup that had to read far writes a new snapshot. A
+topic per pipeline means no other pipeline's open transaction pins its LSO; plans are looked up
 read_uncommitted (they are never written in a transaction), so not even the pipeline's own
-killed attempt hides them.
+killed attempt hides them, nor one of its side runs (replays, backfills: their partition records
+are written in their transactions); a hold is looked for above the LSO the same way.
 """
 
 from __future__ import annotations
@@ -66,9 +68,15 @@ SNAPSHOT_MAX_AGE_S = MANIFEST_RETENTION_MS / 1000 / 4
 
 #: The run id of every batch of a stream (:mod:`kafka_eos.stream.loop`): its records replace each other.
 STREAM_RUN_ID = "stream"
-#: Run ids a batch run may not take: the keys of the pipeline's own records (``checkpoint``,
-#: ``starts``, ``state``, ``hold``) and the stream's run id.
-RESERVED_RUN_IDS = frozenset({"checkpoint", "starts", "state", "hold", STREAM_RUN_ID})
+#: Run ids a batch run may not take, nor begin with followed by ``:``: the keys of the pipeline's
+#: own records (``checkpoint``, ``starts``, ``state``, ``hold``, a side run's ``side``) and the
+#: stream's run id.
+RESERVED_RUN_IDS = frozenset({"checkpoint", "starts", "state", "hold", "side", STREAM_RUN_ID})
+
+
+def reserved_run_id(run_id: str) -> bool:
+    """Whether a run of this id would write under a key of the pipeline's own records."""
+    return run_id.split(":", 1)[0] in RESERVED_RUN_IDS
 
 
 def run_key(pipeline: str, run_id: str) -> str:
@@ -201,7 +209,9 @@ class _Holds:
             self.snapshot = rec
 
     def newest(self) -> dict | None:
-        if self.record is not None and (self.snapshot is None or self.record[0] >= self.snapshot["read_upto"]):
+        # A snapshot without the field (written by a version before holds) knows no hold.
+        if self.record is not None and (self.snapshot is None or "hold" not in self.snapshot
+                                        or self.record[0] >= self.snapshot["read_upto"]):
             return self.record[1]
         return self.snapshot.get("hold") if self.snapshot is not None else None
 

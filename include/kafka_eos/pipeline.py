@@ -17,7 +17,7 @@ from confluent_kafka import KafkaError, KafkaException
 from kafka_eos.errors import BrokerError, CheckpointLost, KafkaEosError, PipelineBusy, PipelineHeld, PlanError
 from kafka_eos.kafka_admin import (TP, TopicsMetadata, committed_offsets_and_times, topics_metadata,
                                    offsets_retention_s, partition_offsets, partitions_of)
-from kafka_eos.manifest import RESERVED_RUN_IDS, ManifestState, ManifestStore
+from kafka_eos.manifest import RESERVED_RUN_IDS, ManifestState, ManifestStore, reserved_run_id
 from kafka_eos.plan import PartitionRange, Plan, plan_ranges, stale_checkpoints
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.sinks.base import Drift
@@ -243,7 +243,7 @@ def prepare_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> Pl
     :raises PipelineHeld: an earlier run found a range committed short (not acknowledged yet).
     :raises PlanError: ``run_id`` is one the run manifest's own keys use.
     """
-    if run_id in RESERVED_RUN_IDS:
+    if reserved_run_id(run_id):
         raise PlanError(f"pipeline {spec.name}: run id {run_id!r} is reserved (the run manifest's keys use "
                         f"{', '.join(sorted(RESERVED_RUN_IDS))}): choose another")
     manifest = ManifestStore.of(spec, settings)

@@ -127,11 +127,12 @@ class PerPartitionSink(KafkaSink):
         if mismatch is None:
             store.put(run_key(spec.name, plan.run_id), record)
         else:
-            # The hold keeps the finding under the pipeline's key, and stops every plan until
-            # acknowledged; the run record under the run's id (a stream's next batch replaces it).
-            # The hold first: a process killed between the two still leaves the pipeline held.
-            produce_json(settings, store.topic, [(hold_key(spec.name), hold_record(plan.run_id, str(mismatch))),
-                                                 (run_key(spec.name, plan.run_id), record)])
+            # The run record keeps the finding under the run's id (a stream's next batch replaces
+            # it); the hold under the pipeline's, and it stops every plan until acknowledged. One
+            # flush, so one produce request: one append to the log. The hold last: the newest
+            # record, which a walk over the last runs passes (ManifestStore.last_runs_and_hold).
+            produce_json(settings, store.topic, [(run_key(spec.name, plan.run_id), record),
+                                                 (hold_key(spec.name), hold_record(plan.run_id, str(mismatch)))])
             raise mismatch
         if status == NOOP:  # an earlier attempt committed: this one counted nothing
             return Outcome(status, out + dead_letters, out, dead_letters, None, producers)

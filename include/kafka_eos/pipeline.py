@@ -272,8 +272,8 @@ def _repaired_state(spec: PipelineSpec, settings: KafkaSettings, manifest: Manif
     cks, drift, offsets, times = _unpinned_state(spec, settings, may_fence)
     if drift:
         repair_drift(spec, settings, drift)
-    # Read once no killed attempt's transaction pins the manifest's LSO (its records are read
-    # committed), so a hold written after that transaction is seen.
+    # Read once no killed attempt's transaction pins the manifest's LSO: its checkpoint records are
+    # read committed (a hold is also looked for above a pinned LSO, read uncommitted).
     state = manifest.refresh_state()
     refuse_if_held(spec, state)
     return cks, offsets, times, state

@@ -128,9 +128,9 @@ class PerPartitionSink(KafkaSink):
             store.put(run_key(spec.name, plan.run_id), record)
         else:
             # The run record keeps the finding under the run's id (a stream's next batch replaces
-            # it); the hold under the pipeline's, and it stops every plan until acknowledged. One
-            # flush, so one produce request: one append to the log. The hold last: the newest
-            # record, which a walk over the last runs passes (ManifestStore.last_runs_and_hold).
+            # it); the hold under the pipeline's, and it stops every plan until acknowledged. Both in
+            # one flush (in practice one produce request). The hold last: the newest record, which
+            # a walk over the last runs passes (ManifestStore.last_runs_and_hold).
             produce_json(settings, store.topic, [(run_key(spec.name, plan.run_id), record),
                                                  (hold_key(spec.name), hold_record(plan.run_id, str(mismatch)))])
             raise mismatch

@@ -269,13 +269,19 @@ def _local_service(action: str, service, address: str, starting: str, status: st
 
 
 def cmd_plan(args) -> int:
+    from kafka_eos.manifest import ManifestStore
     from kafka_eos.pipeline import compute_plan
 
-    spec = _spec(args, import_transform=False)
-    plan, drift = compute_plan(spec, _settings(args), args.run_id or "next")
+    spec, settings = _spec(args, import_transform=False), _settings(args)
+    plan, drift = compute_plan(spec, settings, args.run_id or "next")
+    held = ManifestStore.of(spec, settings).state().held  # no run takes this plan while held
     if args.json:
-        _print_json({"plan": json.loads(plan.to_json()), "drift": [dataclasses.asdict(d) for d in drift]})
+        _print_json({"plan": json.loads(plan.to_json()), "drift": [dataclasses.asdict(d) for d in drift],
+                     "held": held})
         return 0
+    if held is not None:
+        print(f"HELD since {held['found_at']}: {held['mismatch']}; no run takes this plan until an operator "
+              f"acknowledges it (kafka-eos acknowledge {spec.name})")
     offsets = plan.offsets
     print(f"pipeline {spec.name}: " + ("nothing to do, every checkpoint is at its partition's LSO"
                                        if plan.is_empty else

@@ -379,6 +379,8 @@ def test_a_stream_that_commits_a_range_short_stops_and_stays_held_until_acknowle
     for command in ("stream", "run"):  # the stream's CLI (before it starts Spark), and a batch run
         assert main([command, str(path), *bootstrap]) == 4, command
         assert capsys.readouterr().err.splitlines()[-1].startswith(f"kafka-eos: pipeline {spec.name} is held since ")
+    assert main(["plan", str(path), "--json", *bootstrap]) == 0  # a look at the next plan says so
+    assert json.loads(capsys.readouterr().out)["held"]["mismatch"] == message
 
     # The operator: a dry run shows the finding (exit 3 while held), --yes acknowledges it.
     assert main(["acknowledge", str(path), *bootstrap]) == 3

@@ -229,28 +229,14 @@ def test_a_range_committed_short_fails_its_run_again_naming_the_partition(spark,
     task's input cut after the first batch, the checkpoint at the range's end). A retry of that run
     used to find the range committed and go green; now it reads the range all the same, Spark
     counts the rows its transform gives, and the run fails naming the partition and the numbers."""
-    import pyarrow as pa
-
     from kafka_eos.errors import RangeMismatch
-    from kafka_eos.manifest import ManifestStore, run_key
-    from kafka_eos.sinks.per_partition import commit_partition
+    from kafka_eos.manifest import ManifestStore
 
     spec = make_spec("identity", "kafka", "per_partition", partitions=2)
     _source(kafka_settings, spec)
     plan = prepare_plan(spec, kafka_settings, "run-1")
     src = spec.source.topics[0]
-    r0 = next(r for r in plan.active if r.partition == 0)
-    first_batch = pa.RecordBatch.from_pydict({
-        "key": [f"k{i}".encode() for i in range(BATCH_ROWS)], "value": [f"0:{i}:{PAD}".encode() for i in range(BATCH_ROWS)],
-        "topic": [src] * BATCH_ROWS, "partition": pa.array([0] * BATCH_ROWS, pa.int32()),
-        "offset": pa.array(range(BATCH_ROWS), pa.int64()), "dlq_reason": pa.array([None] * BATCH_ROWS, pa.string())})
-    # What the task did before the proof (and its manifest record then: no "read" field).
-    from kafka_eos.sinks import per_partition
-
-    monkeypatch.setattr(per_partition, "committed_record", lambda out, dead: {
-        "status": "committed", "records_out": out, "dead_letters": dead, "records_in": out + dead})
-    commit_partition(spec, plan, kafka_settings, r0, [first_batch])
-    monkeypatch.undo()
+    _commit_first_batch_only(spec, plan, kafka_settings, 0, monkeypatch)
 
     with pytest.raises(RangeMismatch) as found:
         run_batch(spark, spec, plan, kafka_settings)
@@ -302,6 +288,65 @@ def test_a_range_committed_short_fails_its_run_again_naming_the_partition(spark,
     printed = capsys.readouterr()
     assert code == 4 and printed.err.splitlines()[-1].startswith(f"kafka-eos: pipeline {spec.name} is held since "), \
         printed
+
+
+def _commit_first_batch_only(spec, plan, kafka_settings, partition: int, monkeypatch) -> None:
+    """Partition ``partition`` of ``plan`` committed as an affected version committed it: its
+    task's input cut after the first batch (:data:`BATCH_ROWS` rows), the checkpoint at the range's
+    end, a manifest record without the proof of read's ``read`` field."""
+    import pyarrow as pa
+
+    from kafka_eos.sinks import per_partition
+
+    src = spec.source.topics[0]
+    first_batch = pa.RecordBatch.from_pydict({
+        "key": [f"k{i}".encode() for i in range(BATCH_ROWS)],
+        "value": [f"{partition}:{i}:{PAD}".encode() for i in range(BATCH_ROWS)],
+        "topic": [src] * BATCH_ROWS, "partition": pa.array([partition] * BATCH_ROWS, pa.int32()),
+        "offset": pa.array(range(BATCH_ROWS), pa.int64()), "dlq_reason": pa.array([None] * BATCH_ROWS, pa.string())})
+    with monkeypatch.context() as patched:
+        patched.setattr(per_partition, "committed_record", lambda out, dead: {
+            "status": "committed", "records_out": out, "dead_letters": dead, "records_in": out + dead})
+        per_partition.commit_partition(spec, plan, kafka_settings, next(r for r in plan.active if r.partition == partition),
+                                       [first_batch])
+
+
+REFUSING = '''
+from pyspark.sql import functions as F
+
+
+def refusing(df):
+    bad = (F.col("partition") == 0) & (F.col("offset") == 5)
+    return df.select("key", "value", "topic", "partition", "offset",
+                     F.when(bad, F.lit("a record this transform refuses")).otherwise(F.lit(None).cast("string"))
+                     .alias("dlq_reason"))
+'''
+
+
+def test_a_refusal_in_the_same_run_does_not_hide_a_range_committed_short(spark, kafka_settings, make_spec,
+                                                                         transforms_from, unique, monkeypatch):
+    """A run whose task refuses (partition 0: a dead letter and no dead-letter topic) still checks
+    the partitions that committed before it fails: partition 1, committed short by an earlier
+    attempt, is found and holds the pipeline. Before, the refusal was raised first, and a later
+    run under another id never looked at partition 1's range again."""
+    from kafka_eos.errors import PipelineHeld, RangeMismatch
+
+    module = transforms_from(f"refusing_{unique.replace('-', '_')}", REFUSING)
+    spec = make_spec(f"{module}:refusing", "kafka", "per_partition", partitions=2, dlq_topic=None)
+    src = spec.source.topics[0]
+    _source(kafka_settings, spec)
+    plan = prepare_plan(spec, kafka_settings, "run-1")
+    _commit_first_batch_only(spec, plan, kafka_settings, 1, monkeypatch)
+
+    with pytest.raises(RangeMismatch) as found:
+        run_batch(spark, spec, plan, kafka_settings)
+    message = str(found.value)
+    assert "\n" not in message
+    assert message.startswith(f"{src}-1 [0, {RECORDS}) of run 'run-1': Spark's transform gave {RECORDS} rows"), message
+    assert f"; the run also refused a partition: {src}-0 offset 5: dead letter (" in message, message
+    assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [(src, 0)])[(src, 0)] is None
+    with pytest.raises(PipelineHeld, match=f"^pipeline {spec.name} is held since .*: {src}-1 "):
+        prepare_plan(spec, kafka_settings, "run-2")
 
 
 def test_a_stream_that_commits_a_range_short_stops_and_stays_held_until_acknowledged(

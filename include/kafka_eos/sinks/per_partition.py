@@ -18,7 +18,8 @@ executors, under that partition's own transactional.id (docs/architecture.md, "C
    dead letter and no dead-letter topic) aborts its transaction and reports a refusal instead of
    committing.
 3. A refusal fails the run with one line naming the partition and the rule (the partitions of
-   other tasks may have committed: each partition is its own unit of work).
+   other tasks may have committed: each partition is its own unit of work), once step 5 has
+   checked the partitions that committed (a short one fails the run first, and holds it).
 4. Offsets-only transactions, from the driver, for planned partitions no task held (empty ranges;
    in two passes also a task whose rows were all filtered out).
 5. The run's record (:meth:`PerPartitionSink.commit`): the counts each partition's transaction
@@ -54,7 +55,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from kafka_eos import probes
-from kafka_eos.errors import DeadLetterWithoutTopic, RangeMismatch, RecordRefused, SpecError
+from kafka_eos.errors import DeadLetterWithoutTopic, KafkaEosError, RangeMismatch, RecordRefused, SpecError
 from kafka_eos.kafka_admin import TP, keep_inherited
 from kafka_eos.manifest import (COMMITTED, NOOP, ManifestStore, hold_key, hold_record, now_iso, partition_key,
                                 produce_json, run_key)
@@ -85,7 +86,7 @@ class PerPartitionSink(KafkaSink):
         """Steps 1–5."""
         spec, settings = self.spec, self.settings
         dead = dead_letter_batches(output.results, output.undecodable) if output.undecodable is not None else None
-        per, rows = write(output.results, spec, plan, settings, keep=self.keep, dead=dead)  # 1.–4.
+        per, rows, refusal = write(output.results, spec, plan, settings, keep=self.keep, dead=dead)  # 1.–4.
         producers = dict(Counter(r.producer for r in per.values() if r.producer))
         counts = {tp: (r.records_out, r.dead_letters) for tp, r in per.items()}
         out = sum(r.records_out for r in per.values())
@@ -115,7 +116,9 @@ class PerPartitionSink(KafkaSink):
         # Verify: each partition's transaction wrote a record per row Spark gave it (a commit
         # that missed rows is recorded, then fails the run: a retry finds it again).
         mismatch = None
-        if output.results is not None and not (missing and isinstance(rows, int)):
+        # A refused partition's rows are in a job's total (above proof.COUNTED_RANGES ranges): not
+        # checkable then, nor where a refusal made Spark's counts untrue (rows None).
+        if output.results is not None and rows is not None and not ((missing or refusal) and isinstance(rows, int)):
             written = {tp: c for tp, c in counts.items() if f"{tp[0]}-{tp[1]}" not in missing}
             undecodable_rows = {tp: sum(len(b) for b in found) for tp, found in (dead or {}).items()}
             try:
@@ -124,6 +127,11 @@ class PerPartitionSink(KafkaSink):
                 mismatch = exc
                 record["mismatch"] = str(exc)
         store = ManifestStore.of(spec, settings)
+        if refusal is not None:  # 3. a task refused: the run fails, its other commits checked first
+            if mismatch is None:
+                raise refusal
+            store.put(hold_key(spec.name), hold_record(plan.run_id, str(mismatch)))
+            raise RangeMismatch(f"{mismatch}; the run also refused a partition: {refusal}") from refusal
         if mismatch is None:
             store.put(run_key(spec.name, plan.run_id), record)
         else:
@@ -522,15 +530,16 @@ def driver_commits(df: "DataFrame", spec: PipelineSpec, plan: Plan, settings: Ka
 
 
 def write(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, settings: KafkaSettings, keep: bool = False,
-          dead: dict | None = None) -> tuple[dict[TP, CommitResult], dict[TP, int] | int]:
+          dead: dict | None = None) -> tuple[dict[TP, CommitResult], dict[TP, int] | int | None, KafkaEosError | None]:
     """Commit ``plan`` in per_partition scope (the module's steps).
 
     :param df: the transform's output, or None when every planned range is empty.
     :param keep: a stream's batch: each partition's commit is kept for the next (:func:`kept_commit`).
     :param dead: more rows per source partition (Arrow batches of :func:`batches.prepared` columns:
         records that did not decode), written in that partition's transaction after its rows.
-    :returns: each partition's commit, and Spark's count of the rows its transform gave them
-        (:meth:`proof.RowCount.counts`), for :func:`proof.check_rows`.
+    :returns: each partition's commit, Spark's count of the rows its transform gave them
+        (:meth:`proof.RowCount.counts`), for :func:`proof.check_rows`, and a task's refusal (step 3:
+        the run fails with it once the partitions that committed are checked; step 4 is skipped).
     :raises SpecError: the transform shuffles or does not keep one source partition per task.
     :raises DeadLetterWithoutTopic: a dead letter and no ``sink.dlq_topic``.
     """
@@ -551,19 +560,22 @@ def write(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, settings: Kafk
         if one_pass and keep and planned <= DRIVER_BATCH_OFFSETS:  # 2. a small stream batch: from the driver
             results, rows = driver_commits(df, spec, plan, settings, owner, dead or {})
         else:
-            results, rows = _task_commits(df, spec, plan, settings, owner, keep, dead)
+            results, rows, refusal = _task_commits(df, spec, plan, settings, owner, keep, dead)
+            if refusal is not None:
+                return results, rows, refusal
     # 4. offsets-only transactions for the partitions no task held
     results.update(commit_rowless(spec, plan, settings, [r for r in plan.active if r.tp not in results], keep,
                                   dead or {}))
-    return results, rows
+    return results, rows, None
 
 
 def _task_commits(df: "DataFrame", spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
                   owner: dict[int, TP] | None, keep: bool,
-                  dead: dict | None) -> tuple[dict[TP, CommitResult], dict[TP, int] | int]:
+                  dead: dict | None) -> tuple[dict[TP, CommitResult], dict[TP, int] | int | None, KafkaEosError | None]:
     """Steps 1–3 on the executors: a transaction per Spark task, in one pass where ``owner`` was
-    proven, else after a scan of the cached output. Returns them and Spark's count of the rows it
-    gave each (:class:`proof.RowCount`)."""
+    proven, else after a scan of the cached output. Returns the tasks' commits (not the refused
+    ones), Spark's count of the rows it gave each (:class:`proof.RowCount`; None where a refusal
+    made it untrue), and the first refusal as its error (:func:`_refusal`), or None."""
     from pyspark import StorageLevel
 
     one_pass = owner is not None
@@ -583,22 +595,30 @@ def _task_commits(df: "DataFrame", spec: PipelineSpec, plan: Plan, settings: Kaf
     finally:
         if not one_pass:
             df.unpersist()
-    _raise_refusal(committed)  # 3. a task refused: the run fails
-    return {(row["topic"], row["partition"]): CommitResult(row["status"], row["records_out"], row["dead_letters"],
-                                                           row["producer"]) for row in committed}, counted.counts()
+    # Spark counts rows by the partition they name: a task refused for rows naming another
+    # partition (relabelled, or recomputed otherwise) leaves them in that partition's count, which
+    # then checks nothing (None). A dead letter's or a record's refusal is of the task's own rows.
+    trusted = all(row["refusal"] in OWN_ROWS_REFUSALS for row in committed if row["status"] == REFUSED)
+    return ({(row["topic"], row["partition"]): CommitResult(row["status"], row["records_out"], row["dead_letters"],
+                                                            row["producer"]) for row in committed if row["status"] != REFUSED},
+            counted.counts() if trusted else None, _refusal(committed))
 
 
-def _raise_refusal(rows: list) -> None:
+#: Refusals a task makes of its own partition's rows (Spark's count of every partition stays true).
+OWN_ROWS_REFUSALS = (DeadLetterWithoutTopic.__name__, RecordRefused.__name__)
+
+
+def _refusal(rows: list) -> KafkaEosError | None:
     """Step 3: the first refusal as its error, saying which partitions of the run are committed
-    (by this attempt, or by an earlier one)."""
+    (by this attempt, or by an earlier one); None when no task refused."""
     refused = sorted((r for r in rows if r["status"] == REFUSED), key=lambda r: (r["topic"], r["partition"]))
     if not refused:
-        return
+        return None
     done = sorted(f"{r['topic']}-{r['partition']}" for r in rows if r["status"] in (COMMITTED, NOOP))
     others = "; ".join(f"{r['topic']}-{r['partition']}" for r in refused[1:])
     text = (f"{refused[0]['reason']}{f' (refused too: {others})' if others else ''}; committed by their own "
             f"transactions: {', '.join(done) if done else 'no partition of this run'}")
-    raise {cls.__name__: cls for cls in (DeadLetterWithoutTopic, RecordRefused)}.get(refused[0]["refusal"], SpecError)(text)
+    return {cls.__name__: cls for cls in (DeadLetterWithoutTopic, RecordRefused)}.get(refused[0]["refusal"], SpecError)(text)
 
 
 def commit_rowless(spec: PipelineSpec, plan: Plan, settings: KafkaSettings,

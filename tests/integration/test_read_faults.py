@@ -349,6 +349,40 @@ def test_a_refusal_in_the_same_run_does_not_hide_a_range_committed_short(spark, 
         prepare_plan(spec, kafka_settings, "run-2")
 
 
+MIXED = '''
+from pyspark.sql import functions as F
+
+
+def mixed(df):
+    bad = (F.col("partition") == 0) & (F.col("offset") == 5)
+    moved = (F.col("partition") == 0) & (F.col("offset") >= 1500)  # in the task's second Arrow batch
+    return df.select("key", "value", "topic", F.when(moved, F.lit(1)).otherwise(F.col("partition")).alias("partition"),
+                     "offset", F.when(bad, F.lit("a record this transform refuses")).otherwise(F.lit(None).cast("string"))
+                     .alias("dlq_reason"))
+'''
+
+
+def test_a_refusal_whose_later_rows_name_another_partition_holds_nothing(spark, kafka_settings, make_spec,
+                                                                       transforms_from, unique, small_batches):
+    """Spark counts rows by the partition they name. Partition 0's task refuses a dead letter in its
+    first batch; rows of its second batch name partition 1, so Spark's count of partition 1 holds
+    them too, and partition 1's own commit (whole) would look short. The refused task reads the
+    rest of its input and says so: the run fails with the refusal, as before, and nothing is held."""
+    from kafka_eos.errors import DeadLetterWithoutTopic
+    from kafka_eos.manifest import ManifestStore
+
+    module = transforms_from(f"mixed_{unique.replace('-', '_')}", MIXED)
+    spec = make_spec(f"{module}:mixed", "kafka", "per_partition", partitions=2, dlq_topic=None)
+    src = spec.source.topics[0]
+    produced = _source(kafka_settings, spec)
+    plan = prepare_plan(spec, kafka_settings, "run-1")
+    with pytest.raises(DeadLetterWithoutTopic, match=f"^{src}-0 offset 5: dead letter .*committed by their own "
+                                                      f"transactions: {src}-1$"):
+        run_batch(spark, spec, plan, kafka_settings)
+    assert ManifestStore.of(spec, kafka_settings).state().held is None
+    assert sorted(_values(kafka_settings, spec.sink.topic)) == sorted(produced[1])
+
+
 def test_a_stream_that_commits_a_range_short_stops_and_stays_held_until_acknowledged(
         spark, kafka_settings, make_spec, tmp_path, capsys, monkeypatch):
     """A stream's batches all run as run ``stream``, so the next batch's run record replaces the

@@ -443,7 +443,7 @@ def _commit_task(spec: PipelineSpec, plan: Plan, settings: KafkaSettings, owner:
                 yield _result_row((t, p), CommitResult(REFUSED), "SpecError",
                                   f"rows of {t}-{p} in Spark task {index}, which the proof of the task layout gave "
                                   "no source partition (the job was planned again otherwise): nothing of "
-                                  f"{t}-{p} is committed by it")
+                                  f"{t}-{p} is committed by it", foreign=True)
             return
         r = ranges[owner[index]]
 
@@ -466,6 +466,7 @@ def _commit_task(spec: PipelineSpec, plan: Plan, settings: KafkaSettings, owner:
                 raise _NoRows()
 
         refusal = reason = None
+        foreign = False
         try:
             spark_rows = checked(arrow_batches)
             res = commit_partition(spec, plan, settings, r, itertools.chain(spark_rows, dead.get(r.tp, ())), keep)
@@ -478,16 +479,22 @@ def _commit_task(spec: PipelineSpec, plan: Plan, settings: KafkaSettings, owner:
         except (_Refused, DeadLetterWithoutTopic, RecordRefused) as exc:  # the transaction was aborted
             res = CommitResult(REFUSED)
             refusal, reason = type(exc).__name__, str(exc)
-        yield _result_row(r.tp, res, refusal, reason)
+            # The rest of the input, read for Spark's count of it (step 5 checks the partitions
+            # that committed): rows in it naming another partition make that count untrue.
+            foreign = isinstance(exc, _Refused) or any(batches.source_partitions(b) - {r.tp} for b in arrow_batches)
+        yield _result_row(r.tp, res, refusal, reason, foreign)
 
     return run
 
 
-def _result_row(tp: TP, res: CommitResult, refusal: str | None, reason: str | None) -> "pa.RecordBatch":
-    """What a commit task returns for its partition (:data:`_RESULT_SCHEMA`)."""
+def _result_row(tp: TP, res: CommitResult, refusal: str | None, reason: str | None,
+                foreign: bool = False) -> "pa.RecordBatch":
+    """What a commit task returns for its partition (:data:`_RESULT_SCHEMA`); ``foreign``: a
+    refused task met rows naming another partition (Spark's counts are not true then)."""
     return batches.one_binary_row("result", json.dumps({
         "topic": tp[0], "partition": tp[1], "status": res.status, "records_out": res.records_out,
-        "dead_letters": res.dead_letters, "producer": res.producer, "refusal": refusal, "reason": reason}).encode())
+        "dead_letters": res.dead_letters, "producer": res.producer, "refusal": refusal, "reason": reason,
+        "foreign": foreign}).encode())
 
 
 def _relabelled(spec: PipelineSpec, found: TP, task: TP) -> str:
@@ -595,17 +602,13 @@ def _task_commits(df: "DataFrame", spec: PipelineSpec, plan: Plan, settings: Kaf
     finally:
         if not one_pass:
             df.unpersist()
-    # Spark counts rows by the partition they name: a task refused for rows naming another
-    # partition (relabelled, or recomputed otherwise) leaves them in that partition's count, which
-    # then checks nothing (None). A dead letter's or a record's refusal is of the task's own rows.
-    trusted = all(row["refusal"] in OWN_ROWS_REFUSALS for row in committed if row["status"] == REFUSED)
+    # Spark counts rows by the partition they name: a refused task that met rows naming another
+    # partition (relabelled, recomputed otherwise, a task with no range) leaves them in that
+    # partition's count, which then checks nothing (None).
+    trusted = not any(row["foreign"] for row in committed if row["status"] == REFUSED)
     return ({(row["topic"], row["partition"]): CommitResult(row["status"], row["records_out"], row["dead_letters"],
                                                             row["producer"]) for row in committed if row["status"] != REFUSED},
             counted.counts() if trusted else None, _refusal(committed))
-
-
-#: Refusals a task makes of its own partition's rows (Spark's count of every partition stays true).
-OWN_ROWS_REFUSALS = (DeadLetterWithoutTopic.__name__, RecordRefused.__name__)
 
 
 def _refusal(rows: list) -> KafkaEosError | None:

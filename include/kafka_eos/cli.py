@@ -443,7 +443,8 @@ def cmd_acknowledge(args) -> int:
 
     spec, settings = _spec(args, import_transform=False), _settings(args)
     store = ManifestStore.of(spec, settings)
-    held = store.state().held
+    state = store.state()
+    held = state.held
     if held is None or not args.yes:
         if args.json:
             _print_json({"pipeline": spec.name, "held": held, "acknowledged": None})
@@ -460,13 +461,17 @@ def cmd_acknowledge(args) -> int:
     write_audit(settings, f"acknowledge:{spec.name}:{at}", {
         "action": "acknowledge_hold", "pipeline": spec.name, "who": who, "via": "kafka-eos acknowledge", "at": at,
         "run_id": held["run_id"], "mismatch": held["mismatch"], "found_at": held["found_at"], "note": args.note})
-    record = store.acknowledge(held, who=who, at=at, note=args.note)
+    record, newer = store.acknowledge(held, state.read_upto, who=who, at=at, note=args.note)
     if args.json:
-        _print_json({"pipeline": spec.name, "held": None, "acknowledged": record})
-    else:
+        _print_json({"pipeline": spec.name, "held": newer, "acknowledged": record})
+    elif newer is None:
         print(f"acknowledged: pipeline {spec.name} plans again from its checkpoint; the finding of run "
               f"{held['run_id']!r} stays in its manifest, and this acknowledgement in {AUDIT_TOPIC}")
-    return 0
+    else:
+        print(f"acknowledged the finding of run {held['run_id']!r}, but another came in meanwhile: pipeline "
+              f"{spec.name} stays held since {newer['found_at']}: {newer['mismatch']}; repair it too, then "
+              f"kafka-eos acknowledge {spec.name} --yes")
+    return 0 if newer is None else EXIT_FOUND
 
 
 def cmd_audit(args) -> int:

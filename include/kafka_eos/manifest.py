@@ -272,12 +272,38 @@ class ManifestStore:
             "starts": None if state.starts is None else [[t, p, o] for (t, p), o in sorted(state.starts.items())],
             "hold": state.hold})
 
-    def acknowledge(self, hold: dict, who: str, at: str, note: str | None = None) -> dict:
-        """Release the pipeline from ``hold`` (:attr:`ManifestState.held`): the same finding,
-        ``held`` false, with who acknowledged it, when (``at``, ISO), and why; returns that record."""
+    def acknowledge(self, hold: dict, read_upto: int, who: str, at: str,
+                    note: str | None = None) -> tuple[dict, dict | None]:
+        """Release the pipeline from ``hold`` (:attr:`ManifestState.held` of a state read up to
+        ``read_upto``): the same finding, ``held`` false, with who acknowledged it, when (``at``,
+        ISO), and why. Returns that record, and a newer finding the acknowledgement would hide
+        (another run's, written after ``hold`` was read and before the acknowledgement): written
+        again, after it, so that the pipeline stays held for it; else None."""
         record = {**hold, "held": False, "acknowledged_by": who, "acknowledged_at": at, "note": note}
         self.put(hold_key(self.pipeline), record)
-        return record
+        newer = self._finding_behind(record, read_upto)
+        if newer is not None:
+            self.put(hold_key(self.pipeline), newer)
+        return record, newer
+
+    def _finding_behind(self, ack: dict, read_upto: int) -> dict | None:
+        """The newest finding written between the one ``ack`` acknowledges and ``ack`` itself, down
+        to offset ``read_upto`` at most (what the acknowledging read had seen); None if none."""
+        key = hold_key(self.pipeline)
+        passed = False  # the walk has passed ``ack`` (a record newer than it is newest anyway)
+        with closing(self._tail(committed=False)) as records:
+            for offset, _ts, found, rec in records:
+                if offset < read_upto:
+                    break
+                if found != key or rec is None:
+                    continue
+                if not passed:
+                    passed = rec == ack
+                elif (rec.get("run_id"), rec.get("found_at")) == (ack["run_id"], ack["found_at"]):
+                    break  # the finding acknowledged: what lies below it, the acknowledging read saw
+                elif rec.get("held") is True:
+                    return rec
+        return None
 
     def forget_checkpoints(self) -> None:
         """Forget the pipeline's checkpoints and first starts (a deliberate fresh start, together

@@ -225,8 +225,9 @@ def test_a_held_pipeline_fails_its_plan_and_stream_tasks_without_retries(kafka_c
     for real; here its hold record is written as the finding writes it). The plan task and the
     stream task fail at once, without spending retries: neither a retry nor a restarted stream can
     help, only an operator's acknowledgement. The stream task runs the real ``kafka-eos stream``,
-    which exits 4 before it starts Spark. The operator page and ``kafka-eos pipelines`` show the
-    hold."""
+    which exits 4 before it starts Spark. A dry run shows the plan, and the hold. The operator
+    page and ``kafka-eos pipelines`` show it too. An acknowledgement hides no finding that came in
+    after its read."""
     from airflow.sdk.exceptions import AirflowFailException
 
     from kafka_eos import kafka_admin
@@ -264,6 +265,17 @@ def test_a_held_pipeline_fails_its_plan_and_stream_tasks_without_retries(kafka_c
         with task_errors():
             prepare_plan(spec, kafka_settings, "run-2")
     pinning.abort_transaction(30)
+    # The trigger form's dry run shows the plan, and says that no run takes it.
+    from kafka_eos_airflow.operators.pipeline import KafkaEosPlanOperator
+
+    notes = []
+    ti = type("TaskInstance", (), {"xcom_push": lambda self, key, value: notes.append(value)})()
+    dry = KafkaEosPlanOperator(task_id="plan", pipeline=spec.path, kafka_conn_id=kafka_connection).execute(
+        {"params": {"dry_run": True}, "run_id": "dry-1", "ti": ti})
+    assert dry["dry_run"] and (dry["held"]["run_id"], dry["held"]["mismatch"]) == ("run-1", finding), dry
+    assert notes and notes[0].startswith(f"HELD since {dry['held']['found_at']}: no run takes this plan until "
+                                         f"an operator acknowledges it (kafka-eos acknowledge {unique} --yes). "
+                                         "DRY RUN:"), notes
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[1]"}))
     stream = KafkaEosStreamOperator(task_id="stream", pipeline=spec.path, spark_conn_id="spark_default")
     with pytest.raises(AirflowFailException, match=rf"^kafka-eos stream {re.escape(spec.path)} exited with 4: "
@@ -286,6 +298,20 @@ def test_a_held_pipeline_fails_its_plan_and_stream_tasks_without_retries(kafka_c
     assert main(["--bootstrap", kafka_settings.bootstrap_servers, "pipelines"]) == 0
     out = capsys.readouterr().out
     assert "HELD (below)" in out and f"  {unique}: held since " in out and finding in out, out
+
+    # Another run's finding written between the acknowledging read and the acknowledgement is not
+    # hidden by it: written again, it holds the pipeline still (exit 3), until acknowledged itself.
+    read = store.state()
+    later = f"in-{unique}-0 [10, 20) of run 'run-3': Spark's transform gave 10 rows, the partition's transaction wrote 0"
+    store.put(hold_key(spec.name), hold_record("run-3", later))
+    record, newer = store.acknowledge(read.held, read.read_upto, who="test", at="now")
+    assert (record["run_id"], record["held"], newer["run_id"], newer["mismatch"]) == ("run-1", False, "run-3", later)
+    assert store.state().held["mismatch"] == later
+    bootstrap = ["--bootstrap", kafka_settings.bootstrap_servers]
+    assert main(["acknowledge", spec.path, "--yes", "--json", *bootstrap]) == 0
+    assert json.loads(capsys.readouterr().out)["acknowledged"]["run_id"] == "run-3"
+    assert store.state().held is None
+    assert main(["acknowledge", spec.path, *bootstrap]) == 0 and "is not held" in capsys.readouterr().out
 
 
 def test_a_specs_spark_section_reaches_spark_submit(tmp_path, monkeypatch):

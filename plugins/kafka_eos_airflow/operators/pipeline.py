@@ -232,7 +232,7 @@ class KafkaEosPlanOperator(_PipelineOperator):
             if side is not None:
                 return self._side(spec, settings, options, side, context)
             if options.dry_run:
-                return self._dry_run(spec, compute_plan(spec, settings, run_id=context["run_id"]), context)
+                return self._dry_run(spec, settings, compute_plan(spec, settings, run_id=context["run_id"]), context)
             plan = prepare_plan(spec, settings, run_id=context["run_id"])
         for r in plan.active:
             self.log.info("%s-%d: [%d, %d) checkpoint=%s", r.topic, r.partition, r.from_offset, r.until,
@@ -284,8 +284,16 @@ class KafkaEosPlanOperator(_PipelineOperator):
         return {**plan_summary(plan), side.kind: side.key, "generation": found.generation,
                 "writes_to": writes_to, "dead_letters_to": dead_to, "recorded_at": mapping["created_at"]}
 
-    def _dry_run(self, spec: PipelineSpec, planned: tuple[Plan, list], context: Context) -> dict[str, Any]:
+    def _dry_run(self, spec: PipelineSpec, settings: KafkaSettings, planned: tuple[Plan, list],
+                 context: Context) -> dict[str, Any]:
+        from kafka_eos.manifest import ManifestStore
+
         plan, drift = planned
+        held = ManifestStore.of(spec, settings).state().held  # no run takes this plan while held
+        if held is not None:
+            self.log.warning("DRY RUN pipeline %s is HELD since %s: %s; no run takes this plan until an operator "
+                             "acknowledges it (kafka-eos acknowledge %s --yes)", spec.name, held["found_at"],
+                             held["mismatch"], spec.name)
         for r in plan.active:
             self.log.info("DRY RUN %s-%d: would read [%d, %d) (checkpoint %s)", r.topic, r.partition,
                           r.from_offset, r.until, r.expected)
@@ -297,9 +305,11 @@ class KafkaEosPlanOperator(_PipelineOperator):
                              "real run republishes it", d.topic, d.partition, d.kafka, d.sink)
         self.log.info("DRY RUN pipeline %s: %d partition(s) would be read; nothing was stored, read, written or "
                       "committed", spec.name, len(plan.active))
-        summary = {**plan_summary(plan), "dry_run": True}
-        record_note(context, f"DRY RUN: would read {ranges_text(summary['ranges'])}. Nothing was stored, read, "
-                              "written or committed.")
+        summary = {**plan_summary(plan), "dry_run": True, "held": held}
+        record_note(context, (f"HELD since {held['found_at']}: no run takes this plan until an operator acknowledges "
+                              f"it (kafka-eos acknowledge {spec.name} --yes). " if held is not None else "")
+                    + f"DRY RUN: would read {ranges_text(summary['ranges'])}. Nothing was stored, read, written or "
+                    "committed.")
         return summary
 
     def _reset(self, spec: PipelineSpec, settings: KafkaSettings, options: RunOptions,

@@ -341,10 +341,12 @@ class ManifestStore:
     def run_records(self, run_id: str, side: bool = False) -> tuple[dict | None, dict[str, dict]]:
         """Run ``run_id``'s newest committed run record (its summary, else its plan) and, in
         per_partition scope, the newest record of each source partition (``<topic>-<p>``).
-        The walk stops at the run's plan, or at another run's plan (an older run: the pipeline's
-        own runs follow one another). A ``side`` run (a backfill interval, a replay) runs beside
-        the live runs and beside other side runs, so a live run's plan newer than its summary is
-        common: its walk stops only at its own records or the log start."""
+        The walk passes the plans of runs newer than ``run_id`` (an older run audited, retried),
+        and stops at the run's plan, or, once it has the run's record, at another run's plan (an
+        older run: the pipeline's own runs follow one another, and compaction keeps only a run's
+        newest record). A ``side`` run (a backfill interval, a replay) runs beside the live runs
+        and beside other side runs, so a live run's plan newer than its summary is common: its
+        walk stops only at its own records or the log start."""
         key = run_key(self.pipeline, run_id)
         record, parts = None, {}
         with closing(self._tail(committed=True)) as records:
@@ -353,7 +355,8 @@ class ManifestStore:
                     continue
                 if _is_run(rec):
                     if found != key:
-                        if rec.get("status") == PLANNED and not side and _is_run_of(self.pipeline, found, rec):
+                        if record is not None and rec.get("status") == PLANNED and not side \
+                                and _is_run_of(self.pipeline, found, rec):
                             break
                         continue
                     record = record or rec

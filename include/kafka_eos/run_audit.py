@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from kafka_eos.errors import PlanError
 from kafka_eos.kafka_admin import partition_offsets
 from kafka_eos.manifest import COMMITTED, ManifestStore
 from kafka_eos.readers import count_committed
@@ -55,11 +56,15 @@ class RangeAudit:
 def audit_runs(spec: PipelineSpec, settings: KafkaSettings, run_id: str | None = None,
                last: int = 10) -> list[RangeAudit]:
     """Audit ``run_id`` (or the pipeline's ``last`` runs, newest first) of ``spec``: its committed
-    ranges counted again on the source (read_committed), against its manifest's counts."""
+    ranges counted again on the source (read_committed), against its manifest's counts.
+
+    :raises PlanError: the manifest has no record of ``run_id``."""
     manifest = ManifestStore.of(spec, settings)
     if run_id is not None:
         record, _parts = manifest.run_records(run_id)
-        runs = [record] if record is not None else []
+        if record is None:
+            raise PlanError(f"pipeline {spec.name} has no run {run_id!r} in its manifest {spec.manifest_topic!r}")
+        runs = [record]
     else:
         runs = manifest.last_runs(last)
     found: list[RangeAudit] = []

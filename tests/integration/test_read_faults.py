@@ -289,6 +289,23 @@ def test_a_range_committed_short_fails_its_run_again_naming_the_partition(spark,
     assert code == 4 and printed.err.splitlines()[-1].startswith(f"kafka-eos: pipeline {spec.name} is held since "), \
         printed
 
+    # Acknowledged, and a later run planned: the audit still finds run 1, by its id and among the
+    # last runs (its walk passes the later run's plan), and names a run the manifest does not have.
+    store = ManifestStore.of(spec, kafka_settings)
+    state = store.state()
+    store.acknowledge(state.held, state.read_upto, who="test", at="now")
+    prepare_plan(spec, kafka_settings, "run-2")
+    bootstrap = ["--bootstrap", kafka_settings.bootstrap_servers]
+    for selected in (["--run-id", "run-1"], ["--last", "10"]):
+        code = main(["audit", str(path), *selected, "--json", *bootstrap])
+        printed = capsys.readouterr()
+        assert code == 3, printed
+        assert [(a["run_id"], a["partition"], a["verdict"]) for a in json.loads(printed.out)["ranges"]] == [
+            ("run-1", 0, "short"), ("run-1", 1, "whole")], printed
+    assert main(["audit", str(path), "--run-id", "run-0", *bootstrap]) == 1
+    assert capsys.readouterr().err.strip().endswith(f"pipeline {spec.name} has no run 'run-0' in its manifest "
+                                                    f"{spec.manifest_topic!r}")
+
 
 def _commit_first_batch_only(spec, plan, kafka_settings, partition: int, monkeypatch) -> None:
     """Partition ``partition`` of ``plan`` committed as an affected version committed it: its

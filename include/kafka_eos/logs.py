@@ -100,6 +100,24 @@ def setup_cli_logging(verbose: bool = False) -> Path:
     return log_file
 
 
+@contextmanager
+def root_logging_kept() -> Iterator[None]:
+    """The root logger's handlers and level as they were before the block, whatever it imports:
+    Airflow configures logging when first imported (an Airflow connection resolved by the CLI),
+    and its handlers would print the CLI's log records, tracebacks included, on stdout."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        for handler in [h for h in root.handlers if h not in handlers]:
+            root.removeHandler(handler)
+        for handler in handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+        root.setLevel(level)
+
+
 def reset_cli_logging() -> None:
     """Remove the handlers :func:`setup_cli_logging` added (tests call the CLI many times)."""
     root = logging.getLogger()

@@ -101,3 +101,33 @@ def test_the_resolved_database_travels_in_a_private_file_not_the_environment(tmp
 def test_there_is_no_default_database():
     with pytest.raises(SpecError, match=r"^p.yaml: sink: a sql sink needs its database"):
         parse_spec({**DOC, "sink": {"kind": "sql", "table": "t"}}, "p.yaml", {})
+
+
+#: The CLI's way: its log set up, a connection resolved (Airflow imported and its logging
+#: configured on the way), then a failure logged with its traceback as the CLI logs one.
+CLI_PROBE = """
+import json, logging, sys
+from kafka_eos.errors import SpecError
+from kafka_eos.logs import setup_cli_logging
+from kafka_eos.sinks.sql_store import database_url
+from kafka_eos.spec import parse_spec
+setup_cli_logging()
+try:
+    database_url(parse_spec(json.loads(sys.argv[1]), "p.yaml", {}))
+except SpecError:
+    logging.getLogger("kafka_eos.cli").error("failed", exc_info=True)
+print("the end")
+"""
+
+
+def test_a_connection_resolved_by_the_cli_leaves_its_log_in_the_log_file(tmp_path):
+    """Airflow configures logging when the resolver first imports it: the CLI's log records (a
+    failure's traceback) still go to its log file only, never to stdout (``--json``'s document)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_CONN_", "AIRFLOW__SECRETS__"))}
+    done = subprocess.run([sys.executable, "-c", CLI_PROBE, json.dumps(DOC)], capture_output=True, text=True,
+                          timeout=120, env={**clean, "KAFKA_EOS_HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == "the end\n", done.stdout
+    assert "Traceback" not in done.stderr, done.stderr
+    logged = (tmp_path / "logs" / "kafka-eos.log").read_text()
+    assert "Airflow connection 'warehouse' is not defined here" in logged and "Traceback" in logged, logged

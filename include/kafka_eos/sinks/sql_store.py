@@ -83,8 +83,11 @@ def connection_url(conn_id: str, kind: str = "sql") -> str | None:
     :data:`CONNECTIONS_GROUP`); None where no resolver is installed or no such connection is defined."""
     from importlib.metadata import entry_points
 
+    from kafka_eos.logs import root_logging_kept
+
     for resolver in entry_points(group=CONNECTIONS_GROUP, name=kind):
-        return resolver.load()(conn_id)
+        with root_logging_kept():  # Airflow's logging set-up, if this imports it, stays Airflow's
+            return resolver.load()(conn_id)
     return None
 
 

@@ -87,7 +87,14 @@ def transformed(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings:
         # Work committed on the driver reads in tasks of bounded size: the driver holds one at a time.
         source = read_ranges(spark, settings, plan.active, DRIVER_TASK_RECORDS if sink.commits_on_driver else None)
     source, undecodable, counted = formats.decoded(source, decoders or [], guard)
-    out = spec.load_transform()(source)
+    try:
+        out = spec.load_transform()(source)
+    except KafkaEosError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's code: its error, named, in one line
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise SpecError(f"{spec.path}: transform {spec.transform} failed to build the run's DataFrame: "
+                        f"{type(exc).__name__}: {first}") from exc
     if isinstance(out, DataFrame):
         return Output(counted, out, None, undecodable)
     if isinstance(out, tuple) and len(out) == 2 and all(isinstance(d, DataFrame) for d in out):

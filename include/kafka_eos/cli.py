@@ -298,7 +298,7 @@ def cmd_plan(args) -> int:
 def cmd_run(args) -> int:
     from kafka_eos import acls
     from kafka_eos.batch import RunSummary, run_batch
-    from kafka_eos.logs import child_stderr_to, spark_log4j_options, spark_log_file
+    from kafka_eos.logs import child_stderr_to, pyspark_loggers_to_cli_log, spark_log4j_options, spark_log_file
     from kafka_eos.pipeline import prepare_plan, verify
     from kafka_eos.spark_io import check_reachable, end_session, get_session
 
@@ -328,6 +328,8 @@ def cmd_run(args) -> int:
         with child_stderr_to(spark_log_file(), enabled=not args.verbose):
             spark = get_session(f"kafka-eos {spec.name}", driver_java_options=spark_log4j_options(args.verbose),
                                 remote=args.spark_remote, conf=spec.spark_conf, pipeline=spec.name)
+        if not args.verbose:
+            pyspark_loggers_to_cli_log()
         try:
             with console.spark_progress(spark):
                 summary = run_batch(spark, spec, plan, settings)
@@ -358,7 +360,7 @@ def cmd_run(args) -> int:
 def cmd_stream(args) -> int:
     import signal
 
-    from kafka_eos.logs import child_stderr_to, spark_log4j_options, spark_log_file
+    from kafka_eos.logs import child_stderr_to, pyspark_loggers_to_cli_log, spark_log4j_options, spark_log_file
     from kafka_eos.manifest import ManifestStore
     from kafka_eos.pipeline import refuse_if_held
     from kafka_eos.spark_io import get_session
@@ -374,6 +376,8 @@ def cmd_stream(args) -> int:
     with child_stderr_to(spark_log_file(), enabled=not args.verbose):
         spark = get_session(f"kafka-eos stream {spec.name}", driver_java_options=spark_log4j_options(args.verbose),
                             conf=session_conf(spec.spark_conf))
+    if not args.verbose:
+        pyspark_loggers_to_cli_log()
 
     def report(line: str) -> None:
         print(f"{datetime.now(timezone.utc).strftime('%H:%M:%S.%f')[:-3]} {line}", flush=True)
@@ -972,6 +976,20 @@ def _version() -> str:
 _REMOTE_ERROR = re.compile(r"kafka_eos\.errors\.(\w+): ([^\n]+)")
 
 
+def python_error(exc: BaseException) -> str | None:
+    """The exception line of the last Python traceback in ``exc``'s text (a Spark task's Python
+    error, a transform's UDF raising on a record, reaches the driver as the text of a
+    PythonException or Py4JJavaError whose first line says only that there was one), or None."""
+    text = str(exc)
+    at = text.rfind("Traceback (most recent call last):")
+    if at < 0:
+        return None
+    for line in text[at:].splitlines()[1:]:
+        if line.strip() and not line.startswith((" ", "\t")):
+            return line.strip()
+    return None
+
+
 def remote_error(exc: BaseException) -> str | None:
     """The message of a kafka-eos error raised inside a Spark task (found in the text of the
     Py4JJavaError the driver gets), or None."""
@@ -1000,6 +1018,11 @@ def main(argv: list[str] | None = None) -> int:
         if remote is not None:
             print(f"kafka-eos: {remote}", file=sys.stderr)
             return EXIT_ERROR
+        worker = python_error(exc)
+        if worker is not None:
+            print(f"kafka-eos: {type(exc).__name__} in a Spark task's Python: {worker} (details: {log_file})",
+                  file=sys.stderr)
+            return EXIT_UNEXPECTED
         first = (str(exc).strip().splitlines() or [""])[0]
         print(f"kafka-eos: {type(exc).__name__}: {first} (details: {log_file})", file=sys.stderr)
         return EXIT_UNEXPECTED

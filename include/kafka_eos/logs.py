@@ -134,6 +134,26 @@ def spark_log4j_options(verbose: bool = False) -> str:
     return f"-Dlog4j2.configurationFile=file:{config}"
 
 
+#: PySpark's own loggers for an analysis error's context: each writes a JSON line of several
+#: kilobytes (a JVM stack trace in it) to stderr through a handler of its own, and never propagates.
+PYSPARK_CONTEXT_LOGGERS = ("DataFrameQueryContextLogger", "SQLQueryContextLogger")
+
+
+def pyspark_loggers_to_cli_log() -> None:
+    """Send :data:`PYSPARK_CONTEXT_LOGGERS` to the CLI's log file (:func:`setup_cli_logging`)
+    instead of stderr, where the CLI prints the error's one line itself. Call once pyspark is
+    imported (a run's session)."""
+    from pyspark.logger import PySparkLogger
+
+    ours = [h for h in logging.getLogger().handlers if getattr(h, "_kafka_eos", False)]
+    for name in PYSPARK_CONTEXT_LOGGERS:
+        logger = PySparkLogger.getLogger(name)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        for handler in ours:
+            logger.addHandler(handler)
+
+
 @contextmanager
 def child_stderr_to(log_file: Path, enabled: bool = True) -> Iterator[None]:
     """Inside the block, file descriptor 2 points at ``log_file``: a child process started

@@ -24,6 +24,9 @@ def shuffled(df):
 def missing_columns(df):
     return df.select("key", "value")
 
+def unknown_column(df):
+    return df.select("key", F.col("no_such_column").alias("value"))
+
 def unioned(df):
     # No Exchange, but each source partition's rows end up in two Spark tasks.
     cols = ["key", "value", "headers", "topic", "partition", "offset"]
@@ -67,6 +70,19 @@ def test_kafka_sink_names_missing_output_columns(spark, kafka_settings, make_spe
     plan = prepare_plan(spec, kafka_settings, "r1")
     with pytest.raises(SpecError, match=r"output lacks column\(s\) topic, partition, offset, dlq_reason"):
         run_batch(spark, spec, plan, kafka_settings)
+
+
+def test_a_transform_that_cannot_build_its_dataframe_is_named_in_one_line(spark, kafka_settings, make_spec,
+                                                                          transforms_module):
+    spec = make_spec(f"{transforms_module}:unknown_column", "kafka", "per_partition")
+    produce_orders(kafka_settings, spec.source.topics[0], 10, abort_every=0, malformed_every=0)
+    plan = prepare_plan(spec, kafka_settings, "r1")
+    with pytest.raises(SpecError) as refused:
+        run_batch(spark, spec, plan, kafka_settings)
+    assert "\n" not in str(refused.value)
+    assert str(refused.value).startswith(f"{spec.path}: transform {transforms_module}:unknown_column failed to build "
+                                         "the run's DataFrame: AnalysisException: [UNRESOLVED_COLUMN"), refused.value
+    assert "no_such_column" in str(refused.value)
 
 
 def test_per_partition_rejects_a_union_that_splits_partitions_across_tasks(spark, kafka_settings, admin,

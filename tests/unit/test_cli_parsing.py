@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kafka_eos.cli import build_parser, remote_error
+from kafka_eos.cli import build_parser, python_error, remote_error
 from kafka_eos.errors import KafkaEosError
 from kafka_eos.settings import KafkaSettings
 
@@ -48,6 +48,19 @@ def test_a_kafka_eos_error_raised_in_a_spark_task_is_found_in_the_driver_error()
             "dead letter (bad amount) but p.yaml has no sink.dlq_topic\n\tat org.apache.spark...")
     assert remote_error(RuntimeError(text)) == "orders-1 offset 42: dead letter (bad amount) but p.yaml has no sink.dlq_topic"
     assert remote_error(RuntimeError("something else")) is None
+
+
+def test_a_python_error_in_a_spark_task_is_its_exception_line_not_sparks_first():
+    text = ("An exception was thrown from the Python worker. Please see the stack trace below.\n"
+            "Traceback (most recent call last):\n  File \"/t/raiser.py\", line 9, in _check\n"
+            "    raise ValueError(\"boom on record \" + s[:40])\nValueError: boom on record orders-2 5\n"
+            "\n\tat org.apache.spark.api.python.BasePythonRunner...")
+    assert python_error(RuntimeError(text)) == "ValueError: boom on record orders-2 5"
+    chained = text.replace("Traceback", "Traceback (most recent call last):\n  File \"a\"\nKeyError: 'x'\n\n"
+                                        "During handling of the above exception, another exception occurred:\n\n"
+                                        "Traceback", 1)
+    assert python_error(RuntimeError(chained)) == "ValueError: boom on record orders-2 5"  # the last one
+    assert python_error(RuntimeError("no traceback here")) is None
 
 
 def test_connect_timeout_comes_from_the_environment():

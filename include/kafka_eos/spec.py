@@ -355,8 +355,7 @@ def load_spec(name_or_path: str, environ: Mapping[str, str] | None = None,
     try:
         raw = yaml.load(path.read_text(), Loader=YAML_LOADER)
     except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
-        raise SpecError(f"{path}: not valid YAML ({first})") from None
+        raise SpecError(f"{path}: not valid YAML ({_yaml_problem(exc)})") from None
     spec = parse_spec(raw, str(path), os.environ if environ is None else environ)
     # The pipelines a spec could collide with: those of its own folder (the set the DAG factory
     # makes DAGs of, wherever that folder is) and those of the pipelines folder.
@@ -365,6 +364,13 @@ def load_spec(name_or_path: str, environ: Mapping[str, str] | None = None,
     if import_transform:
         spec.load_transform()  # a transform that does not import is a spec error, found up front
     return spec
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What PyYAML found wrong, in one line, with the line and column where it found it."""
+    problem = getattr(exc, "problem", None) or (str(exc).splitlines() or ["invalid YAML"])[0]
+    mark = getattr(exc, "problem_mark", None)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark is not None else problem
 
 
 def check_owners(spec: PipelineSpec, others: Iterable[PipelineSpec]) -> None:
@@ -428,8 +434,25 @@ def _parsed(path: Path) -> PipelineSpec | None:
     return _PARSED[key]
 
 
-#: libyaml's safe loader where PyYAML was built with it (a tenth of the pure-Python parser's time).
-YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+class YAML_LOADER(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # noqa: N801 - a loader, named as PyYAML's
+    """libyaml's safe loader where PyYAML was built with it (a tenth of the pure-Python parser's
+    time), which refuses a key given twice in one mapping: YAML keeps the last silently, and a
+    second ``sink:`` would drop the first whole."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _value in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark.line + 1)
+                except TypeError:  # an unhashable key: the base class refuses it
+                    continue
+                if first != key_node.start_mark.line + 1:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} appears twice in one mapping (lines {first} and "
+                        f"{key_node.start_mark.line + 1})", key_node.start_mark)
+        return super().construct_mapping(node, deep)
 
 
 def spec_paths(folder: Path | str | None = None) -> list[Path]:

@@ -139,7 +139,15 @@ def test_unknown_transform_is_a_spec_error(tmp_path):
 def test_malformed_yaml_and_missing_file(tmp_path):
     path = tmp_path / "broken.yaml"
     path.write_text("name: [unclosed\n")
-    with pytest.raises(SpecError, match=r"broken.yaml: not valid YAML"):
+    with pytest.raises(SpecError, match=r"broken.yaml: not valid YAML \(line 2, column 1: "):
+        load_spec(str(path))
+    # A key given twice: YAML would keep the second silently (a second sink: drops the first).
+    path.write_text(yaml.safe_dump(GOOD) + "name: another\n")
+    with pytest.raises(SpecError, match=r"broken.yaml: not valid YAML \(line \d+, column 1: key 'name' appears "
+                                        r"twice in one mapping \(lines 1 and \d+\)\)$"):
+        load_spec(str(path))
+    path.write_text("name: a\nsink:\n  kind: kafka\n  topic: t\n  topic: u\n")
+    with pytest.raises(SpecError, match=r"line 5, column 3: key 'topic' appears twice in one mapping \(lines 4 and 5\)"):
         load_spec(str(path))
     with pytest.raises(SpecError, match=r"no such pipeline spec"):
         load_spec("no_such_pipeline_name")

@@ -131,3 +131,18 @@ def test_a_connection_resolved_by_the_cli_leaves_its_log_in_the_log_file(tmp_pat
     assert "Traceback" not in done.stderr, done.stderr
     logged = (tmp_path / "logs" / "kafka-eos.log").read_text()
     assert "Airflow connection 'warehouse' is not defined here" in logged and "Traceback" in logged, logged
+
+
+def test_a_database_other_than_sqlite_or_postgresql_is_refused_naming_the_field_not_the_password():
+    from kafka_eos.sinks.sql_store import database_url
+
+    def url(value: str) -> str:
+        return database_url(parse_spec({**DOC, "sink": {"kind": "sql", "table": "t", "url": value}}, "p.yaml", {}))
+
+    with pytest.raises(SpecError, match=r"^p.yaml: sink.url: dialect 'mysql' is not supported: SQLite or PostgreSQL$"):
+        url("mysql://writer:s3cret@db.example/dw")
+    with pytest.raises(SpecError, match=r"^p.yaml: sink.url: not a database URL \(") as refused:
+        url("writer:s3cret@db.example")
+    assert "s3cret" not in str(refused.value)
+    assert url("postgresql+psycopg://writer:s3cret@db.example/dw").startswith("postgresql+psycopg://")
+    assert url("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"

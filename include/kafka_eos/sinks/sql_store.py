@@ -113,10 +113,33 @@ def database_url(spec: PipelineSpec, settings: KafkaSettings | None = None, fall
         if url is None:
             log.info("%s: Airflow connection %r is not defined: using sink.url (local_broker_fallback is on)",
                      spec.path, sink.conn_id)
+    field = "sink.url" if url is None else "sink.conn_id"
     url = url or sink.url
     if url is None:
         raise SpecError(f"{spec.path}: sink: a {sink.kind} sink needs sink.conn_id or sink.url")
-    return local_url(spec) if url == LOCAL_URL else url
+    url = local_url(spec) if url == LOCAL_URL else url
+    if not url.startswith(("http://", "https://")):  # a database's (not an Iceberg REST catalog's)
+        _check_dialect(url, f"{spec.path}: {field}")
+    return url
+
+
+#: The databases a SQL sink (and an Iceberg sink's SQL catalog) writes: SQLAlchemy's backend names.
+DIALECTS = ("sqlite", "postgresql")
+
+
+def _check_dialect(url: str, where: str) -> None:
+    """:raises SpecError: ``url`` is not a database URL, or not one of :data:`DIALECTS`; said
+    without the URL (it may hold a password)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        backend = make_url(url).get_backend_name()
+    except ArgumentError:
+        raise SpecError(f"{where}: not a database URL (dialect[+driver]://user:password@host:port/database, or "
+                        "sqlite:///path)") from None
+    if backend not in DIALECTS:
+        raise SpecError(f"{where}: dialect {backend!r} is not supported: SQLite or PostgreSQL")
 
 
 def make_engine(url: str) -> Engine:

@@ -325,6 +325,55 @@ def keyed(df):
 '''
 
 
+LATEST = '''
+import time
+
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+
+@F.udf(T.LongType())
+def _first_task_slow(offset):
+    if offset == 0:
+        time.sleep(3)  # the task of offsets [0, 10) ends after those of [10, 20) and [20, 30)
+    return offset
+
+
+def latest(df):
+    offset = _first_task_slow(F.col("offset"))
+    results = df.select(F.when(offset.isin(5, 25), F.lit(0)).otherwise(offset + 100).cast("bigint").alias("k"),
+                        offset.alias("v"))
+    dead_letters = df.where(F.lit(False)).select("topic", "partition", "offset", "key", "value",
+                                                 F.lit(None).cast("string").alias("dlq_reason"))
+    return results, dead_letters
+'''
+
+
+def test_merge_replace_keeps_the_row_of_a_keys_latest_record_whichever_task_ends_first(
+        spark, kafka_settings, make_spec, transforms_from, unique, monkeypatch):
+    """A key a run gives twice (offsets 5 and 25 of one partition, read by three tasks) keeps the
+    row of its later record under ``merge: replace``, row by row in the partition's order, though
+    the task that read the earlier one ends last (SQLite: the rows path)."""
+    from confluent_kafka import Producer
+
+    from kafka_eos import batch
+
+    monkeypatch.setattr(batch, "DRIVER_TASK_RECORDS", 10)  # three read tasks of ten offsets
+    table = f"latest_{unique.replace('-', '_')}"[:60]
+    spec = make_spec(transforms_from(f"latest_{unique.replace('-', '_')}", LATEST) + ":latest", "sql", "atomic",
+                     partitions=1, table=table, key_columns=["k"], merge="replace")
+    producer = Producer(kafka_settings.client_config(**{"enable.idempotence": True}))
+    for i in range(30):
+        producer.produce(spec.source.topics[0], value=b"x", partition=0)
+    assert producer.flush(30) == 0
+    plan = prepare_plan(spec, kafka_settings, "run-1")
+    run_batch(spark, spec, plan, kafka_settings)
+    verify(spec, kafka_settings, plan)
+    with create_engine(spec.sink.url).connect() as conn:
+        assert conn.execute(text(f"select v from {table} where k = 0")).all() == [(25,)]
+        assert conn.execute(text(f"select count(*) from {table}")).scalar() == 29
+
+
 @pytest.mark.parametrize("merge,path", [("add", "copy"), ("replace", "copy"), ("add", "rows")])
 def test_a_key_a_run_gives_twice_is_summed_under_merge_add_and_refused_under_replace(
         spark, kafka_settings, make_spec, postgres_url, transforms_from, unique, merge, path, monkeypatch):

@@ -244,9 +244,10 @@ def unordered(df: "DataFrame") -> Iterator["pa.RecordBatch"]:
         collected.close()
 
 
-def fetched(df: "DataFrame", into: Callable[[Iterator["pa.RecordBatch"]], T]) -> T:
+def fetched(df: "DataFrame", into: Callable[[Iterator["pa.RecordBatch"]], T], ordered: bool = False) -> T:
     """``into(batches)`` of every record batch of ``df``, however large the whole: from one job
-    that computes every task at once (:func:`unordered`) while their results fit
+    that computes every task at once (:func:`unordered`; ``ordered``: :func:`computed`, each
+    source partition's rows in their order) while their results fit
     ``spark.driver.maxResultSize`` (Spark's limit on what one job returns to the driver), else, when
     Spark refuses them, ``into`` again from the start with one task per job (a task's results are
     bounded by the read's split). ``into`` consumes the batches before it returns (a spool, a list):
@@ -255,7 +256,7 @@ def fetched(df: "DataFrame", into: Callable[[Iterator["pa.RecordBatch"]], T]) ->
     :raises ResultTooLarge: one task's output alone is over the limit, naming it and the fix.
     """
     try:
-        return into(unordered(df))
+        return into(computed(df) if ordered else unordered(df))
     except Exception as exc:  # noqa: BLE001 - only Spark's refusal of the results is tried again
         if not result_too_large(exc):
             raise

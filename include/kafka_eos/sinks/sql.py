@@ -77,7 +77,10 @@ class SqlSink(MirroredSink):
         began = time.monotonic()
         dead_spool = Spool(dead_letter_rows(self.spec, plan, output.dead_letters, output.undecodable))
         spooled = time.monotonic()
-        result_spool = fetched(output.results, ArrowSpool) if output.results is not None else None
+        # merge: replace keeps a key's last row (row by row, in order, where a key comes twice):
+        # in the order of the source partition's offsets, not of the tasks' ends.
+        result_spool = fetched(output.results, ArrowSpool, ordered=self.spec.sink.merge == "replace") \
+            if output.results is not None else None
         computed = time.monotonic()
         try:
             status, out, dead = store.commit(plan, result_spool, table, dead_spool.rows())

@@ -14,6 +14,11 @@ Kafka sinks (row-wise transforms; required for ``commit: per_partition``) return
 SQL sinks may aggregate and return ``(results, dead_letters)``: ``results`` has the table's
 columns; ``dead_letters`` has ``topic``, ``partition``, ``offset``, ``key``, ``value``,
 ``dlq_reason``. Either form keeps ``in = out + dead letters`` countable per source record.
+
+A transform is deterministic: the same records give the same rows each time it is computed (a
+retried task computes it again; a SQL or Iceberg sink computes results and dead letters in two
+Spark jobs). A rule on ``current_timestamp()``, ``rand()`` or an outside service can put a record
+among both or neither: take such a value from the record (``timestamp``, a field) instead.
 """
 
 from __future__ import annotations

@@ -108,9 +108,11 @@ def two_rows(df):
     rows = df.select("topic", "partition", "offset", F.explode(F.array(F.lit(1), F.lit(2))).alias("n"),
                      F.col("value").cast("string").alias("value"))
     both = F.col("value") == "deadbad"  # row 1 a dead letter of the transform's, row 2 a row the database refuses
+    twice = F.col("value") == "dead2"  # both rows dead letters of the transform's
     return rows.select("topic", "partition", "offset", "n",
                        F.when(both, F.lit("bad")).otherwise(F.col("value")).alias("name"),
-                       F.when(both & (F.col("n") == 1), F.lit("the transform's own reason")).alias("dlq_reason"))
+                       F.when(both & (F.col("n") == 1), F.lit("the transform's own reason"))
+                       .when(twice, F.concat(F.lit("rule "), F.col("n").cast("string"))).alias("dlq_reason"))
 '''
 
 
@@ -120,7 +122,8 @@ def test_rows_the_database_refuses_of_one_record_are_one_dead_letter_holding_the
     """A transform that gives each record two rows; the database refuses both rows of one record.
     Before: two dead letters of the same source coordinates, the second dropped against the
     dead-letter table's key (ON CONFLICT DO NOTHING) and counted all the same. Now one dead letter
-    holds both rows, and the count is what the table holds."""
+    holds both rows, and the count is what the table holds. Likewise a record both of whose rows
+    the transform makes dead letters: one letter with both reasons."""
     url = f"sqlite:///{tmp_path / 'two.db'}"
     table = "two_rows"
     with create_engine(url).begin() as conn:
@@ -132,17 +135,19 @@ def test_rows_the_database_refuses_of_one_record_are_one_dead_letter_holding_the
 
     producer = Producer(kafka_settings.client_config(**{"enable.idempotence": True}))
     for i in range(10):
-        value = b"bad" if i in (3, 7) else b"deadbad" if i == 5 else f"n{i}".encode()
+        value = b"bad" if i in (3, 7) else b"deadbad" if i == 5 else b"dead2" if i == 8 else f"n{i}".encode()
         producer.produce(spec.source.topics[0], value=value, partition=0)
     assert producer.flush(30) == 0
     plan = prepare_plan(spec, kafka_settings, "run-1")
     summary = run_batch(spark, spec, plan, kafka_settings)
-    assert (summary.records_out, summary.dead_letters) == (14, 3)
+    assert (summary.records_out, summary.dead_letters) == (12, 4)
     with create_engine(url).connect() as conn:
-        assert conn.execute(text(f"select count(*) from {table}")).scalar() == 14
+        assert conn.execute(text(f"select count(*) from {table}")).scalar() == 12
         dead = conn.execute(text('select "offset", reason, value from kafka_eos_dead_letters where pipeline = :p '
                                  'order by "offset"'), {"p": spec.name}).all()
-    assert [d.offset for d in dead] == [3, 5, 7]
+    assert [d.offset for d in dead] == [3, 5, 7, 8]
+    # Two dead letters of the transform's for one record: one letter, both reasons (not the second dropped).
+    assert dead[3].reason == "rule 1; and rule 2", dead[3].reason
     assert all(d.reason.startswith("refused by the sink: 2 rows of this record; the first: the database refused "
                                    f"its row for table {table}: ") for d in (dead[0], dead[2])), dead[0].reason
     assert sorted(r["n"] for r in json.loads(bytes(dead[0].value))) == [1, 2]

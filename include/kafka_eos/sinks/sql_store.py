@@ -448,8 +448,7 @@ class SqlStore:
         with self.engine.begin() as conn:
             if not self._move_checkpoints(conn, plan):
                 return NOOP, 0, 0
-            for batch in _batches(dead_letters):
-                dead += self._insert_dead(conn, batch)
+            dead += self._write_dead(conn, dead_letters)
             if results is not None:
                 out, refused = self._write_results(conn, table, results)
                 # Rows the database refused for their own sake: dead letters, in this transaction,
@@ -458,6 +457,32 @@ class SqlStore:
                     dead += self._insert_refused(conn, batch)
             point("before_sql_commit")
         return COMMITTED, out, dead
+
+    def _write_dead(self, conn, dead_letters: Iterator[dict]) -> int:
+        """The run's dead letters, one row per source record (the dead-letter table's key): a record
+        the transform gave several has their reasons in one (``…; and …``), not the first kept and
+        the others dropped against the key. Returns how many rows it wrote."""
+        seen: set[tuple] = set()
+        more: dict[tuple, list[str]] = {}  # reasons of records written in an earlier batch
+        written = 0
+        for batch in _batches(dead_letters):
+            fresh: dict[tuple, dict] = {}
+            for row in batch:
+                coords = (row["topic"], row["partition"], row["offset"])
+                if coords in fresh:
+                    fresh[coords]["reason"] = f"{fresh[coords]['reason']}; and {row['reason']}"
+                elif coords in seen:
+                    more.setdefault(coords, []).append(row["reason"])
+                else:
+                    fresh[coords] = dict(row)
+            seen |= fresh.keys()
+            written += self._insert_dead(conn, list(fresh.values()))
+        d = self.dead_letters
+        for (topic, partition, offset), reasons in more.items():
+            conn.execute(update(d).where((d.c.pipeline == self.spec.name) & (d.c.topic == topic)
+                                         & (d.c.partition == partition) & (d.c.offset == offset))
+                         .values(reason=d.c.reason + "".join(f"; and {r}" for r in reasons)))
+        return written
 
     def _upsert_refusing(self, conn, table: Table, rows: list[dict]) -> list[tuple[dict, Exception]]:
         """Upsert ``rows``, each batch inside a savepoint; a batch the database refuses for a row's

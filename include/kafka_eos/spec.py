@@ -350,6 +350,8 @@ def load_spec(name_or_path: str, environ: Mapping[str, str] | None = None,
     path = Path(name_or_path)
     if not path.suffix:
         path = pipelines_dir() / f"{name_or_path}.yaml"
+    if Path(name_or_path).is_dir():
+        raise SpecError(f"{name_or_path}: a folder, not a pipeline spec (a spec's .yaml file, or a pipeline's name)")
     if not path.is_file():
         raise SpecError(f"{path}: no such pipeline spec")
     try:

@@ -63,6 +63,14 @@ def test_a_python_error_in_a_spark_task_is_its_exception_line_not_sparks_first()
     assert python_error(RuntimeError("no traceback here")) is None
 
 
+def test_pipelines_names_a_folder_of_specs_that_is_not_there(tmp_path, monkeypatch, capsys):
+    from kafka_eos.cli import main
+
+    monkeypatch.setenv("KAFKA_EOS_PIPELINES_DIR", str(tmp_path / "nope"))
+    assert main(["--bootstrap", "127.0.0.1:9", "pipelines"]) == 1
+    assert capsys.readouterr().err.startswith(f"kafka-eos: {tmp_path / 'nope'}: no such folder of pipeline specs")
+
+
 def test_connect_timeout_comes_from_the_environment():
     env = {"KAFKA_EOS_CONNECT_TIMEOUT_S": "2.5"}
     assert KafkaSettings.from_environ(env, "b:9092").connect_timeout_s == 2.5

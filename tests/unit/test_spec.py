@@ -151,6 +151,8 @@ def test_malformed_yaml_and_missing_file(tmp_path):
         load_spec(str(path))
     with pytest.raises(SpecError, match=r"no such pipeline spec"):
         load_spec("no_such_pipeline_name")
+    with pytest.raises(SpecError, match=rf"^{tmp_path}: a folder, not a pipeline spec"):
+        load_spec(str(tmp_path))
 
 
 def test_bundled_specs_load():

@@ -506,12 +506,12 @@ def cmd_pipelines(args) -> int:
     from kafka_eos.overview.snapshot import one_line, snapshot
     from kafka_eos.lease import stream_owners
 
-    settings = _settings(args)
-    found, specs = [], {}
     folder = pipelines_dir()
     if not folder.is_dir():  # not an empty estate: a folder that is not there (a mistyped setting)
         raise SpecError(f"{folder}: no such folder of pipeline specs (KAFKA_EOS_PIPELINES_DIR, or "
                         "./pipelines outside a checkout)")
+    settings = _settings(args)
+    found, specs = [], {}
     for path in spec_paths(folder):
         row: dict = {"name": path.stem, "spec": str(path)}
         found.append(row)

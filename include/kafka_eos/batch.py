@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from kafka_eos import formats
-from kafka_eos.errors import KafkaEosError, SpecError
+from kafka_eos.errors import KafkaEosError, SpecError, TransformFailed
 from kafka_eos.manifest import now_iso
 from kafka_eos.plan import Plan
 from kafka_eos.settings import KafkaSettings
@@ -93,7 +93,7 @@ def transformed(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings:
         raise
     except Exception as exc:  # noqa: BLE001 - the user's code: its error, named, in one line
         first = (str(exc).strip().splitlines() or [""])[0]
-        raise SpecError(f"{spec.path}: transform {spec.transform} failed to build the run's DataFrame: "
+        raise TransformFailed(f"{spec.path}: transform {spec.transform} failed to build the run's DataFrame: "
                         f"{type(exc).__name__}: {first}") from exc
     if isinstance(out, DataFrame):
         return Output(counted, out, None, undecodable)

@@ -108,6 +108,12 @@ class SchemaRefused(RegistryError):
     """An output schema the subject's compatibility rule refuses: nothing was written."""
 
 
+class TransformFailed(KafkaEosError):
+    """The pipeline's transform raised while it built the run's DataFrame (an unknown column, its
+    own error); names the spec and the transform. Retried like any run error: building may read
+    (a Connect server's round trip, a job the transform runs) and fail for a passing reason."""
+
+
 class InputTruncated(KafkaEosError):
     """A Spark task's input ended without Spark's own end of input (the read or the transform
     failed on the JVM, or the executor was lost): its partition's transaction was aborted,

@@ -102,11 +102,15 @@ def setup_cli_logging(verbose: bool = False) -> Path:
 
 @contextmanager
 def root_logging_kept() -> Iterator[None]:
-    """The root logger's handlers and level as they were before the block, whatever it imports:
-    Airflow configures logging when first imported (an Airflow connection resolved by the CLI),
-    and its handlers would print the CLI's log records, tracebacks included, on stdout."""
+    """In the CLI (:func:`setup_cli_logging`), the root logger's handlers and level as they were
+    before the block, whatever it imports: Airflow configures logging when first imported (an
+    Airflow connection resolved by the CLI), and its handlers would print the CLI's log records,
+    tracebacks included, on stdout. Elsewhere the block changes nothing."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
+    if not any(getattr(h, "_kafka_eos", False) for h in handlers):
+        yield  # not the CLI's log (a spark-submit driver's): what Airflow sets up is its log
+        return
     try:
         yield
     finally:
@@ -145,13 +149,13 @@ def pyspark_loggers_to_cli_log() -> None:
     imported (a run's session)."""
     from pyspark.logger import PySparkLogger
 
-    ours = [h for h in logging.getLogger().handlers if getattr(h, "_kafka_eos", False)]
     for name in PYSPARK_CONTEXT_LOGGERS:
         logger = PySparkLogger.getLogger(name)
         for handler in list(logger.handlers):
             logger.removeHandler(handler)
-        for handler in ours:
-            logger.addHandler(handler)
+            handler.close()
+        # A handler of their own: PySparkLogger gives the handlers it is given its JSON formatter.
+        logger.addHandler(logging.FileHandler(cli_log_file()))
 
 
 @contextmanager

@@ -288,20 +288,28 @@ class ManifestStore:
 
     def _finding_behind(self, ack: dict, read_upto: int) -> dict | None:
         """The newest finding written between the one ``ack`` acknowledges and ``ack`` itself, down
-        to offset ``read_upto`` at most (what the acknowledging read had seen); None if none."""
+        to offset ``read_upto`` at most (what the acknowledging read had seen), that no record
+        after it acknowledges; None if none, or if a finding newer than ``ack`` holds the pipeline
+        already."""
         key = hold_key(self.pipeline)
-        passed = False  # the walk has passed ``ack`` (a record newer than it is newest anyway)
+        passed = False  # the walk has passed ``ack``
+        acknowledged = set()  # the findings an acknowledgement seen so far (a newer one) names
         with closing(self._tail(committed=False)) as records:
             for offset, _ts, found, rec in records:
                 if offset < read_upto:
                     break
                 if found != key or rec is None:
                     continue
+                finding = (rec.get("run_id"), rec.get("found_at"))
                 if not passed:
+                    if rec.get("held") is True and finding not in acknowledged:
+                        return None  # a newer finding, above ``ack``: the pipeline is held by it
                     passed = rec == ack
-                elif (rec.get("run_id"), rec.get("found_at")) == (ack["run_id"], ack["found_at"]):
+                if rec.get("held") is not True:
+                    acknowledged.add(finding)
+                elif finding == (ack["run_id"], ack["found_at"]):
                     break  # the finding acknowledged: what lies below it, the acknowledging read saw
-                elif rec.get("held") is True:
+                elif passed and finding not in acknowledged:
                     return rec
         return None
 
@@ -338,13 +346,15 @@ class ManifestStore:
                 return plan
         return None
 
-    def run_records(self, run_id: str, side: bool = False) -> tuple[dict | None, dict[str, dict]]:
+    def run_records(self, run_id: str, side: bool = False,
+                    older: bool = False) -> tuple[dict | None, dict[str, dict]]:
         """Run ``run_id``'s newest committed run record (its summary, else its plan) and, in
         per_partition scope, the newest record of each source partition (``<topic>-<p>``).
-        The walk passes the plans of runs newer than ``run_id`` (an older run audited, retried),
-        and stops at the run's plan, or, once it has the run's record, at another run's plan (an
-        older run: the pipeline's own runs follow one another, and compaction keeps only a run's
-        newest record). A ``side`` run (a backfill interval, a replay) runs beside the live runs
+        The walk stops at the run's plan, or at another run's plan (an older run: the pipeline's
+        own runs follow one another, and compaction keeps only a run's newest record). A run's
+        own attempt looks for the run's records as they are now: a newer run's plan means none.
+        With ``older`` (an audit of past runs) the walk passes newer runs' plans until it has the
+        run's record. A ``side`` run (a backfill interval, a replay) runs beside the live runs
         and beside other side runs, so a live run's plan newer than its summary is common: its
         walk stops only at its own records or the log start."""
         key = run_key(self.pipeline, run_id)
@@ -355,7 +365,7 @@ class ManifestStore:
                     continue
                 if _is_run(rec):
                     if found != key:
-                        if record is not None and rec.get("status") == PLANNED and not side \
+                        if (record is not None or not older) and rec.get("status") == PLANNED and not side \
                                 and _is_run_of(self.pipeline, found, rec):
                             break
                         continue

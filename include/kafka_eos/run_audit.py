@@ -61,7 +61,7 @@ def audit_runs(spec: PipelineSpec, settings: KafkaSettings, run_id: str | None =
     :raises PlanError: the manifest has no record of ``run_id``."""
     manifest = ManifestStore.of(spec, settings)
     if run_id is not None:
-        record, _parts = manifest.run_records(run_id)
+        record, _parts = manifest.run_records(run_id, older=True)
         if record is None:
             raise PlanError(f"pipeline {spec.name} has no run {run_id!r} in its manifest {spec.manifest_topic!r}")
         runs = [record]
@@ -82,7 +82,7 @@ def _audit_run(spec: PipelineSpec, settings: KafkaSettings, manifest: ManifestSt
     starts = {tp: o.log_start for tp, o in partition_offsets(settings, list(ranges)).items()} if ranges else {}
     readable = {tp: span for tp, span in ranges.items() if starts.get(tp, 0) <= span[0]}
     if sink_of(spec, settings).partition_records:
-        _run, parts = manifest.run_records(run_id)
+        _run, parts = manifest.run_records(run_id, older=True)
         written = {tp: part.get("records_out", 0) + part.get("dead_letters", 0) for tp in ranges
                    if (part := parts.get(f"{tp[0]}-{tp[1]}")) is not None}
         holds, resume = count_committed(settings, readable, {tp: n + 1 for tp, n in written.items()})

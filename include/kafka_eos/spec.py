@@ -436,6 +436,10 @@ def _parsed(path: Path) -> PipelineSpec | None:
     return _PARSED[key]
 
 
+#: YAML's merge key (``<<``) and value key (``=``): the base class resolves them, they are no keys.
+_MERGE_TAGS = ("tag:yaml.org,2002:merge", "tag:yaml.org,2002:value")
+
+
 class YAML_LOADER(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # noqa: N801 - a loader, named as PyYAML's
     """libyaml's safe loader where PyYAML was built with it (a tenth of the pure-Python parser's
     time), which refuses a key given twice in one mapping: YAML keeps the last silently, and a
@@ -445,6 +449,8 @@ class YAML_LOADER(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # noqa: N801 
         if isinstance(node, yaml.MappingNode):
             seen: dict = {}
             for key_node, _value in node.value:
+                if key_node.tag in _MERGE_TAGS:  # `<<: *anchor` (merged by the base class), not a key
+                    continue
                 key = self.construct_object(key_node, deep=deep)
                 try:
                     first = seen.setdefault(key, key_node.start_mark.line + 1)

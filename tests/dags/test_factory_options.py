@@ -309,9 +309,25 @@ def test_a_held_pipeline_fails_its_plan_and_stream_tasks_without_retries(kafka_c
     assert store.state().held["mismatch"] == later
     bootstrap = ["--bootstrap", kafka_settings.bootstrap_servers]
     assert main(["acknowledge", spec.path, "--yes", "--json", *bootstrap]) == 0
-    assert json.loads(capsys.readouterr().out)["acknowledged"]["run_id"] == "run-3"
+    out = capsys.readouterr().out  # after Airflow's own log lines, where it logs this process's to stdout
+    assert json.JSONDecoder().raw_decode(out[out.index('{\n  "pipeline"'):])[0]["acknowledged"]["run_id"] == "run-3"
     assert store.state().held is None
     assert main(["acknowledge", spec.path, *bootstrap]) == 0 and "is not held" in capsys.readouterr().out
+    # Two operators: one read finding X, then Y came in, another acknowledged Y, then the first X.
+    # Both are acknowledged: X's acknowledgement writes Y back up only if nothing acknowledged it.
+    store.put(hold_key(spec.name), hold_record("run-4", "X"))
+    read_x = store.state()
+    store.put(hold_key(spec.name), hold_record("run-5", "Y"))
+    read_y = store.state()
+    assert store.acknowledge(read_y.held, read_y.read_upto, who="b", at="now")[1] is None
+    assert store.acknowledge(read_x.held, read_x.read_upto, who="a", at="now")[1] is None
+    assert store.state().held is None
+    # A finding newer than the acknowledgement holds the pipeline by itself: nothing written back.
+    store.put(hold_key(spec.name), hold_record("run-6", "Z"))
+    read_z = store.state()
+    store.put(hold_key(spec.name), hold_record("run-7", "W"))
+    record, newer = store.acknowledge(read_z.held, read_z.read_upto, who="a", at="now")
+    assert newer["run_id"] == "run-7" and store.state().held["run_id"] == "run-7"
 
 
 def test_a_specs_spark_section_reaches_spark_submit(tmp_path, monkeypatch):

@@ -77,7 +77,9 @@ def test_a_transform_that_cannot_build_its_dataframe_is_named_in_one_line(spark,
     spec = make_spec(f"{transforms_module}:unknown_column", "kafka", "per_partition")
     produce_orders(kafka_settings, spec.source.topics[0], 10, abort_every=0, malformed_every=0)
     plan = prepare_plan(spec, kafka_settings, "r1")
-    with pytest.raises(SpecError) as refused:
+    from kafka_eos.errors import TransformFailed
+
+    with pytest.raises(TransformFailed) as refused:
         run_batch(spark, spec, plan, kafka_settings)
     assert "\n" not in str(refused.value)
     assert str(refused.value).startswith(f"{spec.path}: transform {transforms_module}:unknown_column failed to build "

@@ -146,6 +146,9 @@ def test_malformed_yaml_and_missing_file(tmp_path):
     with pytest.raises(SpecError, match=r"broken.yaml: not valid YAML \(line \d+, column 1: key 'name' appears "
                                         r"twice in one mapping \(lines 1 and \d+\)\)$"):
         load_spec(str(path))
+    # YAML's merge key is no duplicate: its keys are overridden by the mapping's own.
+    path.write_text("name: merged\nsource:\n  topics: [orders]\nsink:\n  <<: {kind: kafka, topic: t}\n  topic: u\n")
+    assert load_spec(str(path)).sink.topic == "u"
     path.write_text("name: a\nsink:\n  kind: kafka\n  topic: t\n  topic: u\n")
     with pytest.raises(SpecError, match=r"line 5, column 3: key 'topic' appears twice in one mapping \(lines 4 and 5\)"):
         load_spec(str(path))

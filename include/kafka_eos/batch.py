@@ -94,7 +94,7 @@ def transformed(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings:
     except Exception as exc:  # noqa: BLE001 - the user's code: its error, named, in one line
         first = (str(exc).strip().splitlines() or [""])[0]
         raise TransformFailed(f"{spec.path}: transform {spec.transform} failed to build the run's DataFrame: "
-                        f"{type(exc).__name__}: {first}") from exc
+                              f"{type(exc).__name__}: {first}") from exc
     if isinstance(out, DataFrame):
         return Output(counted, out, None, undecodable)
     if isinstance(out, tuple) and len(out) == 2 and all(isinstance(d, DataFrame) for d in out):

@@ -26,8 +26,8 @@ from kafka_eos.console import Console, elapsed_since, seconds, table
 from kafka_eos.errors import EXIT_HELD, KafkaEosError, PipelineHeld, RangeMismatch, SpecError
 from kafka_eos.kafka_admin import shared_admin_clients
 from kafka_eos.local.kafka import SUPER_USER, LocalBroker, LocalCluster
-from kafka_eos.settings import BOOTSTRAP_ENV, CONNECT_TIMEOUT_ENV, KafkaSettings
 from kafka_eos.paths import pipelines_dir
+from kafka_eos.settings import BOOTSTRAP_ENV, CONNECT_TIMEOUT_ENV, KafkaSettings
 from kafka_eos.spec import PipelineSpec, load_spec, spec_paths
 from kafka_eos.stream import DEFAULT_INTERVAL_S
 

@@ -23,12 +23,11 @@ from importlib import metadata
 # and the quick ones (status, checkpoint, pipelines) included, would otherwise load them all,
 # SQLAlchemy and the local Airflow's and Spark's helpers among them (0.5 s a start instead of 0.15 s).
 from kafka_eos.console import Console, elapsed_since, seconds, table
-from kafka_eos.errors import EXIT_HELD, KafkaEosError, PipelineHeld, RangeMismatch, SpecError
+from kafka_eos.errors import EXIT_HELD, KafkaEosError, PipelineHeld, RangeMismatch
 from kafka_eos.kafka_admin import shared_admin_clients
 from kafka_eos.local.kafka import SUPER_USER, LocalBroker, LocalCluster
-from kafka_eos.paths import pipelines_dir
 from kafka_eos.settings import BOOTSTRAP_ENV, CONNECT_TIMEOUT_ENV, KafkaSettings
-from kafka_eos.spec import PipelineSpec, load_spec, spec_paths
+from kafka_eos.spec import PipelineSpec, load_spec, spec_paths, specs_folder
 from kafka_eos.stream import DEFAULT_INTERVAL_S
 
 log = logging.getLogger("kafka_eos.cli")
@@ -506,10 +505,7 @@ def cmd_pipelines(args) -> int:
     from kafka_eos.overview.snapshot import one_line, snapshot
     from kafka_eos.lease import stream_owners
 
-    folder = pipelines_dir()
-    if not folder.is_dir():  # not an empty estate: a folder that is not there (a mistyped setting)
-        raise SpecError(f"{folder}: no such folder of pipeline specs (KAFKA_EOS_PIPELINES_DIR, or "
-                        "./pipelines outside a checkout)")
+    folder = specs_folder()  # before the broker is reached
     settings = _settings(args)
     found, specs = [], {}
     for path in spec_paths(folder):

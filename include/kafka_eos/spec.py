@@ -463,6 +463,17 @@ class YAML_LOADER(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # noqa: N801 
         return super().construct_mapping(node, deep)
 
 
+def specs_folder() -> Path:
+    """The folder of the pipeline specs (:func:`~kafka_eos.paths.pipelines_dir`), which must exist.
+
+    :raises SpecError: it does not: a mistyped setting, not an empty estate."""
+    folder = Path(pipelines_dir())
+    if not folder.is_dir():
+        raise SpecError(f"{folder}: no such folder of pipeline specs (KAFKA_EOS_PIPELINES_DIR, or "
+                        "./pipelines outside a checkout)")
+    return folder
+
+
 def spec_paths(folder: Path | str | None = None) -> list[Path]:
     """The pipeline specs (``*.yaml``) of ``folder``, by name; default: :func:`~kafka_eos.paths.pipelines_dir`."""
     return sorted(Path(folder if folder is not None else pipelines_dir()).glob("*.yaml"))

@@ -477,12 +477,17 @@ class SqlStore:
                     fresh[coords] = dict(row)
             seen |= fresh.keys()
             written += self._insert_dead(conn, list(fresh.values()))
-        d = self.dead_letters
-        for (topic, partition, offset), reasons in more.items():
-            conn.execute(update(d).where((d.c.pipeline == self.spec.name) & (d.c.topic == topic)
-                                         & (d.c.partition == partition) & (d.c.offset == offset))
-                         .values(reason=d.c.reason + "".join(f"; and {r}" for r in reasons)))
+        for coords, reasons in more.items():
+            self._add_reasons(conn, coords, reasons)
         return written
+
+    def _add_reasons(self, conn, coords: tuple, reasons: list[str]) -> None:
+        """More reasons on the dead letter of the source record at ``coords`` (topic, partition, offset)."""
+        d = self.dead_letters
+        topic, partition, offset = coords
+        conn.execute(update(d).where((d.c.pipeline == self.spec.name) & (d.c.topic == topic)
+                                     & (d.c.partition == partition) & (d.c.offset == offset))
+                     .values(reason=d.c.reason + "".join(f"; and {r}" for r in reasons)))
 
     def _upsert_refusing(self, conn, table: Table, rows: list[dict]) -> list[tuple[dict, Exception]]:
         """Upsert ``rows``, each batch inside a savepoint; a batch the database refuses for a row's
@@ -512,9 +517,7 @@ class SqlStore:
                 (d.c.pipeline == self.spec.name) & (d.c.topic == topic) & d.c.offset.in_(offsets))).all()
             there |= {(r.topic, r.partition, r.offset) for r in rows} & coords
         for x in (x for x in letters if (x["topic"], x["partition"], x["offset"]) in there):
-            conn.execute(update(d).where((d.c.pipeline == self.spec.name) & (d.c.topic == x["topic"])
-                                         & (d.c.partition == x["partition"]) & (d.c.offset == x["offset"]))
-                         .values(reason=d.c.reason + "; and " + x["reason"]))
+            self._add_reasons(conn, (x["topic"], x["partition"], x["offset"]), [x["reason"]])
         new = [x for x in letters if (x["topic"], x["partition"], x["offset"]) not in there]
         return self._insert_dead(conn, new) if new else 0
 

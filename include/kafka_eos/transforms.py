@@ -15,10 +15,11 @@ SQL sinks may aggregate and return ``(results, dead_letters)``: ``results`` has 
 columns; ``dead_letters`` has ``topic``, ``partition``, ``offset``, ``key``, ``value``,
 ``dlq_reason``. Either form keeps ``in = out + dead letters`` countable per source record.
 
-A transform is deterministic: the same records give the same rows each time it is computed (a
-retried task computes it again; a SQL or Iceberg sink computes results and dead letters in two
-Spark jobs). A rule on ``current_timestamp()``, ``rand()`` or an outside service can put a record
-among both or neither: take such a value from the record (``timestamp``, a field) instead.
+A transform should be deterministic: the same records give the same rows each time it is computed.
+One attempt of a run computes it once (a SQL or Iceberg sink persists its output for its two jobs),
+but a retried attempt, or Spark recomputing a lost task, computes it again; a rule on
+``current_timestamp()`` or an outside service may then answer otherwise for a record near its
+boundary. Take such a value from the record (``timestamp``, a field) instead.
 """
 
 from __future__ import annotations

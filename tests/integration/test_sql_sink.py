@@ -473,3 +473,46 @@ def batched(df):
             df.where(bad).select("topic", "partition", "offset", "key", "value",
                                  F.lit("bad record").alias("dlq_reason")))
 '''
+
+
+COIN = '''
+import random
+
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+# A dead-letter rule that gives another answer each time it is asked, as one on the clock
+# (current_timestamp() is fixed per Spark job, not per run) or an outside service may.
+_coin = F.udf(lambda: "tails" if random.random() < 0.5 else None, T.StringType()).asNondeterministic()
+
+
+def coin(df):
+    return df.select("topic", "partition", "offset", F.col("value").cast("string").alias("name"),
+                     _coin().alias("dlq_reason"))
+'''
+
+
+def test_each_record_is_a_row_or_a_dead_letter_even_where_the_transforms_rule_changes_its_mind(
+        spark, kafka_settings, make_spec, transforms_from, unique, tmp_path):
+    """The results and the dead letters were two Spark jobs, each computing the transform: a record
+    whose dead-letter rule answered otherwise in the second job was in both tables, or in neither
+    (lost, its offset committed). Now the transform's output is computed once for both."""
+    from confluent_kafka import Producer
+
+    url = f"sqlite:///{tmp_path / 'coin.db'}"
+    spec = make_spec(transforms_from(f"coin_{unique.replace('-', '_')}", COIN) + ":coin", "sql", "atomic",
+                     partitions=2, table="coin", url=url, key_columns=["topic", "partition", "offset"])
+    producer = Producer(kafka_settings.client_config(**{"linger.ms": 20}))
+    for i in range(400):
+        producer.produce(spec.source.topics[0], value=f"n{i}".encode(), partition=i % 2)
+    assert producer.flush(30) == 0
+    plan = prepare_plan(spec, kafka_settings, "run-1")
+    summary = run_batch(spark, spec, plan, kafka_settings)
+    with create_engine(url).connect() as conn:
+        rows = {(r.partition, r.offset) for r in conn.execute(text('select partition, "offset" from coin'))}
+        dead = {(r.partition, r.offset) for r in conn.execute(
+            text('select partition, "offset" from kafka_eos_dead_letters where pipeline = :p'), {"p": spec.name})}
+    assert not rows & dead, f"{len(rows & dead)} record(s) both a row and a dead letter"
+    assert rows | dead == {(p, o) for p in (0, 1) for o in range(200)}, f"{400 - len(rows | dead)} record(s) lost"
+    assert (summary.records_in, summary.records_out, summary.dead_letters) == (400, len(rows), len(dead))
+    assert 100 < len(dead) < 300  # the rule gave both answers

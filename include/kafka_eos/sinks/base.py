@@ -42,6 +42,9 @@ class Output(NamedTuple):
     #: Records that did not decode (two-pass runs of a formatted source): the sink writes them as
     #: dead letters in the run's transaction.
     undecodable: "DataFrame | None" = None
+    #: The one frame ``results`` and ``dead_letters`` were split from (:func:`results_apart`): a sink
+    #: that reads them in two Spark jobs computes it once for both (:meth:`MirroredSink.counted`).
+    split_from: "DataFrame | None" = None
 
 
 @dataclass(frozen=True)
@@ -199,18 +202,24 @@ class MirroredSink(Sink):
         """:meth:`reset`'s own step: the sink's checkpoints of ``plan``'s active ranges moved, no rows."""
 
     @contextmanager
-    def counted(self, source: "DataFrame | None") -> Iterator[int]:
+    def counted(self, output: Output) -> Iterator[int]:
         """The source's record count, the source persisted meanwhile: the results, the dead letters
         and the count each read it (an aggregating transform's output says nothing of its input
-        size), and Kafka is read once."""
-        if source is None:
+        size), and Kafka is read once. Results and dead letters split from one frame read it
+        persisted too: each record's row or dead letter is one answer of the transform, though the
+        two are written by two Spark jobs (a rule on the clock, such as ``current_timestamp()``, is
+        fixed per job; a nondeterministic one is asked again by each job)."""
+        if output.source is None:
             yield 0
             return
-        source.persist()
+        kept = [f for f in (output.source, output.split_from) if f is not None]
+        for frame in kept:
+            frame.persist()
         try:
-            yield source.count()
+            yield output.source.count()
         finally:
-            source.unpersist()
+            for frame in kept:
+                frame.unpersist()
 
     def finish(self, plan: Plan, record: dict, outcome: Outcome) -> Outcome:
         """After the sink's commit: the mirror (standard lag tools see progress; the planner repairs
@@ -276,6 +285,8 @@ def results_apart(output: Output) -> Output:
 
     results, dead_letters = output.results, output.dead_letters
     if results is not None and dead_letters is None and DLQ_REASON in results.columns:
-        dead_letters = results.where(F.col(DLQ_REASON).isNotNull())
-        results = results.where(F.col(DLQ_REASON).isNull()).drop(DLQ_REASON)
-    return output._replace(results=results, dead_letters=dead_letters)
+        split_from = results
+        dead_letters = split_from.where(F.col(DLQ_REASON).isNotNull())
+        results = split_from.where(F.col(DLQ_REASON).isNull()).drop(DLQ_REASON)
+        return output._replace(results=results, dead_letters=dead_letters, split_from=split_from)
+    return output

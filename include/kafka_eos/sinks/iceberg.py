@@ -66,7 +66,7 @@ class IcebergSink(MirroredSink):
             log.info("Iceberg sink %s: run %s committed already (a no-op)", self.spec.sink.table, plan.run_id)
             status, records_in, out, dead = NOOP, 0, 0, 0
         else:
-            with self.counted(output.source) as records_in:
+            with self.counted(output) as records_in:
                 dead = self._dead_letters(plan, output)
                 point("before_iceberg_commit")
                 status, out = self._results(table, plan, output)

@@ -63,7 +63,7 @@ class SqlSink(MirroredSink):
     def commit(self, plan: Plan, output: Output, record: dict) -> Outcome:
         """Steps 3–5."""
         counting = time.monotonic()
-        with self.counted(output.source) as records_in:
+        with self.counted(output) as records_in:
             log.info("SQL sink %s: source read and counted in %.2f s", self.spec.sink.table, time.monotonic() - counting)
             status, out, dead = self._commit(plan, output)
         point("after_sql_commit")

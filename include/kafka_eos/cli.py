@@ -314,7 +314,8 @@ def cmd_run(args) -> int:
     # Before anything is written: every permission a run of this pipeline needs.
     acls.check(spec, settings, spec_ref=args.pipeline)
     refuse_if_streaming(spec, settings)
-    run_id = args.run_id or "manual__" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    began_at = datetime.now(timezone.utc)
+    run_id = args.run_id or "manual__" + began_at.strftime("%Y%m%dT%H%M%S.%fZ")
     plan = prepare_plan(spec, settings, run_id)
     if plan.is_empty:
         summary = RunSummary(spec.name, run_id, "empty", spec.sink.kind, 0, 0, 0, 0,
@@ -343,8 +344,14 @@ def cmd_run(args) -> int:
         _print_json({**summary.as_dict(), "pinned": [s.as_dict() for s in pinned]})
         return 0
     if summary.status == "empty":
-        print(f"run {run_id}: nothing to do, every checkpoint is at its partition's LSO "
-              f"({elapsed_since(started)})")
+        made_at = datetime.fromisoformat(plan.created_at)
+        if made_at < began_at:  # the run's own plan, stored by an earlier attempt: it still applies
+            print(f"run {run_id}: nothing to do: its plan, made at {made_at.strftime('%Y-%m-%d %H:%M:%S')} UTC by an "
+                  f"earlier attempt, is empty (a run keeps its plan; records since then go to the next run) "
+                  f"({elapsed_since(started)})")
+        else:
+            print(f"run {run_id}: nothing to do, every checkpoint is at its partition's LSO "
+                  f"({elapsed_since(started)})")
         _print_pinned(pinned)
         return 0
     verb = {"committed": "committed", "noop": "already committed by an earlier attempt"}[summary.status]

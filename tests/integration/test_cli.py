@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -141,6 +142,19 @@ def test_run_prints_a_summary_per_partition_and_json(spark, kafka_settings, make
 
     assert main(["run", str(path), *boot, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["status"] == "empty"
+
+    # A run's empty plan stays its plan when it is run again: the line says so, not that every
+    # checkpoint is at its LSO (records came since); the next run takes them.
+    assert main(["run", str(path), *boot, "--run-id", "r2"]) == 0
+    assert capsys.readouterr().out.startswith("run r2: nothing to do, every checkpoint is at its partition's LSO (")
+    p.produce(spec.source.topics[0], value=b"y", partition=0)
+    p.flush(30)
+    assert main(["run", str(path), *boot, "--run-id", "r2"]) == 0
+    out = capsys.readouterr().out
+    assert re.match(r"run r2: nothing to do: its plan, made at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC by an earlier "
+                    r"attempt, is empty \(a run keeps its plan; records since then go to the next run\) \(", out), out
+    assert main(["run", str(path), *boot, "--run-id", "r3"]) == 0
+    assert "in 1, out 1, dead letters 0" in capsys.readouterr().out.splitlines()[0]
 
 
 def test_pipelines_lists_specs_with_lag_and_last_run(kafka_settings, make_spec, tmp_path, capsys, monkeypatch):

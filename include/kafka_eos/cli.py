@@ -22,7 +22,7 @@ from importlib import metadata
 # The modules each command runs are imported in its function, not here: every command, `--help`
 # and the quick ones (status, checkpoint, pipelines) included, would otherwise load them all,
 # SQLAlchemy and the local Airflow's and Spark's helpers among them (0.5 s a start instead of 0.15 s).
-from kafka_eos.console import Console, elapsed_since, seconds, table
+from kafka_eos.console import Console, ReaderMayGo, elapsed_since, seconds, table
 from kafka_eos.errors import EXIT_HELD, KafkaEosError, PipelineHeld, RangeMismatch
 from kafka_eos.kafka_admin import shared_admin_clients
 from kafka_eos.local.kafka import SUPER_USER, LocalBroker, LocalCluster
@@ -1008,6 +1008,8 @@ def remote_error(exc: BaseException) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     from kafka_eos.logs import setup_cli_logging
 
+    if argv is None and sys.stdout is not None and not isinstance(sys.stdout, ReaderMayGo):
+        sys.stdout = ReaderMayGo(sys.stdout)  # the command itself (not a call in-process): `| head` may end it
     args = build_parser().parse_args(argv)
     log_file = setup_cli_logging(args.verbose)
     log.info("kafka-eos %s", " ".join(sys.argv[1:] if argv is None else argv))

@@ -4,6 +4,7 @@ stdout stays machine-readable."""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -17,6 +18,37 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: How often the progress line may change: often enough to show life, rarely enough to read.
 PROGRESS_INTERVAL_S = 5.0
+
+
+class ReaderMayGo:
+    """A process's stdout whose reader may go before the command ends (``kafka-eos txn hanging |
+    head -1``): its output ends there, quietly, and the command still finishes and exits with its
+    own code (3 for a finding), not with a BrokenPipeError's."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._gone()
+
+    def _gone(self) -> None:
+        """The reader went: what is left (and the interpreter's last flush) goes to /dev/null."""
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())
+        os.close(devnull)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
 
 
 class Console:

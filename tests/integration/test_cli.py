@@ -181,3 +181,20 @@ def test_pipelines_lists_specs_with_lag_and_last_run(kafka_settings, make_spec, 
     assert main(["pipelines", *boot]) == 0
     text = capsys.readouterr().out
     assert spec.name in text and "error (below)" in text
+
+
+def test_a_reader_that_goes_early_ends_the_output_not_the_command(kafka_settings, make_spec, tmp_path):
+    """``kafka-eos txn hanging | head -1``: the reader went before the command ended, and a
+    BrokenPipeError turned the command's own exit code (3 for a finding) into 2 ("unexpected"),
+    or 120 where it came at the interpreter's last flush. Now the output ends there, quietly, and
+    the command exits with its own code."""
+    import subprocess
+    import sys
+
+    path = _spec_file(make_spec(partitions=3), tmp_path)
+    command = [sys.executable, "-m", "kafka_eos.cli", "plan", str(path), "--bootstrap", kafka_settings.bootstrap_servers]
+    for extra in ([], ["--json"]):
+        child = subprocess.Popen([*command, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        child.stdout.close()  # the reader is gone before the first line
+        err = child.stderr.read().decode()
+        assert (child.wait(timeout=120), err) == (0, "")

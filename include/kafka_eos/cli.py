@@ -434,9 +434,11 @@ def cmd_checkpoint(args) -> int:
             "retention counts from now" if done.partitions else f"{spec.name} has no checkpoint to refresh")
     rows, drift = backlog(spec, settings)
     pinned = _pinned(settings, [(r["topic"], r["partition"]) for r in rows], spec)
+    lost = _lost_checkpoints(spec, settings, rows)
     if args.json:
         _print_json({"pipeline": spec.name, "group_id": spec.source.group_id, "partitions": rows,
-                     "drift": [dataclasses.asdict(d) for d in drift], "pinned": [s.as_dict() for s in pinned]})
+                     "drift": [dataclasses.asdict(d) for d in drift], "pinned": [s.as_dict() for s in pinned],
+                     "lost": lost})
         return 0
     print(f"pipeline {spec.name} (group {spec.source.group_id}); lag is counted to the LSO; oldest: age of the "
           "oldest committed record not processed yet")
@@ -445,7 +447,28 @@ def cmd_checkpoint(args) -> int:
                  for r in rows], ("partition", "checkpoint", "LSO", "HW", "lag", "oldest")))
     _print_pinned(pinned)
     _print_drift(drift)
+    for r in lost:
+        print(f"  LOST {r['topic']}-{r['partition']}: group {spec.source.group_id!r} has no committed offset, but run "
+              f"{r['run_id']!r} committed {r['offset']} at {r['committed_at']} (the broker expired it, or the group was "
+              f"deleted): runs refuse to plan; restore it: kafka-consumer-groups --group {spec.source.group_id} "
+              f"--topic {r['topic']}:{r['partition']} --reset-offsets --to-offset {r['offset']} --execute")
     return 0
+
+
+def _lost_checkpoints(spec: PipelineSpec, settings: KafkaSettings, rows: list[dict]) -> list[dict]:
+    """The partitions of ``rows`` with no checkpoint in the group whose last checkpoint kafka-eos
+    committed is in the run manifest (a Kafka sink's: the group's offsets are its checkpoints), as
+    :func:`kafka_eos.plan.plan_ranges` refuses them: ``topic``, ``partition``, ``offset``,
+    ``run_id``, ``committed_at``."""
+    if not spec.sink.about.transactional or all(r["checkpoint"] is not None for r in rows):
+        return []
+    from kafka_eos.manifest import ManifestStore
+
+    history = ManifestStore.of(spec, settings).state().checkpoints
+    return [{"topic": r["topic"], "partition": r["partition"], "offset": last["offset"],
+             "run_id": last.get("run_id"), "committed_at": last.get("committed_at")}
+            for r in rows if r["checkpoint"] is None
+            for last in [history.get((r["topic"], r["partition"]))] if last is not None]
 
 
 def cmd_acknowledge(args) -> int:

@@ -166,15 +166,17 @@ def plan_ranges(spec: PipelineSpec, run_id: str, offsets: Mapping[TP, PartitionO
     :raises TopicRecreated: a checkpoint beyond the high watermark.
     """
     history = history or {}
-    for tp in sorted(offsets):
-        if checkpoints.get(tp) is None and tp in history:
-            last = history[tp]
-            raise CheckpointLost(
-                f"{tp[0]}-{tp[1]}: group {spec.source.group_id!r} has no committed offset, but run "
-                f"{last.get('run_id')!r} committed {last['offset']} at {last.get('committed_at')}: the broker "
-                "expired it (offsets.retention.minutes) or the group was deleted. Nothing is re-read; "
-                f"restore it (kafka-consumer-groups --group {spec.source.group_id} --topic {tp[0]}:{tp[1]} "
-                f"--reset-offsets --to-offset {last['offset']} --execute)")
+    lost = [tp for tp in sorted(offsets) if checkpoints.get(tp) is None and tp in history]
+    if lost:
+        tp, last = lost[0], history[lost[0]]
+        others = ", ".join(f"{t}-{p}" for t, p in lost[1:])
+        raise CheckpointLost(
+            f"{tp[0]}-{tp[1]}: group {spec.source.group_id!r} has no committed offset, but run "
+            f"{last.get('run_id')!r} committed {last['offset']} at {last.get('committed_at')}: the broker "
+            "expired it (offsets.retention.minutes) or the group was deleted. Nothing is re-read; "
+            f"restore it (kafka-consumer-groups --group {spec.source.group_id} --topic {tp[0]}:{tp[1]} "
+            f"--reset-offsets --to-offset {last['offset']} --execute)"
+            + (f"; likewise {others} (kafka-eos checkpoint {spec.name} gives each one's offset)" if others else ""))
     starts = starts or {}
     first_run = all(checkpoints.get(tp) is None for tp in offsets) and not starts
     cap = spec.source.max_records_per_partition

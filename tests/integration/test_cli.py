@@ -198,3 +198,38 @@ def test_a_reader_that_goes_early_ends_the_output_not_the_command(kafka_settings
         child.stdout.close()  # the reader is gone before the first line
         err = child.stderr.read().decode()
         assert (child.wait(timeout=120), err) == (0, "")
+
+
+def test_checkpoint_names_each_partition_whose_group_offset_is_gone(spark, kafka_settings, make_spec, tmp_path,
+                                                                    capsys):
+    """A Kafka sink's group deleted (or its offsets expired): ``checkpoint`` showed ``-`` and the lag
+    from the log start, exit 0, with no word of it, while ``plan`` and ``run`` refuse. Now it names
+    each partition with the checkpoint kafka-eos committed there and the command that restores it."""
+    from kafka_eos import kafka_admin
+
+    spec = make_spec(partitions=2, commit="atomic")
+    path = _spec_file(spec, tmp_path)
+    p = Producer(kafka_settings.client_config())
+    for i in range(5):
+        p.produce(spec.source.topics[0], value=b"x", partition=i % 2)
+    p.flush(30)
+    boot = ["--bootstrap", kafka_settings.bootstrap_servers]
+    assert main(["run", str(path), *boot, "--run-id", "r1"]) == 0
+    admin = kafka_admin.admin_client(kafka_settings)  # kept: its futures complete while it lives
+    for fut in admin.delete_consumer_groups([spec.source.group_id]).values():
+        fut.result(30)
+    capsys.readouterr()
+
+    assert main(["checkpoint", str(path), *boot]) == 0
+    lost = [line.strip() for line in capsys.readouterr().out.splitlines() if "LOST" in line]
+    topic, group = spec.source.topics[0], spec.source.group_id
+    assert [line.split(":")[0] for line in lost] == [f"LOST {topic}-0", f"LOST {topic}-1"], lost
+    assert lost[0].startswith(f"LOST {topic}-0: group '{group}' has no committed offset, but run 'r1' committed 3 at ")
+    assert lost[1].endswith(f"kafka-consumer-groups --group {group} --topic {topic}:1 --reset-offsets --to-offset 2 "
+                            "--execute")
+    assert main(["checkpoint", str(path), *boot, "--json"]) == 0
+    assert [(r["partition"], r["offset"], r["run_id"]) for r in json.loads(capsys.readouterr().out)["lost"]] == [
+        (0, 3, "r1"), (1, 2, "r1")]
+    assert main(["plan", str(path), *boot]) == 1  # as the runs refuse, naming every partition
+    assert capsys.readouterr().err.strip().endswith(
+        f"--to-offset 3 --execute); likewise {topic}-1 (kafka-eos checkpoint {spec.name} gives each one's offset)")

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from kafka_eos import formats
-from kafka_eos.errors import KafkaEosError, SpecError, TransformFailed
+from kafka_eos.errors import KafkaEosError, SpecError, TransformFailed, task_traceback
 from kafka_eos.manifest import now_iso
 from kafka_eos.plan import Plan
 from kafka_eos.settings import KafkaSettings
@@ -135,6 +135,13 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
             print(f"kafka-eos: {plan.pipeline}: a record does not decode; computing the decoded records first, "
                   "then committing them and the dead letters", file=sys.stderr, flush=True)
             outcome = _handed_over(spark, spec, plan, settings, sink, extra, decoders, guard=False)
+    except KafkaEosError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the transform's own code raised in a task: named, in one line
+        failed = transform_raised(spec, exc)
+        if failed is None:
+            raise
+        raise failed from exc
     finally:
         formats.release()
         if own:
@@ -142,6 +149,22 @@ def run_batch(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: K
     return RunSummary(spec.name, plan.run_id, outcome.status, spec.sink.kind, len(plan.active),
                       outcome.records_in, outcome.records_out, outcome.dead_letters,
                       round(time.monotonic() - started, 3), _range_rows(plan, outcome.counts), outcome.producers)
+
+
+def transform_raised(spec: PipelineSpec, exc: BaseException) -> TransformFailed | None:
+    """``exc`` as the transform's error where it is a Spark task's Python error raised with the
+    transform's module on the stack (a UDF raising on a record), else None: a traceback of
+    kafka-eos's own task code stays an unexpected error. The module is known by its path's end,
+    which holds wherever the workers import it from (a folder, a zip of --py-files)."""
+    found = task_traceback(exc)
+    if found is None or ":" not in spec.transform:
+        return None
+    line, files = found
+    module = spec.transform.split(":", 1)[0].replace(".", "/")
+    ends = (f"/{module}.py", f"/{module}/__init__.py")
+    if not any(f.endswith(ends) or f in (ends[0][1:], ends[1][1:]) for f in files):
+        return None
+    return TransformFailed(f"{spec.path}: transform {spec.transform} raised in a Spark task: {line}")
 
 
 def _handed_over(spark: "SparkSession", spec: PipelineSpec, plan: Plan, settings: KafkaSettings, sink: Sink,

@@ -23,7 +23,7 @@ from importlib import metadata
 # and the quick ones (status, checkpoint, pipelines) included, would otherwise load them all,
 # SQLAlchemy and the local Airflow's and Spark's helpers among them (0.5 s a start instead of 0.15 s).
 from kafka_eos.console import Console, ReaderMayGo, elapsed_since, seconds, table
-from kafka_eos.errors import EXIT_HELD, KafkaEosError, PipelineHeld, RangeMismatch
+from kafka_eos.errors import EXIT_HELD, KafkaEosError, PipelineHeld, RangeMismatch, task_traceback
 from kafka_eos.kafka_admin import shared_admin_clients
 from kafka_eos.local.kafka import SUPER_USER, LocalBroker, LocalCluster
 from kafka_eos.settings import BOOTSTRAP_ENV, CONNECT_TIMEOUT_ENV, KafkaSettings
@@ -1009,16 +1009,9 @@ _REMOTE_ERROR = re.compile(r"kafka_eos\.errors\.(\w+): ([^\n]+)")
 
 def python_error(exc: BaseException) -> str | None:
     """The exception line of the last Python traceback in ``exc``'s text (a Spark task's Python
-    error, a transform's UDF raising on a record, reaches the driver as the text of a
-    PythonException or Py4JJavaError whose first line says only that there was one), or None."""
-    text = str(exc)
-    at = text.rfind("Traceback (most recent call last):")
-    if at < 0:
-        return None
-    for line in text[at:].splitlines()[1:]:
-        if line.strip() and not line.startswith((" ", "\t")):
-            return line.strip()
-    return None
+    error: :func:`kafka_eos.errors.task_traceback`), or None."""
+    found = task_traceback(exc)
+    return found[0] if found else None
 
 
 def remote_error(exc: BaseException) -> str | None:

@@ -15,6 +15,23 @@ def mentions(exc: BaseException | None, text: str) -> bool:
     return False
 
 
+def task_traceback(exc: BaseException) -> tuple[str, list[str]] | None:
+    """The last Python traceback in ``exc``'s text (a Spark task's Python error reaches the driver
+    as the text of a PythonException or Py4JJavaError, whose first line says only that there was
+    one): its exception line and its frames' files, innermost last; None where there is none."""
+    text = str(exc)
+    at = text.rfind("Traceback (most recent call last):")
+    if at < 0:
+        return None
+    files = []
+    for line in text[at:].splitlines()[1:]:
+        if line.startswith("  File \""):
+            files.append(line[len("  File \""):].split("\"", 1)[0])
+        elif line.strip() and not line.startswith((" ", "\t")):
+            return line.strip(), files
+    return None
+
+
 class KafkaEosError(Exception):
     """Base of every error kafka-eos raises on purpose."""
 
@@ -110,8 +127,9 @@ class SchemaRefused(RegistryError):
 
 class TransformFailed(KafkaEosError):
     """The pipeline's transform raised while it built the run's DataFrame (an unknown column, its
-    own error); names the spec and the transform. Retried like any run error: building may read
-    (a Connect server's round trip, a job the transform runs) and fail for a passing reason."""
+    own error), or its code raised in a Spark task (a UDF on a record); names the spec and the
+    transform. Retried like any run error: building may read (a Connect server's round trip, a job
+    the transform runs) and a UDF may call a service, and fail for a passing reason."""
 
 
 class InputTruncated(KafkaEosError):

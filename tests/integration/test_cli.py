@@ -233,3 +233,46 @@ def test_checkpoint_names_each_partition_whose_group_offset_is_gone(spark, kafka
     assert main(["plan", str(path), *boot]) == 1  # as the runs refuse, naming every partition
     assert capsys.readouterr().err.strip().endswith(
         f"--to-offset 3 --execute); likewise {topic}-1 (kafka-eos checkpoint {spec.name} gives each one's offset)")
+
+
+RAISER = '''
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+
+@F.udf(T.BooleanType())
+def _check(offset):
+    if offset == 2:
+        raise ValueError(f"boom at offset {offset}")
+    return True
+
+
+def raiser(df):
+    return df.where(_check(F.col("offset"))).select("key", "value", "topic", "partition", "offset",
+                                                    F.lit(None).cast("string").alias("dlq_reason"))
+'''
+
+
+@pytest.mark.parametrize("commit", ["atomic", "per_partition"])
+def test_a_transform_raising_in_a_spark_task_is_named_in_one_line_exit_1(spark, kafka_settings, make_spec,
+                                                                         transforms_from, unique, tmp_path,
+                                                                         capsys, commit):
+    """A transform's UDF raising on a record exited 2, "unexpected", as a bug of kafka-eos's own
+    would. Now it is the transform's error: exit 1, one line naming the spec and the transform,
+    with the exception's own line; nothing committed."""
+    from kafka_eos import kafka_admin
+
+    module = transforms_from(f"raiser_{unique.replace('-', '_')}", RAISER)
+    spec = make_spec(f"{module}:raiser", commit=commit, partitions=1)
+    path = _spec_file(spec, tmp_path)
+    p = Producer(kafka_settings.client_config())
+    for _ in range(5):
+        p.produce(spec.source.topics[0], value=b"x", partition=0)
+    p.flush(30)
+    capsys.readouterr()
+    assert main(["run", str(path), "--bootstrap", kafka_settings.bootstrap_servers, "--run-id", "r1"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"kafka-eos: {path}: transform {module}:raiser raised in a Spark task: "
+                       "ValueError: boom at offset 2"), err
+    assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [(spec.source.topics[0], 0)]) == {
+        (spec.source.topics[0], 0): None}

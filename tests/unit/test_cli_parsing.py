@@ -116,3 +116,28 @@ def test_counts_and_durations_out_of_range_are_refused_naming_the_flag(argv, fla
 def test_counts_and_durations_in_range_are_taken():
     args = build_parser().parse_args(["stream", "p", "--interval", "0.5", "--max-records", "10", "--max-batches", "1"])
     assert (args.interval, args.max_records, args.max_batches) == (0.5, 10, 1)
+
+
+def test_a_task_error_is_the_transforms_only_where_its_module_is_on_the_stack():
+    from types import SimpleNamespace
+
+    from kafka_eos.batch import transform_raised
+    from kafka_eos.errors import TransformFailed
+
+    def task_error(*files: str) -> RuntimeError:
+        frames = "".join(f'  File "{f}", line 3, in f\n    x()\n' for f in files)
+        return RuntimeError("Job aborted due to stage failure: org.apache.spark.api.python.PythonException: "
+                            f"Traceback (most recent call last):\n{frames}KeyError: 'amount'\n\tat org.apache...")
+
+    spec = SimpleNamespace(path="p.yaml", transform="shop.transforms.orders:enrich")
+    worker = "/venv/lib/python3.11/site-packages/pyspark/python/lib/pyspark.zip/pyspark/worker.py"
+    # The transform's module on the stack, wherever the workers import it from: a folder, a zip of --py-files.
+    for where in ("/srv/app/shop/transforms/orders.py", "/tmp/spark-1/userFiles/deps.zip/shop/transforms/orders.py"):
+        failed = transform_raised(spec, task_error(worker, where, "/usr/lib/python3.11/json/decoder.py"))
+        assert isinstance(failed, TransformFailed)
+        assert str(failed) == "p.yaml: transform shop.transforms.orders:enrich raised in a Spark task: KeyError: 'amount'"
+    # kafka-eos's own task code, or a module of the same name elsewhere: not the transform's.
+    assert transform_raised(spec, task_error(worker, "/venv/site-packages/kafka_eos/sinks/batches.py")) is None
+    assert transform_raised(spec, task_error(worker, "/srv/app/other/orders.py")) is None
+    assert transform_raised(spec, RuntimeError("no traceback")) is None
+    assert transform_raised(SimpleNamespace(path="p.yaml", transform="identity"), task_error(worker)) is None

@@ -162,7 +162,11 @@ def transform_raised(spec: PipelineSpec, exc: BaseException) -> TransformFailed 
     line, files = found
     module = spec.transform.split(":", 1)[0].replace(".", "/")
     ends = (f"/{module}.py", f"/{module}/__init__.py")
-    if not any(f.endswith(ends) or f in (ends[0][1:], ends[1][1:]) for f in files):
+    # Not a file of kafka-eos's or PySpark's own of the same name (a transform module named `txn`),
+    # nor, for a top-level module, one of an installed library's.
+    others = ("/kafka_eos/", "/pyspark/", "/py4j/") + (() if "/" in module else ("-packages/",))
+    if not any((f.endswith(ends) or f in (ends[0][1:], ends[1][1:])) and not any(o in f for o in others)
+               for f in files):
         return None
     return TransformFailed(f"{spec.path}: transform {spec.transform} raised in a Spark task: {line}")
 

@@ -298,11 +298,11 @@ def cmd_plan(args) -> int:
 def cmd_run(args) -> int:
     from kafka_eos import acls
     from kafka_eos.batch import RunSummary, run_batch
+    from kafka_eos.lease import refuse_if_streaming
     from kafka_eos.logs import child_stderr_to, pyspark_loggers_to_cli_log, spark_log4j_options, spark_log_file
+    from kafka_eos.manifest import ManifestStore
     from kafka_eos.pipeline import prepare_plan, verify
     from kafka_eos.spark_io import check_reachable, end_session, get_session
-
-    from kafka_eos.lease import refuse_if_streaming
 
     console = Console(quiet=args.json)
     started = time.monotonic()
@@ -314,8 +314,9 @@ def cmd_run(args) -> int:
     # Before anything is written: every permission a run of this pipeline needs.
     acls.check(spec, settings, spec_ref=args.pipeline)
     refuse_if_streaming(spec, settings)
-    began_at = datetime.now(timezone.utc)
-    run_id = args.run_id or "manual__" + began_at.strftime("%Y%m%dT%H%M%S.%fZ")
+    run_id = args.run_id or "manual__" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    # A run id given again: is its stored plan the one that applies (said below when it is empty)?
+    stored = ManifestStore.of(spec, settings).stored_plan(run_id) if args.run_id else None
     plan = prepare_plan(spec, settings, run_id)
     if plan.is_empty:
         summary = RunSummary(spec.name, run_id, "empty", spec.sink.kind, 0, 0, 0, 0,
@@ -344,8 +345,8 @@ def cmd_run(args) -> int:
         _print_json({**summary.as_dict(), "pinned": [s.as_dict() for s in pinned]})
         return 0
     if summary.status == "empty":
-        made_at = datetime.fromisoformat(plan.created_at)
-        if made_at < began_at:  # the run's own plan, stored by an earlier attempt: it still applies
+        if stored is not None and stored.created_at == plan.created_at:  # an earlier attempt's plan applies
+            made_at = datetime.fromisoformat(plan.created_at)
             print(f"run {run_id}: nothing to do: its plan, made at {made_at.strftime('%Y-%m-%d %H:%M:%S')} UTC by an "
                   f"earlier attempt, is empty (a run keeps its plan; records since then go to the next run) "
                   f"({elapsed_since(started)})")
@@ -447,28 +448,38 @@ def cmd_checkpoint(args) -> int:
                  for r in rows], ("partition", "checkpoint", "LSO", "HW", "lag", "oldest")))
     _print_pinned(pinned)
     _print_drift(drift)
+    group = spec.source.group_id
     for r in lost:
-        print(f"  LOST {r['topic']}-{r['partition']}: group {spec.source.group_id!r} has no committed offset, but run "
-              f"{r['run_id']!r} committed {r['offset']} at {r['committed_at']} (the broker expired it, or the group was "
-              f"deleted): runs refuse to plan; restore it: kafka-consumer-groups --group {spec.source.group_id} "
-              f"--topic {r['topic']}:{r['partition']} --reset-offsets --to-offset {r['offset']} --execute")
+        where = f"{r['topic']}-{r['partition']}: group {group!r} has no committed offset"
+        if r["offset"] is None:
+            print(f"  LOST {where}, and the run manifest's memory of earlier checkpoints was cut by retention (a lost "
+                  f"checkpoint or a new partition): runs refuse to plan; set its offset: kafka-consumer-groups --group "
+                  f"{group} --topic {r['topic']}:{r['partition']} --reset-offsets --to-offset N --execute")
+        else:
+            print(f"  LOST {where}, but run {r['run_id']!r} committed {r['offset']} at {r['committed_at']} (the broker "
+                  f"expired it, or the group was deleted): runs refuse to plan; restore it: kafka-consumer-groups "
+                  f"--group {group} --topic {r['topic']}:{r['partition']} --reset-offsets --to-offset {r['offset']} "
+                  "--execute")
     return 0
 
 
 def _lost_checkpoints(spec: PipelineSpec, settings: KafkaSettings, rows: list[dict]) -> list[dict]:
-    """The partitions of ``rows`` with no checkpoint in the group whose last checkpoint kafka-eos
-    committed is in the run manifest (a Kafka sink's: the group's offsets are its checkpoints), as
-    :func:`kafka_eos.plan.plan_ranges` refuses them: ``topic``, ``partition``, ``offset``,
-    ``run_id``, ``committed_at``."""
+    """The partitions of ``rows`` with no checkpoint in the group that runs refuse to plan (a Kafka
+    sink's: the group's offsets are its checkpoints): ``topic``, ``partition``, and the last
+    checkpoint kafka-eos committed there from the run manifest (``offset``, ``run_id``,
+    ``committed_at``), or ``offset`` None where retention cut the manifest's memory."""
     if not spec.sink.about.transactional or all(r["checkpoint"] is not None for r in rows):
         return []
     from kafka_eos.manifest import ManifestStore
 
-    history = ManifestStore.of(spec, settings).state().checkpoints
-    return [{"topic": r["topic"], "partition": r["partition"], "offset": last["offset"],
-             "run_id": last.get("run_id"), "committed_at": last.get("committed_at")}
-            for r in rows if r["checkpoint"] is None
-            for last in [history.get((r["topic"], r["partition"]))] if last is not None]
+    state = ManifestStore.of(spec, settings).state()
+    lost = []
+    for r in rows:
+        last = state.checkpoints.get((r["topic"], r["partition"]))
+        if r["checkpoint"] is None and (last is not None or not state.complete):
+            lost.append({"topic": r["topic"], "partition": r["partition"], "offset": last and last["offset"],
+                         "run_id": last and last.get("run_id"), "committed_at": last and last.get("committed_at")})
+    return lost
 
 
 def cmd_acknowledge(args) -> int:
@@ -1024,9 +1035,14 @@ def remote_error(exc: BaseException) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     from kafka_eos.logs import setup_cli_logging
 
-    if argv is None and sys.stdout is not None and not isinstance(sys.stdout, ReaderMayGo):
-        sys.stdout = ReaderMayGo(sys.stdout)  # the command itself (not a call in-process): `| head` may end it
     args = build_parser().parse_args(argv)
+    if argv is None and args.func is not cmd_stream:
+        # The command itself (not a call in-process): `| head` may end its output, not it. A stream
+        # whose reader went (its parent's pipe) stops at its next report, as ever.
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            if stream is not None and not isinstance(stream, ReaderMayGo):
+                setattr(sys, name, ReaderMayGo(stream))
     log_file = setup_cli_logging(args.verbose)
     log.info("kafka-eos %s", " ".join(sys.argv[1:] if argv is None else argv))
     try:

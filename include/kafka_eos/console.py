@@ -21,9 +21,9 @@ PROGRESS_INTERVAL_S = 5.0
 
 
 class ReaderMayGo:
-    """A process's stdout whose reader may go before the command ends (``kafka-eos txn hanging |
-    head -1``): its output ends there, quietly, and the command still finishes and exits with its
-    own code (3 for a finding), not with a BrokenPipeError's."""
+    """A process's stdout (or stderr) whose reader may go before the command ends (``kafka-eos txn
+    hanging | head -1``): its output ends there, quietly, and the command still finishes and exits
+    with its own code (3 for a finding), not with a BrokenPipeError's."""
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream

@@ -171,7 +171,8 @@ class ManifestState:
     records_read: int = 0
     #: When the newest snapshot was written (epoch seconds), None when the walk found none.
     snapshot_at: float | None = None
-    #: False when retention deleted records and no snapshot was found: the memory may be gone.
+    #: False when retention deleted records and no snapshot was found (or the newest snapshot was
+    #: written from such a memory): the memory of a partition's checkpoint may be gone.
     complete: bool = True
     #: The newest hold record (:func:`hold_record`, or one acknowledged since), None when none.
     hold: dict | None = None
@@ -270,7 +271,7 @@ class ManifestStore:
             "snapshot": True, "reset": reset, "read_upto": state.read_upto, "written_at": now_iso(),
             "checkpoints": [rec for _tp, rec in sorted(state.checkpoints.items())],
             "starts": None if state.starts is None else [[t, p, o] for (t, p), o in sorted(state.starts.items())],
-            "hold": state.hold})
+            "hold": state.hold, "complete": state.complete})
 
     def acknowledge(self, hold: dict, read_upto: int, who: str, at: str,
                     note: str | None = None) -> tuple[dict, dict | None]:
@@ -444,6 +445,7 @@ class ManifestStore:
             return ManifestState()
         state = ManifestState(read_upto=offsets.lso)
         start_read, stop = self.records_read, None
+        snapshot_complete = True  # the newest snapshot's word: written from a whole memory
         holds = self._holds_above_lso(offsets)
         forgotten = False  # past a reset snapshot: only a hold record is still taken, down to its read_upto
         with closing(self._tail(committed=True, offsets=offsets)) as records:
@@ -456,6 +458,7 @@ class ManifestStore:
                 if rec.get("snapshot") is True and key == state_key(self.pipeline):
                     if state.snapshot_at is None:
                         state.snapshot_at, stop = ts, rec["read_upto"]
+                        snapshot_complete = rec.get("complete") is not False
                     for ck in rec["checkpoints"]:
                         state.remember(ck)
                     if state.starts is None and rec["starts"] is not None:
@@ -469,7 +472,11 @@ class ManifestStore:
                 elif key == starts_key(self.pipeline) and state.starts is None:
                     state.starts = {(t, p): o for t, p, o in rec["starts"]}
         state.records_read = self.records_read - start_read
-        state.complete = state.snapshot_at is not None or offsets.log_start == 0
+        # Retention deleted records and no snapshot holds what they said; or the newest snapshot was
+        # written from such a memory (a later plan must not take a lost checkpoint for a new
+        # partition): incomplete until every partition has a checkpoint again (see
+        # kafka_eos.pipeline._first_plan_remembered) or a reset forgets it deliberately.
+        state.complete = offsets.log_start == 0 or (state.snapshot_at is not None and snapshot_complete)
         state.hold = holds.newest()
         return state
 

@@ -17,7 +17,7 @@ from confluent_kafka import KafkaError, KafkaException
 from kafka_eos.errors import BrokerError, CheckpointLost, KafkaEosError, PipelineBusy, PipelineHeld, PlanError
 from kafka_eos.kafka_admin import (TP, TopicsMetadata, committed_offsets_and_times, topics_metadata,
                                    offsets_retention_s, partition_offsets, partitions_of)
-from kafka_eos.manifest import RESERVED_RUN_IDS, ManifestState, ManifestStore, reserved_run_id
+from kafka_eos.manifest import RESERVED_RUN_IDS, ManifestState, ManifestStore, checkpoint_record, reserved_run_id
 from kafka_eos.plan import PartitionRange, Plan, plan_ranges, stale_checkpoints
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.sinks.base import Drift
@@ -108,6 +108,15 @@ def _plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str, cks, offsets
                 f"group {spec.source.group_id!r} has no committed offsets, and the manifest {spec.manifest_topic!r} "
                 "holds records of earlier runs but its memory of their checkpoints is gone (retention): "
                 "nothing is re-read; set the group's offsets (kafka-consumer-groups --reset-offsets) to go on")
+        unknown = lost_to_retention(spec, cks, state)
+        if unknown:
+            names = ", ".join(f"{t}-{p}" for t, p in unknown)
+            raise CheckpointLost(
+                f"{names}: group {spec.source.group_id!r} has no committed offset, and the manifest "
+                f"{spec.manifest_topic!r} lost part of its memory of earlier checkpoints (retention): a lost "
+                "checkpoint cannot be told from a new partition. Nothing is re-read; set each one's offset "
+                f"(kafka-consumer-groups --group {spec.source.group_id} --topic TOPIC:PARTITION --reset-offsets "
+                "--to-offset N --execute; --to-earliest for a partition that is new) to go on")
         # Only `latest` needs the first plan's starts: `earliest` means each partition's log
         # start, whenever a partition without a checkpoint is planned.
         if spec.source.starting_offsets == "latest":
@@ -325,11 +334,28 @@ def past_killed_attempt(spec: PipelineSpec, settings: KafkaSettings, read: Calla
 
 
 def _first_plan_remembered(spec, settings, manifest, run_id, cks, offsets, times, state) -> Plan:
-    """:func:`_plan`; a pipeline's first plan also records where it starts each partition."""
+    """:func:`_plan`; a pipeline's first plan also records where it starts each partition, and a
+    memory that retention cut is whole again once every partition has a checkpoint (restored by
+    an operator): a snapshot that remembers each one."""
     plan, first = _plan(spec, settings, run_id, cks, offsets, times, state)
     if first:
         manifest.put_starts(plan)  # later plans start this plan's uncommitted partitions here
+    if spec.sink.about.transactional and not state.complete and cks and None not in cks.values():
+        whole = ManifestState(checkpoints=dict(state.checkpoints), starts=state.starts, read_upto=state.read_upto,
+                              hold=state.hold)
+        for (topic, partition), offset in cks.items():
+            whole.remember(checkpoint_record("(the group's, restored)", spec.source.group_id, topic, partition, offset))
+        manifest.put_snapshot(whole)
     return plan
+
+
+def lost_to_retention(spec: PipelineSpec, cks: dict[TP, int | None], state: ManifestState) -> list[TP]:
+    """A Kafka sink's partitions without a group offset that a memory cut by retention may have
+    known (:attr:`ManifestState.complete` false): a lost checkpoint or a new partition, which
+    nothing can tell apart. Empty when no partition has a checkpoint (refused as a whole)."""
+    if not spec.sink.about.transactional or state.complete or all(ck is None for ck in cks.values()):
+        return []
+    return sorted(tp for tp, ck in cks.items() if ck is None and tp not in state.checkpoints)
 
 
 def fresh_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str, may_fence: bool = True) -> Plan:

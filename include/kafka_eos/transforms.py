@@ -16,8 +16,9 @@ columns; ``dead_letters`` has ``topic``, ``partition``, ``offset``, ``key``, ``v
 ``dlq_reason``. Either form keeps ``in = out + dead letters`` countable per source record.
 
 A transform should be deterministic: the same records give the same rows each time it is computed.
-One attempt of a run computes it once (a SQL or Iceberg sink persists its output for its two jobs),
-but a retried attempt, or Spark recomputing a lost task, computes it again; a rule on
+One attempt of a run computes a one-frame transform once (a SQL or Iceberg sink persists its output
+for its two jobs), but a retried attempt, or Spark recomputing a lost task, computes it again, and a
+``(results, dead_letters)`` transform's two frames are two computations of its own: a rule on
 ``current_timestamp()`` or an outside service may then answer otherwise for a record near its
 boundary. Take such a value from the record (``timestamp``, a field) instead.
 """

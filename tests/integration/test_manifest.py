@@ -159,3 +159,45 @@ def test_a_memory_that_retention_deleted_is_not_taken_for_a_new_pipeline(kafka_s
     # A new pipeline (an empty manifest) plans from the log start as ever.
     fresh = _spec(f"{unique}-new", source, tmp_path)
     assert [(r.from_offset, r.until) for r in prepare_plan(fresh, kafka_settings, "first").active] == [(0, 5)]
+
+
+def test_a_memory_that_retention_cut_stays_cut_until_every_partition_has_a_checkpoint(kafka_settings, unique,
+                                                                                       tmp_path):
+    """The refusal above held for one plan only: that plan wrote a snapshot of the cut memory,
+    the next lookup found the snapshot and took the memory for whole, and the next plan (a retried
+    plan task, the next schedule) read every partition again from its log start: each record
+    still there written twice. Now the cut is remembered, and a partition without a checkpoint is
+    refused (a lost checkpoint cannot be told from a new partition) until every partition has one."""
+    from confluent_kafka import OFFSET_END, TopicPartition
+
+    from kafka_eos.errors import CheckpointLost
+
+    source = f"in-{unique}"
+    kafka_admin.create_topics(kafka_settings, {source: 2, f"{source}.out": 1})
+    producer = Producer(kafka_settings.client_config())
+    for i in range(10):
+        producer.produce(source, value=f"r{i}".encode(), partition=i % 2)
+    assert producer.flush(30) == 0
+    spec = _spec(unique, source, tmp_path)
+    store = ManifestStore.of(spec, kafka_settings)
+    store.ensure_topic()
+    _history(store, 3, every=10**9)
+    admin = kafka_admin.admin_client(kafka_settings)
+    for fut in admin.delete_records([TopicPartition(store.topic, 0, OFFSET_END)]).values():
+        fut.result(30)
+    for attempt in ("after-the-pause", "after-the-pause", "the-next"):  # each plan refuses, not only the first
+        with pytest.raises(CheckpointLost, match=r"its memory of their checkpoints is gone \(retention\)"):
+            prepare_plan(spec, kafka_settings, attempt)
+    # One partition's checkpoint set again: the other is still refused, named.
+    kafka_admin.alter_group_offsets(kafka_settings, spec.source.group_id, {(source, 0): 3})
+    with pytest.raises(CheckpointLost, match=rf"^{source}-1: group '{spec.source.group_id}' has no committed offset, "
+                                             r"and the manifest .* lost part of its memory"):
+        prepare_plan(spec, kafka_settings, "one-set")
+    assert store.state().complete is False
+    # Both set: the plan goes on from them, and the memory is whole again (it remembers both).
+    kafka_admin.alter_group_offsets(kafka_settings, spec.source.group_id, {(source, 1): 2})
+    plan = prepare_plan(spec, kafka_settings, "both-set")
+    assert sorted((r.partition, r.from_offset, r.until) for r in plan.active) == [(0, 3, 5), (1, 2, 5)]
+    state = store.state()
+    assert state.complete and {tp: c["offset"] for tp, c in state.checkpoints.items()} == {(source, 0): 3,
+                                                                                         (source, 1): 2}

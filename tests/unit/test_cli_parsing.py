@@ -140,4 +140,25 @@ def test_a_task_error_is_the_transforms_only_where_its_module_is_on_the_stack():
     assert transform_raised(spec, task_error(worker, "/venv/site-packages/kafka_eos/sinks/batches.py")) is None
     assert transform_raised(spec, task_error(worker, "/srv/app/other/orders.py")) is None
     assert transform_raised(spec, RuntimeError("no traceback")) is None
+    # A one-word module named as one of kafka-eos's or PySpark's files: those files are not it.
+    txn = SimpleNamespace(path="p.yaml", transform="txn:f")
+    assert transform_raised(txn, task_error(worker, "/venv/lib/python3.11/site-packages/kafka_eos/txn.py")) is None
+    assert transform_raised(txn, task_error(worker, "/srv/app/txn.py")) is not None
     assert transform_raised(SimpleNamespace(path="p.yaml", transform="identity"), task_error(worker)) is None
+
+
+def test_a_reader_that_goes_ends_the_output_and_the_command_keeps_its_exit_code():
+    """What `kafka-eos txn hanging | head -1` meets: the reader goes while the command still writes."""
+    import subprocess
+    import sys
+
+    script = ("import sys\nfrom kafka_eos.console import ReaderMayGo\n"
+              "sys.stdout, sys.stderr = ReaderMayGo(sys.stdout), ReaderMayGo(sys.stderr)\n"
+              "for i in range(20000):\n    print('a row of the table', i)\n    print('a step', i, file=sys.stderr)\n"
+              "sys.exit(3)\n")
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child.stdout.read(100)
+    child.stdout.close()  # gone after its first lines: many writes (and flushes) of stdout meet a closed pipe
+    child.stderr.read(100)
+    child.stderr.close()
+    assert child.wait(timeout=60) == 3

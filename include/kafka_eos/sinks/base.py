@@ -212,10 +212,12 @@ class MirroredSink(Sink):
         if output.source is None:
             yield 0
             return
-        kept = [f for f in (output.source, output.split_from) if f is not None]
-        for frame in kept:
-            frame.persist()
+        kept = []
         try:
+            for frame in (output.source, output.split_from):
+                if frame is not None:
+                    frame.persist()  # plans the frame: may raise
+                    kept.append(frame)
             yield output.source.count()
         finally:
             for frame in kept:

@@ -76,17 +76,29 @@ class IcebergSink(MirroredSink):
 
     def _dead_letters(self, plan: Plan, output: Output) -> int:
         """4. The run's dead letters that the dead-letter table does not hold yet, in a snapshot of
-        their own."""
+        their own. Returns the run's dead letters, those an earlier attempt of its ranges wrote
+        included (its records are this run's too: ``in = out + dead letters``)."""
         if output.dead_letters is None and output.undecodable is None:
             return 0
         store = self.store
         table = store.dead_letters_table()
-        rows = store.new_dead_letters(table, plan, dead_letter_rows(self.spec, plan, output.dead_letters,
-                                                                    output.undecodable))
+        computed = 0
+
+        def counted(rows):
+            nonlocal computed
+            for row in rows:
+                computed += 1
+                yield row
+
+        rows = store.new_dead_letters(table, plan, counted(dead_letter_rows(self.spec, plan, output.dead_letters,
+                                                                            output.undecodable)))
         files, count = store.write_files(table, dead_letter_batches(rows))
         if count:
             store.commit_dead_letters(table, plan, files)
-        return count
+        if computed != count:
+            log.info("Iceberg sink %s: %d of run %s's %d dead letter(s) were written by an earlier attempt",
+                     self.spec.sink.table, computed - count, plan.run_id, computed)
+        return computed
 
     def _results(self, table, plan: Plan, output: Output) -> tuple[str, int]:
         """5. The results as data files, then the one snapshot that commits them with the offsets."""

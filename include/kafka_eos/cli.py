@@ -67,6 +67,12 @@ def _spec(args, import_transform: bool = True) -> PipelineSpec:
     return spec
 
 
+#: A look's line where the group's offsets are pending in an open transaction.
+_PENDING = ("PENDING: the offsets of group {group!r} are held by an open transaction (an attempt killed between "
+            "sending its offsets and its commit, or one committing now): shown as they were before it; the next "
+            "`kafka-eos run` fences it and goes on (else it ends at its transaction timeout)")
+
+
 def _print_drift(drift) -> None:
     for d in drift:
         print(f"  DRIFT {d.topic}-{d.partition}: the sink's own checkpoint at {d.sink}, Kafka mirror at {d.kafka} "
@@ -270,15 +276,17 @@ def _local_service(action: str, service, address: str, starting: str, status: st
 
 def cmd_plan(args) -> int:
     from kafka_eos.manifest import ManifestStore
-    from kafka_eos.pipeline import compute_plan
+    from kafka_eos.pipeline import looked_plan
 
     spec, settings = _spec(args, import_transform=False), _settings(args)
-    plan, drift = compute_plan(spec, settings, args.run_id or "next")
+    plan, drift, pending = looked_plan(spec, settings, args.run_id or "next")
     held = ManifestStore.of(spec, settings).state().held  # no run takes this plan while held
     if args.json:
         _print_json({"plan": json.loads(plan.to_json()), "drift": [dataclasses.asdict(d) for d in drift],
-                     "held": held})
+                     "held": held, "pending": pending})
         return 0
+    if pending:
+        print(_PENDING.format(group=spec.source.group_id) + "; this plan starts from them, and a run plans again")
     if held is not None:
         print(f"HELD since {held['found_at']}: {held['mismatch']}; no run takes this plan until an operator "
               f"acknowledges it (kafka-eos acknowledge {spec.name})")
@@ -449,6 +457,8 @@ def cmd_checkpoint(args) -> int:
     _print_pinned(pinned)
     _print_drift(drift)
     group = spec.source.group_id
+    if any(r["pending"] for r in rows):
+        print("  " + _PENDING.format(group=group))
     for r in lost:
         where = f"{r['topic']}-{r['partition']}: group {group!r} has no committed offset"
         if r["offset"] is None:

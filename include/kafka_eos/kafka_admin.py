@@ -499,6 +499,9 @@ class CommitTimes:
 
     committed_at: float | None = None
     planned_at: float | None = None
+    #: The group's offsets were pending in an open transaction when read (a look, not a plan for a
+    #: run: see :func:`committed_offsets_and_times`' ``settle_s``): this is the offset before it.
+    pending: bool = False
 
 
 def offset_metadata(now_ms: int | None = None, planned_ms: int | None = None) -> str:
@@ -520,23 +523,29 @@ def committed_offsets(settings: KafkaSettings, group_id: str, tps: Iterable[TP],
 
 
 def committed_offsets_and_times(settings: KafkaSettings, group_id: str, tps: Iterable[TP],
-                                consumer: Consumer | None = None) -> dict[TP, tuple[int | None, CommitTimes]]:
+                                consumer: Consumer | None = None,
+                                settle_s: float | None = None) -> dict[TP, tuple[int | None, CommitTimes]]:
     """The group's committed offsets and when kafka-eos committed them (:class:`CommitTimes`;
     empty for no offset, or an offset committed without kafka-eos's metadata).
 
     :param consumer: a :func:`group_client` of ``group_id`` to ask first; a retry after a transient
         error starts from a fresh client (see the module's docstring).
+    :param settle_s: for a look (``checkpoint``, ``plan``, a sensor), not a plan a run takes: how
+        long a stable read may wait for offsets pending in an open transaction (an attempt killed
+        between sending its offsets and its commit keeps them pending until a run fences it, or its
+        transaction times out) before the offsets before that transaction are read instead, marked
+        ``pending``. None: wait the full bound, as a run's plan must.
     """
     tps = list(tps)
     if not tps:
         return {}
     given = consumer
 
-    def once():
+    def once(client_of=group_client, timeout_s=ADMIN_TIMEOUT_S):
         nonlocal given
-        client, given = (given if given is not None else group_client(settings, group_id)), None
+        client, given = (given if given is not None else client_of(settings, group_id)), None
         try:
-            res = client.committed([TopicPartition(t, p) for t, p in tps], timeout=ADMIN_TIMEOUT_S)
+            res = client.committed([TopicPartition(t, p) for t, p in tps], timeout=timeout_s)
         except KafkaException as exc:
             raise BrokerError(f"committed offsets of group {group_id!r}: {exc.args[0].str()}") from exc
         finally:
@@ -545,16 +554,36 @@ def committed_offsets_and_times(settings: KafkaSettings, group_id: str, tps: Ite
         _raise_partition_errors(res, f"committed offset in group {group_id!r}")
         return res
 
-    res = retrying(once)
+    pending = False
+    if settle_s is None:
+        res = retrying(once)
+    else:
+        try:
+            res = retrying(lambda: once(timeout_s=settle_s), timeout_s=settle_s)
+        except BrokerError as exc:
+            cause = exc.__cause__
+            if not (isinstance(cause, KafkaException) and cause.args[0].code() in (
+                    KafkaError._TIMED_OUT, KafkaError.UNSTABLE_OFFSET_COMMIT)):
+                raise
+            res, pending = retrying(lambda: once(client_of=_unstable_group_client)), True
+            log.info("the offsets of group %s are pending in an open transaction: read as before it", group_id)
     out: dict[TP, tuple[int | None, CommitTimes]] = {}
     for tp in res:
         if tp.offset < 0:
-            out[(tp.topic, tp.partition)] = (None, CommitTimes())
+            out[(tp.topic, tp.partition)] = (None, CommitTimes(pending=pending))
             continue
         committed, planned = (_COMMITTED_AT.search(tp.metadata or ""), _PLANNED_AT.search(tp.metadata or ""))
         out[(tp.topic, tp.partition)] = (tp.offset, CommitTimes(
-            int(committed.group(1)) / 1000 if committed else None, int(planned.group(1)) / 1000 if planned else None))
+            int(committed.group(1)) / 1000 if committed else None, int(planned.group(1)) / 1000 if planned else None,
+            pending))
     return out
+
+
+def _unstable_group_client(settings: KafkaSettings, group_id: str) -> Consumer:
+    """:func:`group_client` that does not ask for stable offsets: a pending transactional offset
+    commit is not waited for; the offsets before it are read."""
+    return Consumer(settings.client_config(**{"group.id": group_id, "enable.auto.commit": False,
+                                              "isolation.level": "read_uncommitted"}))
 
 
 #: Kafka's default offsets.retention.minutes (7 days), used when the broker's config cannot be read.

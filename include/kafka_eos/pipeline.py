@@ -44,13 +44,19 @@ def source_partitions(spec: PipelineSpec, settings: KafkaSettings, md: TopicsMet
     return [(t, p) for t, n in counts.items() for p in range(n)]
 
 
+#: How long a look (``checkpoint``, ``plan``, a sensor, the operator page) waits for group offsets
+#: pending in an open transaction before it shows the offsets before it: a live commit settles in
+#: milliseconds; an attempt killed inside its transaction holds them until a run fences it.
+LOOK_SETTLE_S = 5.0
+
+
 def needed_topics(spec: PipelineSpec) -> list[str]:
     """The topics a run of ``spec`` checks before it plans: its sources, its Kafka sink, its dead letters."""
     return [*spec.source.topics, *spec.sink.topics]
 
 
 def checkpoints(spec: PipelineSpec, settings: KafkaSettings, tps: list[TP],
-                mirror: bool = False) -> tuple[dict[TP, int | None], list[Drift]]:
+                mirror: bool = False, settle_s: float | None = None) -> tuple[dict[TP, int | None], list[Drift]]:
     """The pipeline's checkpoints, and for a SQL sink the drift of its Kafka mirror.
 
     Kafka sinks: the group offsets. SQL sinks: the sink's offsets table is the truth; its Kafka
@@ -59,15 +65,18 @@ def checkpoints(spec: PipelineSpec, settings: KafkaSettings, tps: list[TP],
     :param mirror: read a SQL sink's checkpoints from its Kafka mirror, not its database (no
         drift then): for the looks that hold no database credentials (the operator page on the
         API server, the triggerer). Never for a plan.
+    :param settle_s: a look's bound on waiting out offsets pending in an open transaction
+        (:func:`kafka_eos.kafka_admin.committed_offsets_and_times`). Never for a plan or a check.
     :raises CheckpointConflict: the Kafka mirror is ahead of the SQL sink.
     """
-    cks, drift, _times = _checkpoints_and_times(spec, settings, tps, mirror)
+    cks, drift, _times = checkpoints_and_times(spec, settings, tps, mirror, settle_s)
     return cks, drift
 
 
-def _checkpoints_and_times(spec: PipelineSpec, settings: KafkaSettings, tps: list[TP], mirror: bool = False):
+def checkpoints_and_times(spec: PipelineSpec, settings: KafkaSettings, tps: list[TP], mirror: bool = False,
+                           settle_s: float | None = None):
     """:func:`checkpoints`, and when kafka-eos last committed each group offset (or None)."""
-    fetched = committed_offsets_and_times(settings, spec.source.group_id, tps)
+    fetched = committed_offsets_and_times(settings, spec.source.group_id, tps, settle_s=settle_s)
     kafka = {tp: offset for tp, (offset, _at) in fetched.items()}
     times = {tp: at for tp, (_offset, at) in fetched.items()}
     if mirror and not spec.sink.about.transactional:
@@ -77,11 +86,12 @@ def _checkpoints_and_times(spec: PipelineSpec, settings: KafkaSettings, tps: lis
     return cks, drift, times
 
 
-def _cluster_state(spec: PipelineSpec, settings: KafkaSettings, mirror: bool = False):
+def _cluster_state(spec: PipelineSpec, settings: KafkaSettings, mirror: bool = False,
+                   settle_s: float | None = None):
     """What a plan is computed from: checkpoints, their drift, the partitions' offsets, and
-    when each group offset was last committed (``mirror``: see :func:`checkpoints`)."""
+    when each group offset was last committed (``mirror``, ``settle_s``: see :func:`checkpoints`)."""
     tps = source_partitions(spec, settings)
-    cks, drift, times = _checkpoints_and_times(spec, settings, tps, mirror)
+    cks, drift, times = checkpoints_and_times(spec, settings, tps, mirror, settle_s)
     return {tp: cks.get(tp) for tp in tps}, drift, partition_offsets(settings, tps), times
 
 
@@ -131,27 +141,39 @@ def checkpoint_rows(spec: PipelineSpec, settings: KafkaSettings,
                     mirror: bool = False) -> tuple[list[dict], list[Drift]]:
     """Per source partition: checkpoint, LSO, high watermark, log start and lag, the lag counted
     to the LSO (what a read_committed pipeline can read now), not to the high watermark
-    (``mirror``: see :func:`checkpoints`)."""
-    cks, drift, offsets, _times = _cluster_state(spec, settings, mirror)
-    return rows_of(cks, offsets), drift
+    (``mirror``: see :func:`checkpoints`); ``pending`` where the group's offsets were pending in an
+    open transaction (a look waits :data:`LOOK_SETTLE_S` for it, then shows the offsets before it)."""
+    cks, drift, offsets, times = _cluster_state(spec, settings, mirror, LOOK_SETTLE_S)
+    return rows_of(cks, offsets, any(t.pending for t in times.values())), drift
 
 
-def rows_of(cks: dict[TP, int | None], offsets: dict) -> list[dict]:
+def rows_of(cks: dict[TP, int | None], offsets: dict, pending: bool = False) -> list[dict]:
     """:func:`checkpoint_rows` from checkpoints and offsets already read (``offsets`` may hold
-    other partitions too: one batched query for many pipelines)."""
+    other partitions too: one batched query for many pipelines; ``pending``: the group's offsets
+    were pending in an open transaction, these are the offsets before it)."""
     rows = []
     for tp, ck in cks.items():
         o = offsets[tp]
         rows.append({"topic": tp[0], "partition": tp[1], "checkpoint": ck, "lso": o.lso,
                      "high_watermark": o.high_watermark, "log_start": o.log_start,
-                     "lag": max(0, o.lso - (ck if ck is not None else o.log_start))})
+                     "lag": max(0, o.lso - (ck if ck is not None else o.log_start)), "pending": pending})
     return rows
 
 
 def compute_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> tuple[Plan, list[Drift]]:
-    """The next plan, with no side effects (``kafka-eos plan``)."""
-    cks, drift, offsets, times = _cluster_state(spec, settings)
-    return _plan(spec, settings, run_id, cks, offsets, times)[0], drift
+    """The next plan, with no side effects (``kafka-eos plan``): :func:`looked_plan`'s."""
+    plan, drift, _pending = looked_plan(spec, settings, run_id)
+    return plan, drift
+
+
+def looked_plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str) -> tuple[Plan, list[Drift], bool]:
+    """The next plan, with no side effects, its drift, and whether the group's offsets were pending
+    in an open transaction (an attempt killed between sending its offsets and its commit, or one
+    committing now): then it is planned from the offsets before it (waited for
+    :data:`LOOK_SETTLE_S`); the run fences that transaction and plans again."""
+    cks, drift, offsets, times = _cluster_state(spec, settings, settle_s=LOOK_SETTLE_S)
+    pending = any(t.pending for t in times.values())
+    return _plan(spec, settings, run_id, cks, offsets, times)[0], drift, pending
 
 
 def repair_drift(spec: PipelineSpec, settings: KafkaSettings, drift: list[Drift]) -> None:
@@ -218,7 +240,7 @@ def _refresh(spec: PipelineSpec, settings: KafkaSettings, every: bool, next_in_s
     with sink_of(spec, settings) as sink:
         sink.keep_checkpoints()
     tps = source_partitions(spec, settings)
-    cks, drift, times = _checkpoints_and_times(spec, settings, tps)
+    cks, drift, times = checkpoints_and_times(spec, settings, tps)
     if drift:
         repair_drift(spec, settings, drift)
     now = time.time()

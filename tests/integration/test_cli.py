@@ -276,3 +276,50 @@ def test_a_transform_raising_in_a_spark_task_is_named_in_one_line_exit_1(spark, 
                        "ValueError: boom at offset 2"), err
     assert kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [(spec.source.topics[0], 0)]) == {
         (spec.source.topics[0], 0): None}
+
+
+def test_a_look_at_offsets_a_killed_attempt_left_pending_shows_them_as_before_it_and_says_so(
+        kafka_settings, make_spec, tmp_path, capsys):
+    """An attempt killed between sending its offsets and its commit leaves the group's offsets
+    pending until a run fences it (or its transaction times out). ``checkpoint`` and ``plan``
+    waited 30 s for them, then failed with "Failed to get committed offsets: Local: Timed out",
+    blaming the cluster. Now they show the offsets before that transaction within seconds, and say
+    why."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from kafka_eos import kafka_admin
+
+    spec = make_spec(partitions=2, commit="atomic")
+    path = _spec_file(spec, tmp_path)
+    topic, group = spec.source.topics[0], spec.source.group_id
+    p = Producer(kafka_settings.client_config())
+    for i in range(6):
+        p.produce(topic, value=b"x", partition=i % 2)
+    p.flush(30)
+    kafka_admin.alter_group_offsets(kafka_settings, group, {(topic, 0): 1, (topic, 1): 0})
+    # The killed attempt: the pipeline's own transactional id, its offsets sent, never committed.
+    killed = Producer(kafka_settings.client_config(**{"transactional.id": spec.transactional_id(),
+                                                      "transaction.timeout.ms": 600_000}))
+    killed.init_transactions(30)
+    killed.begin_transaction()
+    member = Consumer(kafka_settings.client_config(**{"group.id": group}))
+    killed.send_offsets_to_transaction([TopicPartition(topic, 0, 3)], member.consumer_group_metadata(), 30)
+    member.close()
+    boot = ["--bootstrap", kafka_settings.bootstrap_servers]
+    capsys.readouterr()
+
+    began = time.monotonic()
+    assert main(["checkpoint", str(path), *boot, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["partitions"]
+    assert [(r["partition"], r["checkpoint"], r["pending"]) for r in rows] == [(0, 1, True), (1, 0, True)]
+    assert main(["checkpoint", str(path), *boot]) == 0
+    assert f"PENDING: the offsets of group '{group}' are held by an open transaction" in capsys.readouterr().out
+    assert main(["plan", str(path), *boot, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["pending"] and [(r["partition"], r["from_offset"]) for r in shown["plan"]["ranges"]] == [(0, 1), (1, 0)]
+    assert time.monotonic() - began < 25  # three looks, each waiting LOOK_SETTLE_S at most, not 30 s each
+
+    killed.abort_transaction(30)  # as the next run's fencing would (test_faults runs that way)
+    assert main(["checkpoint", str(path), *boot, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["partitions"]
+    assert [(r["partition"], r["checkpoint"], r["pending"]) for r in rows] == [(0, 1, False), (1, 0, False)]

@@ -24,7 +24,7 @@ from kafka_eos.health.backlog import with_oldest_unprocessed
 from kafka_eos.health.detect import find_stalls
 from kafka_eos.kafka_admin import TP, partition_offsets, topics_metadata
 from kafka_eos.manifest import PLANNED, ManifestStore
-from kafka_eos.pipeline import checkpoints, needed_topics, rows_of, source_partitions
+from kafka_eos.pipeline import LOOK_SETTLE_S, checkpoints_and_times, needed_topics, rows_of, source_partitions
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.spec import PipelineSpec
 
@@ -108,17 +108,19 @@ def snapshot(settings: KafkaSettings, specs: Iterable[PipelineSpec], runs: int =
 
     # 2. Per pipeline, a few at a time (the clients wait on the network, not the CPU): its group
     # offsets (and a SQL sink's own checkpoints), and its last runs from its run manifest.
-    def per_pipeline(spec: PipelineSpec) -> tuple[dict, list[dict], list[dict], dict | None] | str:
-        """(checkpoints, drift, last runs, hold), or the one-line reason they could not be read."""
+    def per_pipeline(spec: PipelineSpec) -> tuple[dict, list[dict], list[dict], dict | None, bool] | str:
+        """(checkpoints, drift, last runs, hold, whether the group's offsets were pending), or the
+        one-line reason they could not be read."""
         try:
-            cks, drift = checkpoints(spec, settings, tps_of[spec.name], mirror)
+            # A look: offsets pending in a killed attempt's transaction show as before it (not 30 s, then an error).
+            cks, drift, times = checkpoints_and_times(spec, settings, tps_of[spec.name], mirror, LOOK_SETTLE_S)
             manifest = manifests.get(spec.name)
             last, held = ManifestStore.of(spec, settings).last_runs_and_hold(runs, offsets[manifest]) \
                 if manifest else ([], None)
         except Exception as exc:  # noqa: BLE001 - a SQL sink's database error too: one row, not the page
             return one_line(exc)
         return ({tp: cks.get(tp) for tp in tps_of[spec.name]}, [dataclasses.asdict(d) for d in drift],
-                [_run(rec) for rec in last], held)
+                [_run(rec) for rec in last], held, any(t.pending for t in times.values()))
 
     readable = [(spec, entry) for spec, entry in zip(specs, out) if spec.name in tps_of]
     with ThreadPoolExecutor(max_workers=PER_PIPELINE_READERS) as pool:
@@ -128,9 +130,9 @@ def snapshot(settings: KafkaSettings, specs: Iterable[PipelineSpec], runs: int =
         if isinstance(result, str):
             entry["error"] = result
             continue
-        cks, entry["drift"], entry["runs"], held = result
+        cks, entry["drift"], entry["runs"], held, pending = result
         entry["held"] = None if held is None else {k: held[k] for k in ("run_id", "mismatch", "found_at")}
-        rows_of_pipeline[spec.name] = rows_of(cks, offsets)
+        rows_of_pipeline[spec.name] = rows_of(cks, offsets, pending)
     # 3. One read of the oldest unprocessed committed record of every lagging partition.
     with_oldest_unprocessed(settings, [r for rows in rows_of_pipeline.values() for r in rows], now_ms)
     # 4. Pinned partitions (any age) and who holds them: one admin client for all.

@@ -322,8 +322,16 @@ def refuse_if_held(spec: PipelineSpec, state: ManifestState) -> None:
 
 def _unpinned_state(spec: PipelineSpec, settings: KafkaSettings, may_fence: bool):
     """:func:`_cluster_state`, past an attempt killed inside its transaction (see
-    :func:`past_killed_attempt`)."""
-    return past_killed_attempt(spec, settings, lambda: _cluster_state(spec, settings), may_fence)
+    :func:`past_killed_attempt`). Where the run may fence, offsets still pending after
+    :data:`LOOK_SETTLE_S` are such an attempt's (a live commit settles in milliseconds, and the
+    run's own ``init_transactions`` would fence it anyway): fenced then, not after the full bound."""
+    if not (may_fence and spec.sink.about.transactional):
+        return past_killed_attempt(spec, settings, lambda: _cluster_state(spec, settings), may_fence)
+    state = _cluster_state(spec, settings, settle_s=LOOK_SETTLE_S)
+    if not any(t.pending for t in state[3].values()):
+        return state
+    _fence_pipeline(spec, settings)
+    return _cluster_state(spec, settings)
 
 
 def past_killed_attempt(spec: PipelineSpec, settings: KafkaSettings, read: Callable[[], T],
@@ -343,6 +351,13 @@ def past_killed_attempt(spec: PipelineSpec, settings: KafkaSettings, read: Calla
             KafkaError._TIMED_OUT, KafkaError.UNSTABLE_OFFSET_COMMIT)
         if not (may_fence and timed_out and spec.sink.about.transactional):
             raise
+    _fence_pipeline(spec, settings)
+    return read()
+
+
+def _fence_pipeline(spec: PipelineSpec, settings: KafkaSettings) -> None:
+    """Fence every transactional.id of ``spec`` (a side run's are its own): an attempt killed inside
+    its transaction has it aborted, and the group's offsets it held pending are released."""
     tps = source_partitions(spec, settings)
     log.warning("the offsets of group %s are held by an open transaction (an attempt killed before its "
                 "commit?): fencing the pipeline's transactional ids to abort it", spec.source.group_id)
@@ -352,7 +367,6 @@ def past_killed_attempt(spec: PipelineSpec, settings: KafkaSettings, read: Calla
         except KafkaException as exc:
             raise BrokerError(f"fencing {transactional_id} to release the offsets of group "
                               f"{spec.source.group_id!r}: {exc.args[0].str()}") from exc
-    return read()
 
 
 def _first_plan_remembered(spec, settings, manifest, run_id, cks, offsets, times, state) -> Plan:

@@ -284,7 +284,7 @@ def test_a_look_at_offsets_a_killed_attempt_left_pending_shows_them_as_before_it
     pending until a run fences it (or its transaction times out). ``checkpoint`` and ``plan``
     waited 30 s for them, then failed with "Failed to get committed offsets: Local: Timed out",
     blaming the cluster. Now they show the offsets before that transaction within seconds, and say
-    why."""
+    why; a run's plan fences that attempt after the same few seconds."""
     from confluent_kafka import Consumer, TopicPartition
 
     from kafka_eos import kafka_admin
@@ -319,7 +319,14 @@ def test_a_look_at_offsets_a_killed_attempt_left_pending_shows_them_as_before_it
     assert shown["pending"] and [(r["partition"], r["from_offset"]) for r in shown["plan"]["ranges"]] == [(0, 1), (1, 0)]
     assert time.monotonic() - began < 25  # three looks, each waiting LOOK_SETTLE_S at most, not 30 s each
 
-    killed.abort_transaction(30)  # as the next run's fencing would (test_faults runs that way)
+    # A run's plan fences the killed attempt once the offsets stay pending for LOOK_SETTLE_S (it
+    # waited the full 30 s first), and plans from the offsets before it.
+    from kafka_eos.pipeline import prepare_plan
+
+    began = time.monotonic()
+    plan = prepare_plan(spec, kafka_settings, "after-the-kill")
+    assert time.monotonic() - began < 20
+    assert [(r.partition, r.from_offset, r.until) for r in plan.active] == [(0, 1, 3), (1, 0, 3)]
     assert main(["checkpoint", str(path), *boot, "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["partitions"]
     assert [(r["partition"], r["checkpoint"], r["pending"]) for r in rows] == [(0, 1, False), (1, 0, False)]

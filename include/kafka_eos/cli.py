@@ -466,7 +466,9 @@ def cmd_checkpoint(args) -> int:
                   f"checkpoint or a new partition): runs refuse to plan; set its offset: kafka-consumer-groups --group "
                   f"{group} --topic {r['topic']}:{r['partition']} --reset-offsets --to-offset N --execute")
         else:
-            print(f"  LOST {where}, but run {r['run_id']!r} committed {r['offset']} at {r['committed_at']} (the broker "
+            held = (f"the group held {r['offset']} when the run manifest remembered it again at {r['committed_at']}"
+                    if r["restored"] else f"run {r['run_id']!r} committed {r['offset']} at {r['committed_at']}")
+            print(f"  LOST {where}, but {held} (the broker "
                   f"expired it, or the group was deleted): runs refuse to plan; restore it: kafka-consumer-groups "
                   f"--group {group} --topic {r['topic']}:{r['partition']} --reset-offsets --to-offset {r['offset']} "
                   "--execute")
@@ -488,7 +490,8 @@ def _lost_checkpoints(spec: PipelineSpec, settings: KafkaSettings, rows: list[di
         last = state.checkpoints.get((r["topic"], r["partition"]))
         if r["checkpoint"] is None and (last is not None or not state.complete):
             lost.append({"topic": r["topic"], "partition": r["partition"], "offset": last and last["offset"],
-                         "run_id": last and last.get("run_id"), "committed_at": last and last.get("committed_at")})
+                         "run_id": last and last.get("run_id"), "committed_at": last and last.get("committed_at"),
+                         "restored": bool(last and last.get("restored"))})
     return lost
 
 
@@ -588,6 +591,7 @@ def cmd_pipelines(args) -> int:
             **({"stream_batch": last["stream_batch"]} if "stream_batch" in last else {})}
         row["streaming"] = None if owner is None else owner.client_id
         row["held"] = entry["held"]
+        row["pending"] = any(p["pending"] for p in entry.get("partitions") or [])
     if args.json:
         _print_json({"pipelines": found})
         return 0
@@ -610,6 +614,8 @@ def cmd_pipelines(args) -> int:
         elif r.get("held"):
             print(f"  {r['name']}: held since {r['held']['found_at']}: {r['held']['mismatch']}; "
                   f"kafka-eos acknowledge {r['name']} --yes ends it")
+        if r.get("pending"):
+            print(f"  {r['name']}: " + _PENDING.format(group=specs[r["spec"]].source.group_id))
     return 0
 
 

@@ -554,18 +554,27 @@ def committed_offsets_and_times(settings: KafkaSettings, group_id: str, tps: Ite
         _raise_partition_errors(res, f"committed offset in group {group_id!r}")
         return res
 
-    pending = False
-    if settle_s is None:
-        res = retrying(once)
-    else:
+    def settled():
+        """A stable read that waits ``settle_s`` for pending offsets; (None, True) when they stay
+        pending. Other transient errors (a coordinator loading or moving) are retried for the full
+        bound, as ever."""
         try:
-            res = retrying(lambda: once(timeout_s=settle_s), timeout_s=settle_s)
+            return once(timeout_s=settle_s), False
         except BrokerError as exc:
             cause = exc.__cause__
-            if not (isinstance(cause, KafkaException) and cause.args[0].code() in (
-                    KafkaError._TIMED_OUT, KafkaError.UNSTABLE_OFFSET_COMMIT)):
-                raise
-            res, pending = retrying(lambda: once(client_of=_unstable_group_client)), True
+            if isinstance(cause, KafkaException) and cause.args[0].code() in (
+                    KafkaError._TIMED_OUT, KafkaError.UNSTABLE_OFFSET_COMMIT):
+                return None, True
+            raise
+
+    if settle_s is None:
+        res, pending = retrying(once), False
+    else:
+        res, pending = retrying(settled)
+        if pending:
+            # The coordinator answers a read that does not ask for stable offsets at once: the wait
+            # was for offsets pending in an open transaction (not for a coordinator that is away).
+            res = retrying(lambda: once(client_of=_unstable_group_client))
             log.info("the offsets of group %s are pending in an open transaction: read as before it", group_id)
     out: dict[TP, tuple[int | None, CommitTimes]] = {}
     for tp in res:

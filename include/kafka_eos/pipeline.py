@@ -113,20 +113,23 @@ def _plan(spec: PipelineSpec, settings: KafkaSettings, run_id: str, cks, offsets
     history = starts = None
     if any(ck is None for ck in cks.values()):
         state = state or ManifestStore.of(spec, settings).state()
-        if spec.sink.about.transactional and not state.complete and all(ck is None for ck in cks.values()):
+        unknown = lost_to_retention(spec, cks, state)
+        if unknown and len(unknown) == len(cks):  # no checkpoint anywhere, and none remembered
             raise CheckpointLost(
                 f"group {spec.source.group_id!r} has no committed offsets, and the manifest {spec.manifest_topic!r} "
                 "holds records of earlier runs but its memory of their checkpoints is gone (retention): "
                 "nothing is re-read; set the group's offsets (kafka-consumer-groups --reset-offsets) to go on")
-        unknown = lost_to_retention(spec, cks, state)
         if unknown:
             names = ", ".join(f"{t}-{p}" for t, p in unknown)
+            known = [f"{t}-{p}" for (t, p), ck in sorted(cks.items()) if ck is None and (t, p) in state.checkpoints]
             raise CheckpointLost(
                 f"{names}: group {spec.source.group_id!r} has no committed offset, and the manifest "
                 f"{spec.manifest_topic!r} lost part of its memory of earlier checkpoints (retention): a lost "
                 "checkpoint cannot be told from a new partition. Nothing is re-read; set each one's offset "
                 f"(kafka-consumer-groups --group {spec.source.group_id} --topic TOPIC:PARTITION --reset-offsets "
-                "--to-offset N --execute; --to-earliest for a partition that is new) to go on")
+                "--to-offset N --execute; --to-earliest for a partition that is new) to go on"
+                + (f"; {', '.join(known)} lost checkpoints the manifest still knows: restore them (kafka-eos "
+                   f"checkpoint {spec.name} gives each one's offset)" if known else ""))
         # Only `latest` needs the first plan's starts: `earliest` means each partition's log
         # start, whenever a partition without a checkpoint is planned.
         if spec.source.starting_offsets == "latest":
@@ -380,7 +383,7 @@ def _first_plan_remembered(spec, settings, manifest, run_id, cks, offsets, times
         whole = ManifestState(checkpoints=dict(state.checkpoints), starts=state.starts, read_upto=state.read_upto,
                               hold=state.hold)
         for (topic, partition), offset in cks.items():
-            whole.remember(checkpoint_record("(the group's, restored)", spec.source.group_id, topic, partition, offset))
+            whole.remember({**checkpoint_record(run_id, spec.source.group_id, topic, partition, offset), "restored": True})
         manifest.put_snapshot(whole)
     return plan
 
@@ -388,8 +391,8 @@ def _first_plan_remembered(spec, settings, manifest, run_id, cks, offsets, times
 def lost_to_retention(spec: PipelineSpec, cks: dict[TP, int | None], state: ManifestState) -> list[TP]:
     """A Kafka sink's partitions without a group offset that a memory cut by retention may have
     known (:attr:`ManifestState.complete` false): a lost checkpoint or a new partition, which
-    nothing can tell apart. Empty when no partition has a checkpoint (refused as a whole)."""
-    if not spec.sink.about.transactional or state.complete or all(ck is None for ck in cks.values()):
+    nothing can tell apart."""
+    if not spec.sink.about.transactional or state.complete:
         return []
     return sorted(tp for tp, ck in cks.items() if ck is None and tp not in state.checkpoints)
 

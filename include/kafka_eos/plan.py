@@ -170,9 +170,12 @@ def plan_ranges(spec: PipelineSpec, run_id: str, offsets: Mapping[TP, PartitionO
     if lost:
         tp, last = lost[0], history[lost[0]]
         others = ", ".join(f"{t}-{p}" for t, p in lost[1:])
+        # A checkpoint the manifest took from the group after its memory was cut (not a commit's).
+        held = (f"the group held {last['offset']} when the manifest remembered it again at {last.get('committed_at')}"
+                if last.get("restored") else
+                f"run {last.get('run_id')!r} committed {last['offset']} at {last.get('committed_at')}")
         raise CheckpointLost(
-            f"{tp[0]}-{tp[1]}: group {spec.source.group_id!r} has no committed offset, but run "
-            f"{last.get('run_id')!r} committed {last['offset']} at {last.get('committed_at')}: the broker "
+            f"{tp[0]}-{tp[1]}: group {spec.source.group_id!r} has no committed offset, but {held}: the broker "
             "expired it (offsets.retention.minutes) or the group was deleted. Nothing is re-read; "
             f"restore it (kafka-consumer-groups --group {spec.source.group_id} --topic {tp[0]}:{tp[1]} "
             f"--reset-offsets --to-offset {last['offset']} --execute)"

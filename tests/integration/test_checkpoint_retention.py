@@ -128,6 +128,7 @@ def test_no_checkpoint_expires_while_runs_come_within_the_retention_and_an_expir
     forgotten = specs["forgotten"]
     assert kafka_admin.committed_offsets(settings, forgotten.source.group_id, tps) == {("in", 0): None, ("in", 1): None}
     with pytest.raises(CheckpointLost, match=r"^in-0: group 'kafka-eos.forgotten' has no committed offset, but run "
-                                             r"'first' committed 5 .*--to-offset 5 --execute\)$"):
+                                             r"'first' committed 5 .*--to-offset 5 --execute\); likewise in-1 "
+                                             r"\(kafka-eos checkpoint forgotten gives each one's offset\)$"):
         prepare_plan(forgotten, settings, "after-expiry")
     assert len(read_committed(settings, "out-forgotten")) == IDLE_RECORDS + 5

@@ -279,7 +279,7 @@ def test_a_transform_raising_in_a_spark_task_is_named_in_one_line_exit_1(spark, 
 
 
 def test_a_look_at_offsets_a_killed_attempt_left_pending_shows_them_as_before_it_and_says_so(
-        kafka_settings, make_spec, tmp_path, capsys):
+        kafka_settings, make_spec, tmp_path, capsys, monkeypatch):
     """An attempt killed between sending its offsets and its commit leaves the group's offsets
     pending until a run fences it (or its transaction times out). ``checkpoint`` and ``plan``
     waited 30 s for them, then failed with "Failed to get committed offsets: Local: Timed out",
@@ -317,7 +317,10 @@ def test_a_look_at_offsets_a_killed_attempt_left_pending_shows_them_as_before_it
     assert main(["plan", str(path), *boot, "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["pending"] and [(r["partition"], r["from_offset"]) for r in shown["plan"]["ranges"]] == [(0, 1), (1, 0)]
-    assert time.monotonic() - began < 25  # three looks, each waiting LOOK_SETTLE_S at most, not 30 s each
+    monkeypatch.setenv("KAFKA_EOS_PIPELINES_DIR", str(tmp_path))
+    assert main(["pipelines", *boot]) == 0
+    assert f"{spec.name}: PENDING: the offsets of group '{group}' are held" in capsys.readouterr().out
+    assert time.monotonic() - began < 30  # four looks, each waiting LOOK_SETTLE_S at most, not 30 s each
 
     # A run's plan fences the killed attempt once the offsets stay pending for LOOK_SETTLE_S (it
     # waited the full 30 s first), and plans from the offsets before it.

@@ -167,7 +167,8 @@ def test_a_memory_that_retention_cut_stays_cut_until_every_partition_has_a_check
     the next lookup found the snapshot and took the memory for whole, and the next plan (a retried
     plan task, the next schedule) read every partition again from its log start: each record
     still there written twice. Now the cut is remembered, and a partition without a checkpoint is
-    refused (a lost checkpoint cannot be told from a new partition) until every partition has one."""
+    refused (a lost checkpoint cannot be told from a new partition) until every partition has one;
+    a refusal names the partitions the manifest still knows too."""
     from confluent_kafka import OFFSET_END, TopicPartition
 
     from kafka_eos.errors import CheckpointLost
@@ -179,6 +180,7 @@ def test_a_memory_that_retention_cut_stays_cut_until_every_partition_has_a_check
         producer.produce(source, value=f"r{i}".encode(), partition=i % 2)
     assert producer.flush(30) == 0
     spec = _spec(unique, source, tmp_path)
+    group = spec.source.group_id
     store = ManifestStore.of(spec, kafka_settings)
     store.ensure_topic()
     _history(store, 3, every=10**9)
@@ -188,16 +190,23 @@ def test_a_memory_that_retention_cut_stays_cut_until_every_partition_has_a_check
     for attempt in ("after-the-pause", "after-the-pause", "the-next"):  # each plan refuses, not only the first
         with pytest.raises(CheckpointLost, match=r"its memory of their checkpoints is gone \(retention\)"):
             prepare_plan(spec, kafka_settings, attempt)
-    # One partition's checkpoint set again: the other is still refused, named.
-    kafka_admin.alter_group_offsets(kafka_settings, spec.source.group_id, {(source, 0): 3})
-    with pytest.raises(CheckpointLost, match=rf"^{source}-1: group '{spec.source.group_id}' has no committed offset, "
-                                             r"and the manifest .* lost part of its memory"):
+    # The memory keeps partition 0's last checkpoint (a commit after the cut); the group has none.
+    store.put(checkpoint_key(spec.name, source, 0), checkpoint_record("later", group, source, 0, 3))
+    with pytest.raises(CheckpointLost, match=rf"^{source}-1: group '{group}' has no committed offset, and the "
+                                             rf"manifest .* lost part of its memory.*; {source}-0 lost checkpoints "
+                                             "the manifest still knows: restore them"):
+        prepare_plan(spec, kafka_settings, "one-known")
+    # Partition 1 set by the operator: partition 0's refusal gives its offset.
+    kafka_admin.alter_group_offsets(kafka_settings, group, {(source, 1): 2})
+    with pytest.raises(CheckpointLost, match=rf"^{source}-0: group '{group}' has no committed offset, but run 'later' "
+                                             "committed 3 at .*--to-offset 3 --execute\)$"):
         prepare_plan(spec, kafka_settings, "one-set")
     assert store.state().complete is False
     # Both set: the plan goes on from them, and the memory is whole again (it remembers both).
-    kafka_admin.alter_group_offsets(kafka_settings, spec.source.group_id, {(source, 1): 2})
+    kafka_admin.alter_group_offsets(kafka_settings, group, {(source, 0): 3})
     plan = prepare_plan(spec, kafka_settings, "both-set")
     assert sorted((r.partition, r.from_offset, r.until) for r in plan.active) == [(0, 3, 5), (1, 2, 5)]
     state = store.state()
     assert state.complete and {tp: c["offset"] for tp, c in state.checkpoints.items()} == {(source, 0): 3,
                                                                                          (source, 1): 2}
+    assert state.checkpoints[(source, 1)]["restored"] is True  # taken from the group, not a run's commit

@@ -115,7 +115,7 @@ def test_per_partition_in_one_pass_a_task_whose_rows_claim_another_partition_com
     produce_orders(kafka_settings, src, 60, abort_every=0, malformed_every=0)
     plan = prepare_plan(spec, kafka_settings, "r1")
     assert sum(1 for r in plan.active if not r.empty) == 3
-    _source, output, _dead, _undecodable = transformed(spark, spec, plan, kafka_settings)
+    output = transformed(spark, spec, plan, kafka_settings).results
     assert per_partition.lineage_owner(batches.prepared(output), plan) is not None  # one pass
     with pytest.raises(SpecError, match=rf"puts rows of {src}-0 in the Spark task of {src}-[12]; .*keeps topic "
                                         rf"and partition.*committed by their own transactions: {src}-0$"):
@@ -143,7 +143,7 @@ def test_per_partition_in_one_pass_a_partition_whose_rows_are_all_filtered_out_c
     truth = produce_orders(kafka_settings, src, 90, abort_every=3, malformed_every=0)
     plan = prepare_plan(spec, kafka_settings, "r1")
     assert sum(1 for r in plan.active if not r.empty) == 3
-    _source, output, _dead, _undecodable = transformed(spark, spec, plan, kafka_settings)
+    output = transformed(spark, spec, plan, kafka_settings).results
     assert per_partition.lineage_owner(batches.prepared(output), plan) is not None  # one pass
     kept = sorted(m.value for m in read_committed(kafka_settings, src) if m.partition != 1)
     assert kept and len(kept) < len(truth.committed)  # partition 1 held committed records too
@@ -270,7 +270,7 @@ def test_the_lineage_proves_one_partition_per_task_only_for_one_to_one_steps(
     spec = make_spec("spark_apps.transforms.orders:enrich", "kafka", "per_partition")
     produce_orders(kafka_settings, spec.source.topics[0], 90, abort_every=0, malformed_every=0)
     plan = prepare_plan(spec, kafka_settings, "r1")
-    _source, output, _dead, _undecodable = transformed(spark, spec, plan, kafka_settings)
+    output = transformed(spark, spec, plan, kafka_settings).results
     owner = lineage_owner(batches.prepared(output), plan)
     assert owner is not None and sorted(owner.values()) == sorted(r.tp for r in plan.active if not r.empty)
     assert len(owner) == batches.prepared(output).rdd.getNumPartitions()
@@ -285,7 +285,7 @@ def test_the_lineage_proves_one_partition_per_task_only_for_one_to_one_steps(
     union = make_spec(f"{transforms_module}:unioned", "kafka", "per_partition")
     produce_orders(kafka_settings, union.source.topics[0], 90, abort_every=0, malformed_every=0)
     union_plan = prepare_plan(union, kafka_settings, "r1")
-    _source, unioned, _dead, _undecodable = transformed(spark, union, union_plan, kafka_settings)
+    unioned = transformed(spark, union, union_plan, kafka_settings).results
     assert lineage_owner(batches.prepared(unioned), union_plan) is None
 
     split = read_ranges(spark, kafka_settings, plan.active, max_records_per_task=10)

@@ -444,27 +444,29 @@ class SqlStore:
     def commit(self, plan: Plan, results: "ArrowSpool | None", table: Table | None,
                dead_letters: Iterator[dict]) -> tuple[str, int, int]:
         """The database transaction: offsets CAS, dead letters, results. Returns (status, out, dead)."""
-        out = dead = 0
+        out = 0
         with self.engine.begin() as conn:
             if not self._move_checkpoints(conn, plan):
                 return NOOP, 0, 0
-            dead += self._write_dead(conn, dead_letters)
+            dead = self._write_dead(conn, dead_letters)  # the records the run's dead letters are of
             if results is not None:
                 out, refused = self._write_results(conn, table, results)
                 # Rows the database refused for their own sake: dead letters, in this transaction,
                 # one per source record (a transform may give a record several rows).
                 for batch in _batches(iter(self._refused_letters(table, refused, plan))):
-                    dead += self._insert_refused(conn, batch)
+                    self._insert_refused(conn, batch)
+                    dead |= {(x["topic"], x["partition"], x["offset"]) for x in batch}
             point("before_sql_commit")
-        return COMMITTED, out, dead
+        return COMMITTED, out, len(dead)
 
-    def _write_dead(self, conn, dead_letters: Iterator[dict]) -> int:
+    def _write_dead(self, conn, dead_letters: Iterator[dict]) -> set[tuple]:
         """The run's dead letters, one row per source record (the dead-letter table's key): a record
         the transform gave several has their reasons in one (``…; and …``), not the first kept and
-        the others dropped against the key. Returns how many rows it wrote."""
+        the others dropped against the key. Returns the source records (topic, partition, offset)
+        of the run's dead letters, those the table held already included (a replay after a reset
+        wrote them before; its records are this run's too: ``in = out + dead letters``)."""
         seen: set[tuple] = set()
         more: dict[tuple, list[str]] = {}  # reasons of records written in an earlier batch
-        written = 0
         for batch in _batches(dead_letters):
             fresh: dict[tuple, dict] = {}
             for row in batch:
@@ -476,10 +478,10 @@ class SqlStore:
                 else:
                     fresh[coords] = dict(row)
             seen |= fresh.keys()
-            written += self._insert_dead(conn, list(fresh.values()))
+            self._insert_dead(conn, list(fresh.values()))
         for coords, reasons in more.items():
             self._add_reasons(conn, coords, reasons)
-        return written
+        return seen
 
     def _add_reasons(self, conn, coords: tuple, reasons: list[str]) -> None:
         """More reasons on the dead letter of the source record at ``coords`` (topic, partition, offset)."""

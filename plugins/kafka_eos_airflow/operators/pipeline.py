@@ -217,7 +217,7 @@ class KafkaEosPlanOperator(_PipelineOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from kafka_eos import acls
-        from kafka_eos.pipeline import compute_plan, prepare_plan
+        from kafka_eos.pipeline import looked_plan, prepare_plan
 
         with task_errors():
             options, spec = run_spec(self.pipeline, context)
@@ -232,7 +232,7 @@ class KafkaEosPlanOperator(_PipelineOperator):
             if side is not None:
                 return self._side(spec, settings, options, side, context)
             if options.dry_run:
-                return self._dry_run(spec, settings, compute_plan(spec, settings, run_id=context["run_id"]), context)
+                return self._dry_run(spec, settings, looked_plan(spec, settings, run_id=context["run_id"]), context)
             plan = prepare_plan(spec, settings, run_id=context["run_id"])
         for r in plan.active:
             self.log.info("%s-%d: [%d, %d) checkpoint=%s", r.topic, r.partition, r.from_offset, r.until,
@@ -284,12 +284,17 @@ class KafkaEosPlanOperator(_PipelineOperator):
         return {**plan_summary(plan), side.kind: side.key, "generation": found.generation,
                 "writes_to": writes_to, "dead_letters_to": dead_to, "recorded_at": mapping["created_at"]}
 
-    def _dry_run(self, spec: PipelineSpec, settings: KafkaSettings, planned: tuple[Plan, list],
+    def _dry_run(self, spec: PipelineSpec, settings: KafkaSettings, planned: tuple[Plan, list, bool],
                  context: Context) -> dict[str, Any]:
         from kafka_eos.manifest import ManifestStore
 
-        plan, drift = planned
+        plan, drift, pending = planned
         held = ManifestStore.of(spec, settings).state().held  # no run takes this plan while held
+        if pending:
+            self.log.warning("DRY RUN pipeline %s: the offsets of group %s are held by an open transaction (an "
+                             "attempt killed between sending its offsets and its commit, or one committing now): "
+                             "planned from the offsets before it; a real run fences it and plans again", spec.name,
+                             spec.source.group_id)
         if held is not None:
             self.log.warning("DRY RUN pipeline %s is HELD since %s: %s; no run takes this plan until an operator "
                              "acknowledges it (kafka-eos acknowledge %s --yes)", spec.name, held["found_at"],
@@ -305,7 +310,7 @@ class KafkaEosPlanOperator(_PipelineOperator):
                              "real run republishes it", d.topic, d.partition, d.kafka, d.sink)
         self.log.info("DRY RUN pipeline %s: %d partition(s) would be read; nothing was stored, read, written or "
                       "committed", spec.name, len(plan.active))
-        summary = {**plan_summary(plan), "dry_run": True, "held": held}
+        summary = {**plan_summary(plan), "dry_run": True, "held": held, "pending": pending}
         record_note(context, (f"HELD since {held['found_at']}: no run takes this plan until an operator acknowledges "
                               f"it (kafka-eos acknowledge {spec.name} --yes). " if held is not None else "")
                     + f"DRY RUN: would read {ranges_text(summary['ranges'])}. Nothing was stored, read, written or "

@@ -122,14 +122,20 @@ def test_plan_and_checkpoint_do_not_import_the_transform(kafka_settings, make_sp
     assert "transform: cannot import module 'not_installed_anywhere'" in capsys.readouterr().err
 
 
-def test_run_prints_a_summary_per_partition_and_json(spark, kafka_settings, make_spec, tmp_path, capsys):
+def _five_records(kafka_settings, make_spec, tmp_path):
+    """An atomic pipeline over two partitions that hold five records (3 and 2), its spec file, its
+    producer and the ``--bootstrap`` flag."""
     spec = make_spec(partitions=2, commit="atomic")
     path = _spec_file(spec, tmp_path)
     p = Producer(kafka_settings.client_config())
     for i in range(5):
         p.produce(spec.source.topics[0], value=b"x", partition=i % 2)
     p.flush(30)
-    boot = ["--bootstrap", kafka_settings.bootstrap_servers]
+    return spec, path, p, ["--bootstrap", kafka_settings.bootstrap_servers]
+
+
+def test_run_prints_a_summary_per_partition_and_json(spark, kafka_settings, make_spec, tmp_path, capsys):
+    spec, path, p, boot = _five_records(kafka_settings, make_spec, tmp_path)
 
     assert main(["run", str(path), *boot, "--run-id", "r1"]) == 0
     out, err = capsys.readouterr()
@@ -207,13 +213,7 @@ def test_checkpoint_names_each_partition_whose_group_offset_is_gone(spark, kafka
     each partition with the checkpoint kafka-eos committed there and the command that restores it."""
     from kafka_eos import kafka_admin
 
-    spec = make_spec(partitions=2, commit="atomic")
-    path = _spec_file(spec, tmp_path)
-    p = Producer(kafka_settings.client_config())
-    for i in range(5):
-        p.produce(spec.source.topics[0], value=b"x", partition=i % 2)
-    p.flush(30)
-    boot = ["--bootstrap", kafka_settings.bootstrap_servers]
+    spec, path, _producer, boot = _five_records(kafka_settings, make_spec, tmp_path)
     assert main(["run", str(path), *boot, "--run-id", "r1"]) == 0
     admin = kafka_admin.admin_client(kafka_settings)  # kept: its futures complete while it lives
     for fut in admin.delete_consumer_groups([spec.source.group_id]).values():

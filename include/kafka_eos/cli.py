@@ -314,6 +314,11 @@ def cmd_run(args) -> int:
 
     console = Console(quiet=args.json)
     started = time.monotonic()
+    if args.spark_remote:
+        # The transform's module is imported with the spec, before the session: a UDF it makes on
+        # import (`@F.udf`) must be a Spark Connect one, which PySpark makes where this is set (as
+        # its own remote sessions set it). Classic ones need a SparkContext this process never has.
+        os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
     spec, settings = _spec(args), _settings(args)
     console.step(f"kafka-eos run {spec.name}: Kafka at {settings.bootstrap_servers}, "
                  f"{spec.sink.kind} sink, {spec.sink.commit} commit")

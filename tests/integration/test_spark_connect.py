@@ -242,30 +242,19 @@ def test_a_sql_sinks_row_or_dead_letter_is_one_answer_through_the_connect_server
     """The SQL sink's two Spark jobs (dead letters, results) read the transform's output persisted
     on the server too: a dead-letter rule that answers otherwise each time it is asked (a
     nondeterministic UDF) still gives each record one place."""
-    from confluent_kafka import Producer
-    from sqlalchemy import create_engine, text
-
-    from integration.test_sql_sink import COIN
+    from integration.test_sql_sink import COIN, assert_each_record_in_one_place, coin_places, produce_coin_source
 
     url = f"sqlite:///{tmp_path / 'coin.db'}"
     spec = make_spec("identity", "sql", "atomic", partitions=2, table="coin", url=url,
                      key_columns=["topic", "partition", "offset"])
     module = f"coin_{spec.name.replace('-', '_')}"
     (tmp_path / f"{module}.py").write_text(COIN)
-    producer = Producer(kafka_settings.client_config(**{"linger.ms": 20}))
-    for i in range(400):
-        producer.produce(spec.source.topics[0], value=f"n{i}".encode(), partition=i % 2)
-    assert producer.flush(30) == 0
+    produce_coin_source(kafka_settings, spec.source.topics[0])
     env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     spec_file = write_spec_file(dataclasses.replace(spec, transform=f"{module}:coin"), tmp_path / "coin.yaml")
     run = kafka_eos_run(spec_file, kafka_settings, connect_server.url, "--json", env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads(run.stdout)
-    with create_engine(url).connect() as conn:
-        rows = {(r.partition, r.offset) for r in conn.execute(text('select partition, "offset" from coin'))}
-        dead = {(r.partition, r.offset) for r in conn.execute(
-            text('select partition, "offset" from kafka_eos_dead_letters where pipeline = :p'), {"p": spec.name})}
-    assert not rows & dead, f"{len(rows & dead)} record(s) both a row and a dead letter"
-    assert rows | dead == {(p, o) for p in (0, 1) for o in range(200)}, f"{400 - len(rows | dead)} record(s) lost"
-    assert (summary["records_in"], summary["records_out"], summary["dead_letters"]) == (400, len(rows), len(dead))
-    assert 100 < len(dead) < 300
+    rows, dead = coin_places(url, spec.name)
+    assert_each_record_in_one_place(rows, dead, (summary["records_in"], summary["records_out"],
+                                                 summary["dead_letters"]))

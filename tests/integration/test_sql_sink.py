@@ -492,27 +492,44 @@ def coin(df):
 '''
 
 
+def produce_coin_source(settings, topic: str) -> None:
+    """400 records, 200 on each of partitions 0 and 1, for the COIN transform."""
+    from confluent_kafka import Producer
+
+    producer = Producer(settings.client_config(**{"linger.ms": 20}))
+    for i in range(400):
+        producer.produce(topic, value=f"n{i}".encode(), partition=i % 2)
+    assert producer.flush(30) == 0
+
+
+def coin_places(url: str, pipeline: str) -> tuple[set, set]:
+    """(partition, offset) of the SQL table ``coin``'s rows, and of ``pipeline``'s dead letters."""
+    with create_engine(url).connect() as conn:
+        rows = {(r.partition, r.offset) for r in conn.execute(text('select partition, "offset" from coin'))}
+        dead = {(r.partition, r.offset) for r in conn.execute(
+            text('select partition, "offset" from kafka_eos_dead_letters where pipeline = :p'), {"p": pipeline})}
+    return rows, dead
+
+
+def assert_each_record_in_one_place(rows: set, dead: set, counts: tuple[int, int, int]) -> None:
+    """Each of produce_coin_source's records a row or a dead letter, never both, never neither, and
+    the run's (in, out, dead letters) saying so; the COIN rule gave both answers."""
+    assert not rows & dead, f"{len(rows & dead)} record(s) both a row and a dead letter"
+    assert rows | dead == {(p, o) for p in (0, 1) for o in range(200)}, f"{400 - len(rows | dead)} record(s) lost"
+    assert counts == (400, len(rows), len(dead))
+    assert 100 < len(dead) < 300  # the rule gave both answers
+
+
 def test_each_record_is_a_row_or_a_dead_letter_even_where_the_transforms_rule_changes_its_mind(
         spark, kafka_settings, make_spec, transforms_from, unique, tmp_path):
     """The results and the dead letters were two Spark jobs, each computing the transform: a record
     whose dead-letter rule answered otherwise in the second job was in both tables, or in neither
     (lost, its offset committed). Now the transform's output is computed once for both."""
-    from confluent_kafka import Producer
-
     url = f"sqlite:///{tmp_path / 'coin.db'}"
     spec = make_spec(transforms_from(f"coin_{unique.replace('-', '_')}", COIN) + ":coin", "sql", "atomic",
                      partitions=2, table="coin", url=url, key_columns=["topic", "partition", "offset"])
-    producer = Producer(kafka_settings.client_config(**{"linger.ms": 20}))
-    for i in range(400):
-        producer.produce(spec.source.topics[0], value=f"n{i}".encode(), partition=i % 2)
-    assert producer.flush(30) == 0
+    produce_coin_source(kafka_settings, spec.source.topics[0])
     plan = prepare_plan(spec, kafka_settings, "run-1")
     summary = run_batch(spark, spec, plan, kafka_settings)
-    with create_engine(url).connect() as conn:
-        rows = {(r.partition, r.offset) for r in conn.execute(text('select partition, "offset" from coin'))}
-        dead = {(r.partition, r.offset) for r in conn.execute(
-            text('select partition, "offset" from kafka_eos_dead_letters where pipeline = :p'), {"p": spec.name})}
-    assert not rows & dead, f"{len(rows & dead)} record(s) both a row and a dead letter"
-    assert rows | dead == {(p, o) for p in (0, 1) for o in range(200)}, f"{400 - len(rows | dead)} record(s) lost"
-    assert (summary.records_in, summary.records_out, summary.dead_letters) == (400, len(rows), len(dead))
-    assert 100 < len(dead) < 300  # the rule gave both answers
+    rows, dead = coin_places(url, spec.name)
+    assert_each_record_in_one_place(rows, dead, (summary.records_in, summary.records_out, summary.dead_letters))

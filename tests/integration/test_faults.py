@@ -23,6 +23,7 @@ from kafka_eos.readers import read_committed
 from kafka_eos.sample_data import produce_orders
 from kafka_eos.txn import TransactionalCommit
 
+from kafka_eos.sinks import jvm_writer
 from kafka_eos.spark_io import connector_jars
 from kafka_eos.spec import spec_document
 
@@ -36,9 +37,11 @@ def write_spec_file(spec, path: Path) -> Path:
     return path
 
 
-def spark_submit(spec_file: Path, plan_file: Path, settings, crash_at: str | None) -> subprocess.CompletedProcess:
+def spark_submit(spec_file: Path, plan_file: Path, settings, crash_at: str | None,
+                 extra_env: dict | None = None) -> subprocess.CompletedProcess:
     """The Spark entry point in its own process, as Airflow's SparkSubmitOperator runs it."""
-    env = {**os.environ, **settings.to_environ(plan_file.with_suffix(".client.json")), "PYSPARK_PYTHON": sys.executable}
+    env = {**os.environ, **settings.to_environ(plan_file.with_suffix(".client.json")), "PYSPARK_PYTHON": sys.executable,
+           **(extra_env or {})}
     env.pop("KAFKA_EOS_CRASH_AT", None)
     if crash_at:
         env["KAFKA_EOS_CRASH_AT"] = crash_at
@@ -50,17 +53,20 @@ def spark_submit(spec_file: Path, plan_file: Path, settings, crash_at: str | Non
         env=env, capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.parametrize("commit", ["atomic", "per_partition"])
+@pytest.mark.parametrize("commit", ["atomic", "per_partition", "per_partition-python-writer"])
 def test_killed_spark_job_then_same_plan_again_is_exactly_once(spark, kafka_settings, admin, make_spec, tmp_path,
                                                                commit):
-    # atomic: the driver dies mid-transaction; per_partition: an executor's Python worker does.
-    spec = make_spec("identity", "kafka", commit)
+    # atomic: the driver dies mid-transaction; per_partition: the JVM that produces a partition's
+    # records (in local mode the driver's), or with the Python commit task its Python worker.
+    spec = make_spec("identity", "kafka", commit.split("-")[0])
     truth = produce_orders(kafka_settings, spec.source.topics[0], 600, abort_every=4, malformed_every=0)
     plan = prepare_plan(spec, kafka_settings, "run-1")
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(plan.to_json())
 
-    killed = spark_submit(write_spec_file(spec, tmp_path / "spec.yaml"), plan_file, kafka_settings, "after_produce")
+    python_writer = {jvm_writer.WRITER_ENV: "python"} if commit.endswith("python-writer") else {}
+    killed = spark_submit(write_spec_file(spec, tmp_path / "spec.yaml"), plan_file, kafka_settings, "after_produce",
+                          python_writer)
     assert killed.returncode != 0, killed.stdout[-2000:]
     out_tps = [(spec.sink.topic, p) for p in range(3)]
     offsets = kafka_admin.partition_offsets(kafka_settings, out_tps)

@@ -5,7 +5,10 @@ exception, a Python worker killed). The next run then writes every record once.
 
 Before the proof of read (kafka_eos.sinks.proof), a per_partition task whose JVM side failed saw
 its Arrow input end early, committed the batches it had, and moved the checkpoint to the range's
-end: the rest of the range was lost for good.
+end: the rest of the range was lost for good. A one-pass per_partition run now produces from the
+JVM (kafka_eos.sinks.jvm_writer: the fault throws through Spark's iterator into its transaction);
+the ``per_partition-python-writer`` cells keep the Python commit task (a stream's, a Spark Connect
+client's) under the same faults.
 
 The quick cells run in ``make test``; the whole grid (every kind at every point, in both scopes
 and the SQL sink) is marked ``chaos`` and runs in ``make chaos``.
@@ -24,6 +27,7 @@ from kafka_eos import kafka_admin
 from kafka_eos.batch import run_batch
 from kafka_eos.pipeline import prepare_plan, verify
 from kafka_eos.readers import read_committed, settle
+from kafka_eos.sinks import jvm_writer
 
 pytestmark = pytest.mark.integration
 
@@ -113,6 +117,8 @@ def _run_fault(spark, kafka_settings, make_spec, transforms_from, unique, commit
         return
     if commit == "per_partition-two-passes":
         request.getfixturevalue("two_passes")
+    if commit == "per_partition-python-writer":  # one pass, its rows produced by the Python commit task
+        request.getfixturevalue("monkeypatch").setenv(jvm_writer.WRITER_ENV, "python")
     module = transforms_from(f"faulty_{unique.replace('-', '_')}", FAULTY.format(kind=kind, at=POINTS[point]))
     spec = make_spec(f"{module}:faulty", "kafka", commit.split("-")[0], partitions=2)
     produced = _source(kafka_settings, spec)
@@ -203,7 +209,8 @@ def _run_table_fault(spark, kafka_settings, make_spec, transforms_from, unique, 
 
 
 QUICK = [("per_partition", "jvm", point) for point in POINTS] + [("sql", "jvm", "mid"), ("iceberg", "jvm", "mid")] + [
-    ("per_partition", "python_kill", "boundary"), ("per_partition-two-passes", "jvm", "mid"), ("atomic", "jvm", "mid")]
+    ("per_partition", "python_kill", "boundary"), ("per_partition-two-passes", "jvm", "mid"), ("atomic", "jvm", "mid"),
+    ("per_partition-python-writer", "jvm", "mid"), ("per_partition-python-writer", "python_kill", "boundary")]
 
 
 @pytest.mark.parametrize("commit,kind,point", QUICK)
@@ -212,7 +219,8 @@ def test_a_fault_inside_the_read_commits_nothing_of_its_partition(spark, kafka_s
     _run_fault(spark, kafka_settings, make_spec, transforms_from, unique, commit, kind, point, request)
 
 
-GRID = [cell for cell in itertools.product(["per_partition", "per_partition-two-passes", "atomic", "sql", "iceberg"],
+GRID = [cell for cell in itertools.product(["per_partition", "per_partition-python-writer", "per_partition-two-passes",
+                                            "atomic", "sql", "iceberg"],
                                            ["jvm", "python", "python_kill"], list(POINTS)) if cell not in QUICK]
 
 

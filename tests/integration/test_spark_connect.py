@@ -41,8 +41,11 @@ def test_a_run_through_the_connect_server_is_exactly_once_and_starts_no_jvm(conn
 
     run = kafka_eos_run(spec_file, kafka_settings, connect_server.url, "--json", "-v", env=no_java)
     assert run.returncode == 0, run.stderr[-3000:]
-    if commit == "per_partition":  # the server's plugin (jvm/connect) proved each task's source partition
+    if commit == "per_partition":  # the server's plugin (jvm/connect) proved each task's source partition,
+        # and ran the commit job: its records produced from the server's JVM
         assert f"{spec.name}: per_partition in one pass" in run.stderr, run.stderr[-3000:]
+        assert f"{spec.name}: per_partition, the records produced from the JVM (3 tasks)" in run.stderr, \
+            run.stderr[-3000:]
     summary = json.loads(run.stdout)
     assert (summary["status"], summary["records_in"]) == ("committed", len(truth.committed))
     out = [json.loads(m.value)["order_id"] for m in read_committed(kafka_settings, spec.sink.topic)]
@@ -55,10 +58,10 @@ def test_a_run_through_the_connect_server_is_exactly_once_and_starts_no_jvm(conn
     assert again.returncode == 0 and "nothing to do" in again.stdout, again.stderr[-2000:]
     assert len(read_committed(kafka_settings, spec.sink.topic)) == len(out)
 
-    # The run left the pipeline's session of the server open for its next run (per_partition: with
-    # the Python daemon its tasks started).
+    # The run left the pipeline's session of the server open for its next run; no Python daemon
+    # started for it in either scope (per_partition's tasks produce from the server's JVM).
     session, daemons = pipeline_session(connect_server.url, spec)
-    assert daemons if commit == "per_partition" else not daemons
+    assert not daemons
 
     # As a person runs it (steps and Spark's progress on stderr): the next records, exactly once.
     more = produce_orders(kafka_settings, spec.source.topics[0], 60, first_seq=300, abort_every=4,
@@ -69,7 +72,7 @@ def test_a_run_through_the_connect_server_is_exactly_once_and_starts_no_jvm(conn
     assert "(Spark Connect server sc://127.0.0.1:" in shown.stderr
     out = [json.loads(m.value)["order_id"] for m in read_committed(kafka_settings, spec.sink.topic)]
     assert Counter(out) == Counter(o["order_id"] for o in truth.committed + more.committed)
-    # The same session on the server, and the same Python daemon: nothing started cold again.
+    # The same session on the server, and still no Python daemon.
     assert pipeline_session(connect_server.url, spec) == (session, daemons)
 
     # The server closed that session (here released; else idle past its timeout): Spark refuses its

@@ -61,7 +61,7 @@ from kafka_eos.manifest import (COMMITTED, NOOP, ManifestStore, hold_key, hold_r
                                 produce_json, run_key)
 from kafka_eos.plan import PartitionRange, Plan
 from kafka_eos.settings import KafkaSettings
-from kafka_eos.sinks import batches, proof
+from kafka_eos.sinks import batches, jvm_writer, proof
 from kafka_eos.sinks.base import Outcome, Output
 from kafka_eos.sinks.kafka import KafkaSink, checkpoint_records, committed_record, dead_letter_batches
 from kafka_eos.sinks.limits import producer_batch_bytes
@@ -597,8 +597,17 @@ def _task_commits(df: "DataFrame", spec: PipelineSpec, plan: Plan, settings: Kaf
                                                    first_dead["offset"], first_dead[DLQ_REASON],
                                                    "no partition of this run was committed")
         with _job_description(df, COMMIT_JOB):  # 2. a transaction per task
-            committed = [json.loads(row["result"]) for row in counted.df.mapInArrow(
-                _commit_task(spec, plan, settings, owner, one_pass, keep, dead or {}), _RESULT_SCHEMA).collect()]
+            committed = None
+            if jvm_writer.applies(df, one_pass, keep, dead):  # its records produced from the JVM
+                # Each task counts the rows it takes from Spark's own iterator (the JVM side of the
+                # read: no hand-off to Python that could end early); that count stands in for the
+                # observation, which a job of Spark's own rows, or a Connect server's, does not fill.
+                committed = jvm_writer.commits(df, spec, plan, settings, owner)
+                counts = lambda: jvm_writer.rows_of(committed, plan)  # noqa: E731
+            if committed is None:
+                committed = [json.loads(row["result"]) for row in counted.df.mapInArrow(
+                    _commit_task(spec, plan, settings, owner, one_pass, keep, dead or {}), _RESULT_SCHEMA).collect()]
+                counts = counted.counts
     finally:
         if not one_pass:
             df.unpersist()
@@ -608,7 +617,7 @@ def _task_commits(df: "DataFrame", spec: PipelineSpec, plan: Plan, settings: Kaf
     trusted = not any(row["foreign"] for row in committed if row["status"] == REFUSED)
     return ({(row["topic"], row["partition"]): CommitResult(row["status"], row["records_out"], row["dead_letters"],
                                                             row["producer"]) for row in committed if row["status"] != REFUSED},
-            counted.counts() if trusted else None, _refusal(committed))
+            counts() if trusted else None, _refusal(committed))
 
 
 def _refusal(rows: list) -> KafkaEosError | None:

@@ -33,6 +33,9 @@ import org.sparkproject.connect.protobuf.InvalidProtocolBufferException;
  * from read task <i>i</i> only: no union, no coalesce, no shuffle). Nothing runs: the plan is
  * analysed and planned, as for an {@code explain}.
  *
+ * <p>The same plugin answers {@code kafka_eos.PartitionCommits}: per_partition scope's commit job run
+ * on the server, its records produced from the server's executors ({@link PartitionCommitsRelation}).
+ *
  * <p>Loaded with {@code spark.connect.extensions.relation.classes=io.kafkaeos.connect.ReadLayoutPlugin}.
  */
 public final class ReadLayoutPlugin implements RelationPlugin {
@@ -56,6 +59,9 @@ public final class ReadLayoutPlugin implements RelationPlugin {
         Relation input;
         try {
             Any any = Any.parseFrom(extension);
+            if (PartitionCommitsRelation.TYPE_URL.equals(any.getTypeUrl())) {
+                return Optional.of(PartitionCommitsRelation.transform(any.getValue().toByteArray(), planner));
+            }
             if (!TYPE_URL.equals(any.getTypeUrl())) {
                 return Optional.empty(); // another plugin's
             }

@@ -1,0 +1,116 @@
+package io.kafkaeos.writer;
+
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.FileAlreadyExistsException;
+import java.nio.file.Files;
+import java.nio.file.NoSuchFileException;
+import java.nio.file.Path;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.Map;
+
+/**
+ * The commit path's named points ({@code after_produce}, {@code before_offsets}, {@code before_commit},
+ * {@code after_commit}) where the repository's fault tests act, as {@code kafka_eos_lab.faults} does in
+ * Python: the settings come with the job (the run's {@code KAFKA_EOS_CRASH_AT}, {@code KAFKA_EOS_CRASH_ONCE},
+ * {@code KAFKA_EOS_PAUSE_AT}, {@code KAFKA_EOS_PAUSE_DIR}); a deployment's job carries none, and every
+ * point is then one test of an empty map.
+ *
+ * <p>A crash SIGKILLs this JVM: the executor (in local mode, the driver with it), as a lost host would.
+ */
+final class FaultPoints {
+
+    /** The longest a paused task waits for its go: a test that died must not leave it hanging. */
+    private static final long PAUSE_LIMIT_MS = 600_000L;
+
+    /** Passes per point, in this JVM (the n-th pass of {@code KAFKA_EOS_CRASH_AT=point:n} crashes). */
+    private static final Map<String, Integer> SEEN = new HashMap<>();
+
+    private final Map<String, String> settings;
+
+    FaultPoints(Map<String, String> settings) {
+        this.settings = settings;
+    }
+
+    private String crashPoint() {
+        String spec = settings.getOrDefault("KAFKA_EOS_CRASH_AT", "");
+        int colon = spec.indexOf(':');
+        return colon < 0 ? spec : spec.substring(0, colon);
+    }
+
+    private int crashAfter() {
+        String spec = settings.getOrDefault("KAFKA_EOS_CRASH_AT", "");
+        int colon = spec.indexOf(':');
+        return colon < 0 ? 1 : Integer.parseInt(spec.substring(colon + 1));
+    }
+
+    private boolean pausesAt(String point) {
+        return Arrays.asList(settings.getOrDefault("KAFKA_EOS_PAUSE_AT", "").split(",")).contains(point);
+    }
+
+    /** Whether a crash or a pause waits at {@code point} (a loop asks before it pays for one). */
+    boolean armed(String point) {
+        return !settings.isEmpty() && (point.equals(crashPoint()) || pausesAt(point));
+    }
+
+    /** Pause here, or SIGKILL this JVM, when the job's settings ask for it (tests only). */
+    void point(String point) {
+        if (settings.isEmpty()) {
+            return;
+        }
+        if (pausesAt(point)) {
+            pause(point);
+        }
+        if (!point.equals(crashPoint())) {
+            return;
+        }
+        int seen;
+        synchronized (SEEN) {
+            seen = SEEN.merge(point, 1, Integer::sum);
+        }
+        if (seen < crashAfter()) {
+            return;
+        }
+        long pid = ProcessHandle.current().pid();
+        String once = settings.get("KAFKA_EOS_CRASH_ONCE");
+        if (once != null && !once.isEmpty()) {
+            try {
+                Files.write(Path.of(once), (point + " pid=" + pid + " jvm\n").getBytes(StandardCharsets.UTF_8),
+                        java.nio.file.StandardOpenOption.CREATE_NEW, java.nio.file.StandardOpenOption.WRITE);
+            } catch (FileAlreadyExistsException e) {
+                return; // an earlier process crashed here already
+            } catch (IOException e) {
+                throw new IllegalStateException("KAFKA_EOS_CRASH_ONCE=" + once + ": " + e, e);
+            }
+        }
+        try {
+            new ProcessBuilder("kill", "-KILL", Long.toString(pid)).inheritIO().start().waitFor();
+            Thread.sleep(60_000L); // the signal ends this JVM before
+        } catch (IOException | InterruptedException e) {
+            Runtime.getRuntime().halt(137);
+        }
+    }
+
+    private void pause(String point) {
+        Path folder = Path.of(settings.getOrDefault("KAFKA_EOS_PAUSE_DIR", "."));
+        try {
+            Files.write(folder.resolve(point + ".reached"),
+                    (ProcessHandle.current().pid() + "\n").getBytes(StandardCharsets.UTF_8),
+                    java.nio.file.StandardOpenOption.CREATE_NEW, java.nio.file.StandardOpenOption.WRITE);
+        } catch (FileAlreadyExistsException | NoSuchFileException e) {
+            return; // paused here already, or not armed now (no folder)
+        } catch (IOException e) {
+            throw new IllegalStateException("KAFKA_EOS_PAUSE_DIR=" + folder + ": " + e, e);
+        }
+        long deadline = System.currentTimeMillis() + PAUSE_LIMIT_MS;
+        while (!Files.exists(folder.resolve(point + ".go")) && System.currentTimeMillis() < deadline) {
+            try {
+                Thread.sleep(50L);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+                return;
+            }
+        }
+    }
+}

@@ -581,11 +581,24 @@ def committed_offsets_and_times(settings: KafkaSettings, group_id: str, tps: Ite
         if tp.offset < 0:
             out[(tp.topic, tp.partition)] = (None, CommitTimes(pending=pending))
             continue
-        committed, planned = (_COMMITTED_AT.search(tp.metadata or ""), _PLANNED_AT.search(tp.metadata or ""))
+        text = _metadata_text(tp)
+        committed, planned = (_COMMITTED_AT.search(text), _PLANNED_AT.search(text))
         out[(tp.topic, tp.partition)] = (tp.offset, CommitTimes(
             int(committed.group(1)) / 1000 if committed else None, int(planned.group(1)) / 1000 if planned else None,
             pending))
     return out
+
+
+def _metadata_text(tp: TopicPartition) -> str:
+    """A committed offset's metadata as text, or "" where it does not read as text. confluent-kafka
+    reads the metadata librdkafka fetched as a C string: a metadata a Java client committed (no
+    terminating NUL, where librdkafka writes one) reads on into whatever follows it in memory, at
+    best as bytes that are not UTF-8 (kafka-eos's JVM writer adds the NUL: this is for another
+    client's commit, an operator's tool)."""
+    try:
+        return tp.metadata or ""
+    except UnicodeDecodeError:
+        return ""
 
 
 def _unstable_group_client(settings: KafkaSettings, group_id: str) -> Consumer:

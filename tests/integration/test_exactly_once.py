@@ -55,6 +55,10 @@ def test_kafka_sink_identity_exactly_once_over_aborted_input(spark, kafka_settin
     checkpoints = kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, [r.tp for r in plan2.ranges])
     for r in plan2.ranges:
         assert checkpoints[r.tp] == r.until == lso[r.tp].lso
+    # Each checkpoint's metadata reads back whole (per_partition's JVM writer ends it with a NUL, as
+    # librdkafka does: confluent-kafka reads it as a C string): run 2's plan time, to the millisecond.
+    times = kafka_admin.committed_offsets_and_times(kafka_settings, spec.source.group_id, [r.tp for r in plan2.active])
+    assert {at.planned_at for _offset, at in times.values()} == {plan2.planned_ms / 1000}, times
 
 
 @pytest.mark.quick

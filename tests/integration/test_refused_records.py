@@ -70,6 +70,8 @@ def test_a_record_too_large_for_the_sink_becomes_a_reference_dead_letter(spark, 
     assert dead.key == b"large"
     reference = json.loads(dead.value)
     assert reference["source"] == {"topic": topic, "partition": 0, "offset": 5} and reference["size"] == size + 41
+    # The same bytes from either writer (per_partition's JVM one, atomic's Python one): json.dumps' own.
+    assert dead.value == json.dumps(reference).encode() and list(reference) == ["refused", "source", "size"]
 
 
 @pytest.mark.parametrize("commit", ["atomic", "per_partition"])

@@ -14,9 +14,12 @@ kafka-eos's server plugin runs it (the relation ``kafka_eos.PartitionCommits``; 
 plugin predates it refuses the relation, and the run takes the Python commit task). A stream's
 batches (kept producers), records that did not decode (written beside the rows from the driver's
 Arrow batches), and every run where ``KAFKA_EOS_WRITER=python`` is set (:data:`WRITER_ENV`) take
-the Python commit task. So does a run through Connect that carries the tests' fault settings
-(:func:`kafka_eos.probes.carried`): a crash point in the writer SIGKILLs the JVM that produces, which
-there is the shared server, where the Python task's kills only its worker.
+the Python commit task.
+
+The tests' fault points (:func:`kafka_eos.probes.carried`, else the executor's own environment) act
+in the writer too: a crash SIGKILLs the JVM that produces (the executor; in local mode the driver),
+except in a Spark Connect server's own JVM, where it kills the task alone and leaves its transaction
+open (the server every session shares lives on, as it does when a Python task's worker is killed).
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ def applies(df: "DataFrame", one_pass: bool, keep: bool, dead: dict | None) -> b
     if not one_pass or keep or any(dead.values() if dead else ()):
         return False
     if is_connect(df):
-        return not probes.carried() and df.sparkSession.session_id not in _no_commit_plugin
+        return df.sparkSession.session_id not in _no_commit_plugin
     return _entry(df) is not None
 
 
@@ -98,7 +101,7 @@ def job(df: "DataFrame", spec: PipelineSpec, plan: Plan, settings: KafkaSettings
         "producer_max": int(settings.extra.get("message.max.bytes", DEFAULT_PRODUCER_MAX)),
         "limits": {topic: [producer_max, topic_max] for topic, producer_max, topic_max in sink.record_limits},
         "on_refused_record": sink.on_refused_record, "spec_path": str(spec.path), "transform": spec.transform,
-        "manifest_topic": spec.manifest_topic, "pipeline": plan.pipeline, "run_id": plan.run_id,
+        "manifest_topic": spec.manifest_topic, "pipeline": plan.pipeline, "spec_name": spec.name, "run_id": plan.run_id,
         "planned_ms": plan.planned_ms, "tasks": tasks, "probes": probes.carried(),
         "job_id": uuid.uuid4().hex,  # a new request each time: no cache of planned relations answers it
     })
@@ -106,9 +109,10 @@ def job(df: "DataFrame", spec: PipelineSpec, plan: Plan, settings: KafkaSettings
 
 def commits(df: "DataFrame", spec: PipelineSpec, plan: Plan, settings: KafkaSettings,
             owner: dict[int, TP]) -> list[dict] | None:
-    """Run the commit job of ``df`` (:func:`kafka_eos.sinks.batches.prepared` columns) in the JVM:
-    each task's result, as the Python commit task returns it, with the rows it took from Spark's
-    iterator (``rows``: :func:`rows_of`). A task's kafka-eos
+    """Run the commit job of ``df`` (:func:`kafka_eos.sinks.batches.prepared` columns; by Py4J, as
+    one SQL execution of ``df``'s query, which fills its :class:`kafka_eos.sinks.proof.RowCount`) in
+    the JVM: each task's result, as the Python commit task returns it, with the rows it took from
+    Spark's iterator (``rows``: :func:`rows_of`, through Connect). A task's kafka-eos
     error fails the job with ``kafka_eos.errors.<Class>: …`` in its text, as a Python task's does.
     None: the Spark Connect server's plugin does not run the job (nothing ran; the Python commit
     task takes it)."""
@@ -144,7 +148,9 @@ def _through_connect(df: "DataFrame", text: str) -> list[dict] | None:
 def rows_of(results: list[dict], plan: Plan) -> dict[TP, int] | int:
     """The rows each task took from Spark, by its partition, in the form of
     :meth:`kafka_eos.sinks.proof.RowCount.counts` (above :data:`kafka_eos.sinks.proof.COUNTED_RANGES`
-    ranges, their total), for :func:`kafka_eos.sinks.proof.check_rows`."""
+    ranges, their total), for :func:`kafka_eos.sinks.proof.check_rows` of a run through Spark
+    Connect, whose server sends back no observation of the job it runs for the plugin. The tasks'
+    own count, so a check of the JVM writer's bookkeeping, not of Spark's hand-off (there is none)."""
     from kafka_eos.sinks.proof import COUNTED_RANGES
 
     counts = {(r["topic"], r["partition"]): r["rows"] for r in results}

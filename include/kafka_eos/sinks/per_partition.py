@@ -599,11 +599,10 @@ def _task_commits(df: "DataFrame", spec: PipelineSpec, plan: Plan, settings: Kaf
         with _job_description(df, COMMIT_JOB):  # 2. a transaction per task
             committed = None
             if jvm_writer.applies(df, one_pass, keep, dead):  # its records produced from the JVM
-                # Each task counts the rows it takes from Spark's own iterator (the JVM side of the
-                # read: no hand-off to Python that could end early); that count stands in for the
-                # observation, which a job of Spark's own rows, or a Connect server's, does not fill.
-                committed = jvm_writer.commits(df, spec, plan, settings, owner)
-                counts = lambda: jvm_writer.rows_of(committed, plan)  # noqa: E731
+                committed = jvm_writer.commits(df if is_connect(df) else counted.df, spec, plan, settings, owner)
+                # A Connect server runs the job for its plugin and sends no observation of it back: there
+                # each task's count of the rows it took from Spark's iterator stands in for Spark's own.
+                counts = (lambda: jvm_writer.rows_of(committed, plan)) if is_connect(df) else counted.counts
             if committed is None:
                 committed = [json.loads(row["result"]) for row in counted.df.mapInArrow(
                     _commit_task(spec, plan, settings, owner, one_pass, keep, dead or {}), _RESULT_SCHEMA).collect()]

@@ -3,6 +3,7 @@ package io.kafkaeos.writer;
 import java.io.Serializable;
 import java.util.Arrays;
 
+import org.apache.spark.sql.types.ArrayType;
 import org.apache.spark.sql.types.StructType;
 
 /**
@@ -21,6 +22,9 @@ final class Columns implements Serializable {
     final int partition;
     final int offset;
     final int reason;
+    /** The key's and the value's ordinals in a header's struct (-1: no headers column). */
+    final int headerKey;
+    final int headerValue;
 
     Columns(StructType schema) {
         this.key = schema.fieldIndex("key");
@@ -30,5 +34,13 @@ final class Columns implements Serializable {
         this.partition = schema.fieldIndex("partition");
         this.offset = schema.fieldIndex("offset");
         this.reason = schema.fieldIndex("dlq_reason");
+        if (headers < 0) {
+            this.headerKey = -1;
+            this.headerValue = -1;
+        } else {
+            StructType header = (StructType) ((ArrayType) schema.fields()[headers].dataType()).elementType();
+            this.headerKey = header.fieldIndex("key");
+            this.headerValue = header.fieldIndex("value");
+        }
     }
 }

@@ -18,6 +18,9 @@ import java.util.Map;
  * point is then one test of an empty map.
  *
  * <p>A crash SIGKILLs this JVM: the executor (in local mode, the driver with it), as a lost host would.
+ * In a Spark Connect server's own JVM (local mode: the server is the executor) it kills the task
+ * instead ({@link TaskKilled}): its transaction is left open, as a killed task leaves it, and the
+ * server that every session shares lives on, as it does when a Python commit task's worker is killed.
  */
 final class FaultPoints {
 
@@ -29,8 +32,38 @@ final class FaultPoints {
 
     private final Map<String, String> settings;
 
+    /** The main class of a Spark Connect server (its JVM's command names it). */
+    private static final String CONNECT_SERVER = "org.apache.spark.sql.connect.service.SparkConnectServer";
+
+    /** A crash point's kill of the task alone: its transaction is left as it is (neither aborted nor closed). */
+    static final class TaskKilled extends Error {
+        private static final long serialVersionUID = 1L;
+
+        TaskKilled(String point) {
+            super("kafka-eos fault point " + point + ": the task killed (KAFKA_EOS_CRASH_AT)");
+        }
+    }
+
+    /** The settings' names, as the environment names them (kafka_eos_lab.faults.SETTINGS). */
+    private static final String[] NAMES = {"KAFKA_EOS_CRASH_AT", "KAFKA_EOS_CRASH_KILL", "KAFKA_EOS_CRASH_ONCE",
+        "KAFKA_EOS_PAUSE_AT", "KAFKA_EOS_PAUSE_DIR"};
+
+    /**
+     * @param settings the run's, carried by the job; none given, this JVM's own environment's where it
+     *     names the probe ({@code KAFKA_EOS_PROBES}, as a Python process installs it: a cluster's workers
+     *     hand their settings to their executors), else none.
+     */
     FaultPoints(Map<String, String> settings) {
-        this.settings = settings;
+        Map<String, String> own = new HashMap<>();
+        if (settings.isEmpty() && System.getenv("KAFKA_EOS_PROBES") != null && !System.getenv("KAFKA_EOS_PROBES").isEmpty()) {
+            for (String name : NAMES) {
+                String value = System.getenv(name);
+                if (value != null && !value.isEmpty()) {
+                    own.put(name, value);
+                }
+            }
+        }
+        this.settings = settings.isEmpty() ? own : settings;
     }
 
     private String crashPoint() {
@@ -73,16 +106,21 @@ final class FaultPoints {
             return;
         }
         long pid = ProcessHandle.current().pid();
+        boolean server = System.getProperty("sun.java.command", "").contains(CONNECT_SERVER);
         String once = settings.get("KAFKA_EOS_CRASH_ONCE");
         if (once != null && !once.isEmpty()) {
             try {
-                Files.write(Path.of(once), (point + " pid=" + pid + " jvm\n").getBytes(StandardCharsets.UTF_8),
+                Files.write(Path.of(once), (point + " pid=" + pid + (server ? " task of the Spark Connect server\n"
+                                : " jvm\n")).getBytes(StandardCharsets.UTF_8),
                         java.nio.file.StandardOpenOption.CREATE_NEW, java.nio.file.StandardOpenOption.WRITE);
             } catch (FileAlreadyExistsException e) {
                 return; // an earlier process crashed here already
             } catch (IOException e) {
                 throw new IllegalStateException("KAFKA_EOS_CRASH_ONCE=" + once + ": " + e, e);
             }
+        }
+        if (server) {
+            throw new TaskKilled(point);
         }
         try {
             new ProcessBuilder("kill", "-KILL", Long.toString(pid)).inheritIO().start().waitFor();

@@ -14,6 +14,10 @@ import org.apache.spark.api.java.function.FlatMapFunction;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.execution.QueryExecution;
+import org.apache.spark.sql.execution.SQLExecution;
+
+import scala.Option;
 
 /**
  * per_partition scope's commit job with the records produced from the executors' JVM: one Kafka
@@ -43,11 +47,19 @@ public final class PartitionCommits {
      * topic, partition, offset, dlq_reason) and return each task's result, a JSON object each.
      */
     public static String[] commit(Dataset<Row> rows, String job) {
-        // Spark's own rows (InternalRow), as its Kafka sink reads them: no Row object per record.
-        List<String> results = rows.queryExecution().toRdd().toJavaRDD()
-                .mapPartitions(new Task(job, new Columns(rows.schema()))).collect();
+        // Spark's own rows (InternalRow), as its Kafka sink reads them: no Row object per record. The
+        // job is one SQL execution of the rows' query, as a Dataset's action is: its observations
+        // (kafka-eos's count of the rows each partition's task is given) are filled, and listeners
+        // (the SQL tab, OpenLineage) see it.
+        QueryExecution query = rows.queryExecution();
+        Task task = new Task(job, new Columns(rows.schema()));
+        List<String> results = SQLExecution.withNewExecutionId(query, Option.apply(DESCRIPTION),
+                () -> query.toRdd().toJavaRDD().mapPartitions(task).collect());
         return results.toArray(new String[0]);
     }
+
+    /** The job's name in Spark's UI. */
+    static final String DESCRIPTION = "kafka-eos: one transaction per source partition";
 
     /** One Spark task: its partition's transaction. Holds the job as its JSON text (serializable). */
     static final class Task implements FlatMapFunction<Iterator<InternalRow>, String> {
@@ -63,7 +75,7 @@ public final class PartitionCommits {
         /** What Spark's plan and UI show: never the job (the client's settings, secrets among them). */
         @Override
         public String toString() {
-            return "kafka-eos: one transaction per source partition";
+            return DESCRIPTION;
         }
 
         @Override

@@ -12,17 +12,15 @@ import java.util.List;
 import java.util.Map;
 import java.util.Properties;
 import java.util.TreeMap;
-import java.util.concurrent.ExecutionException;
-import java.util.concurrent.TimeUnit;
+import java.util.Set;
 import java.util.concurrent.atomic.AtomicReference;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 
-import org.apache.kafka.clients.admin.Admin;
-import org.apache.kafka.clients.admin.ListConsumerGroupOffsetsOptions;
-import org.apache.kafka.clients.admin.ListConsumerGroupOffsetsSpec;
+import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.consumer.ConsumerGroupMetadata;
+import org.apache.kafka.clients.consumer.KafkaConsumer;
 import org.apache.kafka.clients.consumer.OffsetAndMetadata;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerConfig;
@@ -36,6 +34,8 @@ import org.apache.kafka.common.errors.ProducerFencedException;
 import org.apache.kafka.common.errors.UnsupportedVersionException;
 import org.apache.kafka.common.header.Header;
 import org.apache.kafka.common.header.internals.RecordHeader;
+import org.apache.kafka.common.errors.RetriableException;
+import org.apache.kafka.common.serialization.ByteArrayDeserializer;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.util.ArrayData;
@@ -89,6 +89,8 @@ final class PartitionTransaction {
     private final FaultPoints faults;
     private final Columns at;
     private final AtomicReference<Exception> deliveryError = new AtomicReference<>();
+    /** Where the first failed delivery was going ({@code topic-partition}). */
+    private final AtomicReference<String> deliveryTo = new AtomicReference<>();
     private KafkaProducer<byte[], byte[]> producer;
     private long begun = -1L;
     /** Rows this task took from Spark's iterator (its result's {@code rows}). */
@@ -140,16 +142,23 @@ final class PartitionTransaction {
     }
 
     /** The transaction of this task's rows; null where no row came (the driver commits the range offsets-only). */
-    ObjectNode run(Iterator<InternalRow> rows) throws Exception {
+    ObjectNode run(Iterator<InternalRow> spark) throws Exception {
+        Input rows = new Input(spark);
         try {
             open();
             if (alreadyCommitted()) {
-                // An earlier attempt committed the range: its rows are read all the same (Spark's count of them checks it).
+                // An earlier attempt committed the range: its rows are read all the same (Spark's count
+                // of them checks it), and each must still be this partition's, as when it commits.
                 boolean any = false;
                 while (rows.hasNext()) {
-                    rows.next();
+                    InternalRow row = rows.next();
                     read++;
                     any = true;
+                    String foreign = foreignPartition(row);
+                    if (foreign != null) {
+                        foreignIn(rows);
+                        return result(REFUSED, 0, 0, "_Refused", relabelled(foreign), true);
+                    }
                 }
                 return any ? result(NOOP, 0, 0, null, null, false) : null;
             }
@@ -178,6 +187,16 @@ final class PartitionTransaction {
             commit();
             faults.point("after_commit");
             return result(COMMITTED, counts[0], counts[1], null, null, false);
+        } catch (FaultPoints.TaskKilled e) {
+            producer = null; // left as a killed task leaves it: its transaction open until the next attempt fences it
+            throw e;
+        } catch (Input.Failed e) {
+            abort(); // the read or the transform failed: nothing of the range is visible; its own error, as it is
+            Throwable cause = e.getCause();
+            if (cause instanceof Error) {
+                throw (Error) cause;
+            }
+            throw (Exception) cause;
         } catch (CommitFailed e) {
             throw e;
         } catch (KafkaException e) {
@@ -214,7 +233,7 @@ final class PartitionTransaction {
         props.put(ProducerConfig.CLIENT_ID_CONFIG, "kafka-eos-" + transactionalId);
         try {
             producer = new KafkaProducer<>(props, new ByteArraySerializer(), new ByteArraySerializer());
-            producer.initTransactions();
+            retried(producer::initTransactions);
         } catch (KafkaException e) {
             throw failure("init_transactions", e, false);
         }
@@ -239,14 +258,20 @@ final class PartitionTransaction {
         String group = job.get("group_id").asText();
         TopicPartition tp = new TopicPartition(topic, partition);
         Map<TopicPartition, OffsetAndMetadata> found;
-        try (Admin admin = Admin.create(clientProps())) {
-            found = admin.listConsumerGroupOffsets(Map.of(group, new ListConsumerGroupOffsetsSpec().topicPartitions(
-                            List.of(tp))), new ListConsumerGroupOffsetsOptions().requireStable(true))
-                    .partitionsToOffsetAndMetadata(group).get(CALL_TIMEOUT_MS, TimeUnit.MILLISECONDS);
-        } catch (ExecutionException e) {
-            Throwable cause = e.getCause() == null ? e : e.getCause();
-            throw new CommitFailed("TransactionFailed", where("reading group " + quoted(group) + "'s offsets") + ": "
-                    + cause.getClass().getSimpleName() + ": " + cause.getMessage(), null);
+        // A consumer that never joins the group, read_committed: it asks for stable offsets and waits
+        // out a transaction's offsets still pending (UNSTABLE_OFFSET_COMMIT), where an Admin client
+        // would leave the partition out of its answer, as if it had no offset.
+        Properties props = clientProps();
+        props.put(ConsumerConfig.GROUP_ID_CONFIG, group);
+        props.put(ConsumerConfig.ISOLATION_LEVEL_CONFIG, "read_committed");
+        props.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
+        props.put(ConsumerConfig.CLIENT_ID_CONFIG, "kafka-eos-check-" + transactionalId);
+        try (KafkaConsumer<byte[], byte[]> reader = new KafkaConsumer<>(props, new ByteArrayDeserializer(),
+                new ByteArrayDeserializer())) {
+            found = reader.committed(Set.of(tp), Duration.ofMillis(CALL_TIMEOUT_MS));
+        } catch (KafkaException e) {
+            throw new CommitFailed("BrokerError", "committed offsets of group " + quoted(group) + ": "
+                    + e.getClass().getSimpleName() + ": " + e.getMessage(), null);
         }
         OffsetAndMetadata at = found == null ? null : found.get(tp);
         Long committed = at == null ? null : at.offset();
@@ -268,8 +293,12 @@ final class PartitionTransaction {
         return false;
     }
 
+    /** {@code text} as Python's repr quotes it (the messages of kafka_eos.txn). */
     private static String quoted(String text) {
-        return "'" + text + "'";
+        if (text.contains("'") && !text.contains("\"")) {
+            return "\"" + text.replace("\\", "\\\\") + "\"";
+        }
+        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'";
     }
 
     /** Step 3: every row produced; {results, dead letters}, or null where the input had no row. */
@@ -283,13 +312,9 @@ final class PartitionTransaction {
             InternalRow row = rows.next();
             read++;
             seen = true;
-            String rowTopic = row.getUTF8String(at.topic).toString();
-            int rowPartition = row.getInt(at.partition);
-            if (!topic.equals(rowTopic) || partition != rowPartition) {
-                throw new Refused("_Refused", job.get("spec_path").asText() + ": transform: "
-                        + job.get("transform").asText() + " puts rows of " + rowTopic + "-" + rowPartition
-                        + " in the Spark task of " + topic + "-" + partition + "; per_partition scope needs a row-wise "
-                        + "transform that keeps topic and partition: use commit: atomic", true);
+            String foreign = foreignPartition(row);
+            if (foreign != null) {
+                throw new Refused("_Refused", relabelled(foreign), true);
             }
             long offset = row.getLong(at.offset);
             byte[] key = row.isNullAt(at.key) ? null : row.getBinary(at.key);
@@ -300,8 +325,8 @@ final class PartitionTransaction {
                 ArrayData carried = row.getArray(at.headers);
                 for (int i = 0; i < carried.numElements(); i++) {
                     InternalRow header = carried.getStruct(i, 2);
-                    headers.add(new RecordHeader(header.getUTF8String(0).toString(),
-                            header.isNullAt(1) ? null : header.getBinary(1)));
+                    headers.add(new RecordHeader(header.getUTF8String(at.headerKey).toString(),
+                            header.isNullAt(at.headerValue) ? null : header.getBinary(at.headerValue)));
                 }
             }
             headers.addAll(added);
@@ -327,15 +352,10 @@ final class PartitionTransaction {
                     }
                     reason = "refused by the sink: " + what + (reason != null ? "; dead-lettered first for: " + reason : "");
                     key = key != null && key.length <= KEPT_KEY_BYTES ? key : null;
-                    Map<String, Object> source = new TreeMap<>();
-                    source.put("topic", topic);
-                    source.put("partition", partition);
-                    source.put("offset", offset);
-                    Map<String, Object> reference = new TreeMap<>();
-                    reference.put("refused", what);
-                    reference.put("source", source);
-                    reference.put("size", why[0]);
-                    value = json(reference);
+                    // As kafka_eos.sinks.limits writes it (json.dumps: its order, separators and escapes).
+                    value = ("{\"refused\": " + PythonJson.string(what) + ", \"source\": {\"topic\": "
+                            + PythonJson.string(topic) + ", \"partition\": " + partition + ", \"offset\": " + offset
+                            + "}, \"size\": " + why[0] + "}").getBytes(StandardCharsets.UTF_8);
                     headers = new ArrayList<>(added);
                     headers.addAll(deadLetterHeaders(reason, offset));
                     to = dlqTopic;
@@ -366,10 +386,26 @@ final class PartitionTransaction {
         while (rows.hasNext()) {
             InternalRow row = rows.next();
             read++;
-            foreign = foreign || !topic.equals(row.getUTF8String(at.topic).toString())
-                    || partition != row.getInt(at.partition);
+            foreign = foreign || foreignPartition(row) != null;
         }
         return foreign;
+    }
+
+    /** The source partition {@code row} names where it is not this task's ({@code topic-partition}, a null as
+     * {@code None}), else null. */
+    private String foreignPartition(InternalRow row) {
+        String rowTopic = row.isNullAt(at.topic) ? null : row.getUTF8String(at.topic).toString();
+        Integer rowPartition = row.isNullAt(at.partition) ? null : row.getInt(at.partition);
+        if (topic.equals(rowTopic) && rowPartition != null && rowPartition == partition) {
+            return null;
+        }
+        return (rowTopic == null ? "None" : rowTopic) + "-" + (rowPartition == null ? "None" : rowPartition);
+    }
+
+    private String relabelled(String found) {
+        return job.get("spec_path").asText() + ": transform: " + job.get("transform").asText() + " puts rows of "
+                + found + " in the Spark task of " + topic + "-" + partition + "; per_partition scope needs a row-wise "
+                + "transform that keeps topic and partition: use commit: atomic";
     }
 
     private List<Header> deadLetterHeaders(String reason, long offset) {
@@ -397,11 +433,11 @@ final class PartitionTransaction {
     private void send(String to, byte[] key, byte[] value, List<Header> headers) {
         Exception failed = deliveryError.get();
         if (failed != null) {
-            throw failure("delivery to " + to, failed, true);
+            throw failure("delivery to " + deliveryTo.get(), failed, true);
         }
         producer.send(new ProducerRecord<>(to, null, key, value, headers), (metadata, error) -> {
-            if (error != null) {
-                deliveryError.compareAndSet(null, error);
+            if (error != null && deliveryError.compareAndSet(null, error)) {
+                deliveryTo.set(metadata == null ? to : metadata.topic() + "-" + metadata.partition());
             }
         });
     }
@@ -410,18 +446,20 @@ final class PartitionTransaction {
         producer.flush();
         Exception failed = deliveryError.get();
         if (failed != null) {
-            throw failure("delivery", failed, true);
+            throw failure("delivery to " + deliveryTo.get(), failed, true);
         }
     }
 
     /** Step 3b: the consumed offset (the range's end), with the commit time in its metadata. */
     private void sendOffsets() {
+        // Ended by a NUL, as librdkafka writes it: confluent-kafka reads the metadata it fetches as a C
+        // string, and one without the NUL reads on into whatever follows it (kafka-eos's plans read it).
         String metadata = "kafka-eos committed_at=" + System.currentTimeMillis()
                 + (job.path("planned_ms").isNull() || job.path("planned_ms").isMissingNode() ? ""
-                        : " planned_at=" + job.get("planned_ms").asLong());
+                        : " planned_at=" + job.get("planned_ms").asLong()) + "\u0000";
         try {
-            producer.sendOffsetsToTransaction(Map.of(new TopicPartition(topic, partition),
-                    new OffsetAndMetadata(until, metadata)), new ConsumerGroupMetadata(job.get("group_id").asText()));
+            retried(() -> producer.sendOffsetsToTransaction(Map.of(new TopicPartition(topic, partition),
+                    new OffsetAndMetadata(until, metadata)), new ConsumerGroupMetadata(job.get("group_id").asText())));
         } catch (KafkaException e) {
             throw failure("send_offsets_to_transaction", e, true);
         }
@@ -429,7 +467,7 @@ final class PartitionTransaction {
 
     private void commit() {
         try {
-            producer.commitTransaction();
+            retried(producer::commitTransaction);
         } catch (ProducerFencedException | InvalidProducerEpochException e) {
             throw failure("commit_transaction", e, false);
         } catch (KafkaException e) {
@@ -437,6 +475,30 @@ final class PartitionTransaction {
             // init_transactions() settles it, and its checkpoint check sees which way it went.
             throw new CommitFailed("TransactionFailed", where("commit_transaction") + ": outcome unknown after "
                     + e.getClass().getSimpleName() + ": " + e.getMessage() + "; a retry of the same plan settles it", e);
+        }
+    }
+
+    /** How often a retriable error of one call (a timeout) is retried before the attempt fails (kafka_eos.txn). */
+    static final int MAX_CALL_RETRIES = 5;
+
+    /** {@code call}, its retriable errors retried (the Java client lets init, offsets and commit be called again
+     * after a timeout), with kafka_eos.txn's backoff. */
+    private static void retried(Runnable call) {
+        for (int attempt = 0; ; attempt++) {
+            try {
+                call.run();
+                return;
+            } catch (RetriableException e) {
+                if (attempt >= MAX_CALL_RETRIES) {
+                    throw e;
+                }
+                try {
+                    Thread.sleep(Math.min(100L << attempt, 2000L));
+                } catch (InterruptedException interrupted) {
+                    Thread.currentThread().interrupt();
+                    throw e;
+                }
+            }
         }
     }
 
@@ -464,16 +526,8 @@ final class PartitionTransaction {
         checkpoint.put("committed_at", now);
         Map<String, Map<String, Object>> records = new java.util.LinkedHashMap<>();
         records.put(pipeline + ":" + runId + ":" + topic + "-" + partition, record);
-        records.put(pipeline + ":checkpoint:" + topic + "-" + partition, checkpoint);
+        records.put(job.get("spec_name").asText() + ":checkpoint:" + topic + "-" + partition, checkpoint);
         return records;
-    }
-
-    private static byte[] json(Object value) {
-        try {
-            return PartitionCommits.JSON.writeValueAsBytes(value);
-        } catch (com.fasterxml.jackson.core.JsonProcessingException e) {
-            throw new IllegalStateException(e);
-        }
     }
 
     /** The error to fail the task with for {@code e}, after aborting where that is the right move. */
@@ -485,7 +539,8 @@ final class PartitionTransaction {
             long timeoutMs = job.get("timeout_ms").asLong();
             if (begun >= 0 && openMs >= timeoutMs) {
                 return new CommitFailed("TransactionTimedOut", at + ": aborted by the transaction coordinator after the "
-                        + "transaction timeout of " + timeoutMs / 1000 + "s (open " + openMs / 1000 + "s here); the Java "
+                        + "transaction timeout of " + PythonJson.number(timeoutMs / 1000.0) + "s (open " + Math.round(openMs / 1000.0)
+                        + "s here); the Java "
                         + "client reports it as " + name + ". Nothing of it is visible; raise sink.transaction_timeout_s "
                         + "(up to the brokers' transaction.max.timeout.ms) or lower source.max_records_per_run", e);
             }

@@ -483,7 +483,8 @@ def table_rows(url: str, *tables: str) -> list[int]:
 
 
 def run_kafka_eos(work: Path, settings: KafkaSettings, source: Input, kind: str, commit: str = "atomic",
-                  url: str | None = None, label: str | None = None, remote: str | None = None) -> dict:
+                  url: str | None = None, label: str | None = None, remote: str | None = None,
+                  python_writer: bool = False) -> dict:
     """kafka-eos on the whole topic: the plan stored (as the DAG's plan task does), then a
     spark-submit of the Spark task's entry point, or, given the Spark Connect server ``remote``,
     ``kafka-eos run --spark-remote`` on the stored plan; the output checked against the input.
@@ -491,8 +492,12 @@ def run_kafka_eos(work: Path, settings: KafkaSettings, source: Input, kind: str,
 
     Through Connect, a row's runs share one session of the server, named in ``remote``, as a deployed
     pipeline's runs share its session (:func:`kafka_eos.spark_io.connect_session`); each run is a new
-    pipeline here (new outputs, new checkpoints), which would otherwise take a session of its own."""
+    pipeline here (new outputs, new checkpoints), which would otherwise take a session of its own.
+
+    ``python_writer``: per_partition's commit job through the Python commit task (Arrow to Spark's
+    Python workers, confluent-kafka), not the JVM writer (:mod:`kafka_eos.sinks.jvm_writer`)."""
     from kafka_eos.pipeline import prepare_plan
+    from kafka_eos.sinks.jvm_writer import WRITER_ENV
 
     spec = bench_spec(work, settings, source, label or commit, kind=kind, commit=commit, url=url)
     plan = prepare_plan(spec, settings, "bench")
@@ -505,7 +510,8 @@ def run_kafka_eos(work: Path, settings: KafkaSettings, source: Input, kind: str,
     else:
         m = run_measured(spark_submit(PROJECT_ROOT / "spark_apps" / "run_pipeline.py",
                                       ["--spec", spec.path, "--plan", str(_plan_file(work, plan))]),
-                         spark_env(settings, work), work / f"{spec.name}.log")
+                         {**spark_env(settings, work), **({WRITER_ENV: "python"} if python_writer else {})},
+                         work / f"{spec.name}.log")
         summary = next((json.loads(line.split(" ", 1)[1]) for line in m.stdout.splitlines()
                         if line.startswith("KAFKA_EOS_SUMMARY ")), None)
     if m.returncode != 0 or summary is None:
@@ -514,7 +520,7 @@ def run_kafka_eos(work: Path, settings: KafkaSettings, source: Input, kind: str,
         out, dead = count_committed(settings, spec.sink.topic), count_committed(settings, spec.sink.dlq_topic)
     else:
         out, dead = summary["records_out"], summary["dead_letters"]
-    what = (f"kafka-eos, Kafka sink ({commit})" if kind == "kafka"
+    what = (f"kafka-eos, Kafka sink ({commit}{', the Python commit task' if python_writer else ''})" if kind == "kafka"
             else "kafka-eos, SQL sink into PostgreSQL, a row per order (x base: Spark's JDBC writer)"
             if kind == "sql_rows"
             else "kafka-eos, Iceberg sink (SQLite catalog, a row per order; x base: Spark's df.write.parquet)"
@@ -809,8 +815,10 @@ def verdicts(rows: list[dict]) -> list[str]:
                          f"(target >= {target}x): {'met' if ok else 'NOT met'}{_floor_note(r, rows)}")
     for r in (r for r in rows if r["name"] in ("spark_sink_lz4", "spark_sink_lz4_connect_fresh")):
         lines.append(f"{r['name']} at {r['size']}x: {r['x_baseline']}x the baseline — Spark's sink with kafka-eos's "
-                     f"producer settings, about what a writer in the JVM would reach, transactions aside (no "
-                     f"target){_floor_note(r, rows)}")
+                     f"producer settings: its producer's work, transactions aside (no target){_floor_note(r, rows)}")
+    for r in (r for r in rows if r["name"] == "per_partition_python"):
+        lines.append(f"per_partition_python at {r['size']}x: {r['x_baseline']}x the baseline — per_partition through "
+                     f"its Python commit task (a stream's, KAFKA_EOS_WRITER=python; no target){_floor_note(r, rows)}")
     for r in (r for r in rows if r["name"] == "sql_rows"):
         ok = r["x_baseline"] is not None and r["x_baseline"] >= TARGETS["sql_rows"]
         lines.append(f"SQL sink at {r['size']}x: {r['x_baseline']}x Spark's JDBC writer (target >= "
@@ -972,7 +980,10 @@ def _sizes(args, skip: set, settings: KafkaSettings, work: Path, rows: list[dict
                 (f"the floor {size}x (written nowhere)", partial(run_baseline, work, settings, source, noop=True,
                                                                  label="floor")),
                 (f"Spark's sink, lz4 {size}x", partial(run_baseline, work, settings, source, lz4=True,
-                                                       label="spark_sink_lz4"))])
+                                                       label="spark_sink_lz4")),
+                (f"kafka-eos per_partition {size}x, the Python commit task",
+                 partial(run_kafka_eos, work, settings, source, "kafka", "per_partition",
+                         label="per_partition_python", python_writer=True))])
         if remote:
             # Like with like: each side's runs of one row in one session of the server (as a
             # deployed pipeline's runs are), and each side in a session of its own every run (as

@@ -103,8 +103,8 @@ public final class PartitionCommits {
         while (input.hasNext()) {
             InternalRow row = input.next();
             rows++;
-            String t = row.getUTF8String(at.topic).toString();
-            int p = row.getInt(at.partition);
+            String t = row.isNullAt(at.topic) ? "None" : row.getUTF8String(at.topic).toString();
+            int p = row.isNullAt(at.partition) ? -1 : row.getInt(at.partition);
             if (topic == null || t.compareTo(topic) < 0 || (t.equals(topic) && p < partition)) {
                 topic = t;
                 partition = p;

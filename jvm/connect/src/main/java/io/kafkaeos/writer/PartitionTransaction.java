@@ -34,7 +34,6 @@ import org.apache.kafka.common.errors.ProducerFencedException;
 import org.apache.kafka.common.errors.UnsupportedVersionException;
 import org.apache.kafka.common.header.Header;
 import org.apache.kafka.common.header.internals.RecordHeader;
-import org.apache.kafka.common.errors.RetriableException;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
 import org.apache.spark.sql.catalyst.InternalRow;
@@ -72,6 +71,8 @@ final class PartitionTransaction {
     /** The dead-letter headers' names, in order: the last four headers of every dead letter (kafka_eos.wire). */
     static final String[] DEAD_LETTER_HEADERS = {"kafka-eos.reason", "kafka-eos.source.topic",
         "kafka-eos.source.partition", "kafka-eos.source.offset"};
+    /** The Java producer's batch.size at most (below the topics' limits, as kafka_eos.sinks.limits bounds it). */
+    static final long JAVA_BATCH_BYTES = 256 * 1024;
     /** A refused record's key is kept in its reference dead letter up to this size (kafka_eos.sinks.limits). */
     static final int KEPT_KEY_BYTES = 1024;
     private static final DateTimeFormatter ISO = DateTimeFormatter.ofPattern("yyyy-MM-dd'T'HH:mm:ss.SSSSSSxxx");
@@ -188,7 +189,10 @@ final class PartitionTransaction {
             faults.point("after_commit");
             return result(COMMITTED, counts[0], counts[1], null, null, false);
         } catch (FaultPoints.TaskKilled e) {
-            producer = null; // left as a killed task leaves it: its transaction open until the next attempt fences it
+            // Left as a killed task leaves it: its transaction open until the next attempt fences it. A
+            // forced close (no wait) sends no EndTxn, and frees the producer's thread and buffers.
+            producer.close(Duration.ZERO);
+            producer = null;
             throw e;
         } catch (Input.Failed e) {
             abort(); // the read or the transform failed: nothing of the range is visible; its own error, as it is
@@ -224,7 +228,10 @@ final class PartitionTransaction {
         props.put(ProducerConfig.TRANSACTION_TIMEOUT_CONFIG, job.get("timeout_ms").asText());
         props.put(ProducerConfig.LINGER_MS_CONFIG, "20");
         props.put(ProducerConfig.COMPRESSION_TYPE_CONFIG, "lz4");
-        props.put(ProducerConfig.BATCH_SIZE_CONFIG, job.get("batch_bytes").asText());
+        // librdkafka's batch.size is a bound in native memory; the Java client reserves it from its
+        // buffer pool (32 MB) for each open partition batch: a wide sink would exhaust the pool.
+        props.put(ProducerConfig.BATCH_SIZE_CONFIG, Long.toString(Math.min(job.get("batch_bytes").asLong(),
+                JAVA_BATCH_BYTES)));
         // Records up to the producer's limit as kafka-eos measures it (RecordLimits) pass the Java
         // client's own estimate (which counts a batch header) too.
         props.put(ProducerConfig.MAX_REQUEST_SIZE_CONFIG,
@@ -258,9 +265,9 @@ final class PartitionTransaction {
         String group = job.get("group_id").asText();
         TopicPartition tp = new TopicPartition(topic, partition);
         Map<TopicPartition, OffsetAndMetadata> found;
-        // A consumer that never joins the group, read_committed: it asks for stable offsets and waits
-        // out a transaction's offsets still pending (UNSTABLE_OFFSET_COMMIT), where an Admin client
-        // would leave the partition out of its answer, as if it had no offset.
+        // A consumer that never joins the group: it asks for stable offsets (as every Java consumer
+        // does) and waits out a transaction's offsets still pending (UNSTABLE_OFFSET_COMMIT), where an
+        // Admin client would leave the partition out of its answer, as if it had no offset.
         Properties props = clientProps();
         props.put(ConsumerConfig.GROUP_ID_CONFIG, group);
         props.put(ConsumerConfig.ISOLATION_LEVEL_CONFIG, "read_committed");
@@ -481,14 +488,16 @@ final class PartitionTransaction {
     /** How often a retriable error of one call (a timeout) is retried before the attempt fails (kafka_eos.txn). */
     static final int MAX_CALL_RETRIES = 5;
 
-    /** {@code call}, its retriable errors retried (the Java client lets init, offsets and commit be called again
-     * after a timeout), with kafka_eos.txn's backoff. */
+    /** {@code call}, retried where its wait ran out (the Java client lets init, offsets and commit be called
+     * again after a timeout), with kafka_eos.txn's backoff. */
     private static void retried(Runnable call) {
         for (int attempt = 0; ; attempt++) {
             try {
                 call.run();
                 return;
-            } catch (RetriableException e) {
+            } catch (org.apache.kafka.common.errors.TimeoutException e) {
+                // Only the call's own wait that ran out: the client lets it be called again, and the retry
+                // waits on the same request. Any other error is the transaction's, reported as it is.
                 if (attempt >= MAX_CALL_RETRIES) {
                     throw e;
                 }

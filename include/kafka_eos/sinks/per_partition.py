@@ -14,7 +14,9 @@ executors, under that partition's own transactional.id (docs/architecture.md, "C
    pass the task opens its transaction before its rows are read, produces while Spark reads and
    transforms, and commits at its end, as Kafka Streams and Flink's two-phase sink do; the
    transaction (and so the LSO of the output partitions it writes) is then open for the task's
-   whole time. A task whose rows break the scope's rules (a row of another source partition, a
+   whole time. A one-pass batch run's tasks produce from the JVM (:mod:`kafka_eos.sinks.jvm_writer`:
+   the same transaction, its rows never in Python); the Python commit task (:func:`_commit_task`)
+   takes streams, two passes and records that did not decode. A task whose rows break the scope's rules (a row of another source partition, a
    dead letter and no dead-letter topic) aborts its transaction and reports a refusal instead of
    committing.
 3. A refusal fails the run with one line naming the partition and the rule (the partitions of

@@ -203,7 +203,7 @@ chaos: setup
 	$(PY) -m kafka_eos_lab.chaos $(CHAOS_ARGS)
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests/dags/test_celery_workers.py
 	$(VENV)/bin/pytest -q -p no:cacheprovider -m chaos tests/integration/test_read_faults.py \
-	  tests/integration/test_spark_connect.py
+	  tests/integration/test_spark_connect.py tests/integration/test_transaction_timeout.py
 
 # Hours of operation under faults: three pipelines (two scheduled every minute, one stream) under a
 # real scheduler on a three-node cluster, faults at random times from SOAK_SEED (default: a new

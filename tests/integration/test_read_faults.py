@@ -8,7 +8,9 @@ its Arrow input end early, committed the batches it had, and moved the checkpoin
 end: the rest of the range was lost for good. A one-pass per_partition run now produces from the
 JVM (kafka_eos.sinks.jvm_writer: the fault throws through Spark's iterator into its transaction);
 the ``per_partition-python-writer`` cells keep the Python commit task (a stream's, a Spark Connect
-client's) under the same faults.
+client's) under the same faults. A one-pass atomic run produces from the driver's JVM once its job has
+ended; the ``atomic-python-writer`` cells keep the driver's Python producer (a stream's), whose rows
+come as the tasks end.
 
 The quick cells run in ``make test``; the whole grid (every kind at every point, in both scopes
 and the SQL sink) is marked ``chaos`` and runs in ``make chaos``.
@@ -117,7 +119,7 @@ def _run_fault(spark, kafka_settings, make_spec, transforms_from, unique, commit
         return
     if commit == "per_partition-two-passes":
         request.getfixturevalue("two_passes")
-    if commit == "per_partition-python-writer":  # one pass, its rows produced by the Python commit task
+    if commit.endswith("-python-writer"):  # one pass, its rows produced by the Python commit task / driver
         request.getfixturevalue("monkeypatch").setenv(jvm_writer.WRITER_ENV, "python")
     module = transforms_from(f"faulty_{unique.replace('-', '_')}", FAULTY.format(kind=kind, at=POINTS[point]))
     spec = make_spec(f"{module}:faulty", "kafka", commit.split("-")[0], partitions=2)
@@ -138,7 +140,7 @@ def _run_fault(spark, kafka_settings, make_spec, transforms_from, unique, commit
     assert checkpoints[(src, 0)] is None, f"{kind} at {point}: partition 0's checkpoint moved to {checkpoints}"
     out = _values(kafka_settings, spec.sink.topic)
     assert not [v for v in out if v.startswith("0:")], f"{kind} at {point}: records of the failed partition committed"
-    if commit == "atomic":  # one transaction: nothing of the other partition either
+    if commit.startswith("atomic"):  # one transaction: nothing of the other partition either
         assert out == [] and checkpoints[(src, 1)] is None
     # per_partition: the other partition is its own unit of work; its task may still be committing
     # after the job failed (Spark does not wait for it), so its state is checked at the end.
@@ -210,7 +212,8 @@ def _run_table_fault(spark, kafka_settings, make_spec, transforms_from, unique, 
 
 QUICK = [("per_partition", "jvm", point) for point in POINTS] + [("sql", "jvm", "mid"), ("iceberg", "jvm", "mid")] + [
     ("per_partition", "python_kill", "boundary"), ("per_partition-two-passes", "jvm", "mid"), ("atomic", "jvm", "mid"),
-    ("per_partition-python-writer", "jvm", "mid"), ("per_partition-python-writer", "python_kill", "boundary")]
+    ("per_partition-python-writer", "jvm", "mid"), ("per_partition-python-writer", "python_kill", "boundary"),
+    ("atomic-python-writer", "python_kill", "mid")]
 
 
 @pytest.mark.parametrize("commit,kind,point", QUICK)
@@ -220,7 +223,7 @@ def test_a_fault_inside_the_read_commits_nothing_of_its_partition(spark, kafka_s
 
 
 GRID = [cell for cell in itertools.product(["per_partition", "per_partition-python-writer", "per_partition-two-passes",
-                                            "atomic", "sql", "iceberg"],
+                                            "atomic", "atomic-python-writer", "sql", "iceberg"],
                                            ["jvm", "python", "python_kill"], list(POINTS)) if cell not in QUICK]
 
 

@@ -46,6 +46,9 @@ def test_a_run_through_the_connect_server_is_exactly_once_and_starts_no_jvm(conn
         assert f"{spec.name}: per_partition in one pass" in run.stderr, run.stderr[-3000:]
         assert f"{spec.name}: per_partition, the records produced from the JVM (3 tasks)" in run.stderr, \
             run.stderr[-3000:]
+    else:  # the plugin ran the whole plan's transaction in the server's JVM
+        assert f"{spec.name}: atomic, the records produced from the Spark Connect server's JVM" in run.stderr, \
+            run.stderr[-3000:]
     summary = json.loads(run.stdout)
     assert (summary["status"], summary["records_in"]) == ("committed", len(truth.committed))
     out = [json.loads(m.value)["order_id"] for m in read_committed(kafka_settings, spec.sink.topic)]

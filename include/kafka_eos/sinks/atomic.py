@@ -12,6 +12,9 @@ under the pipeline's group-level transactional.id (docs/architecture.md, "Commit
    last bytes reach the driver's Python only when the next task's result, or the job's end, pushes
    them out of Spark's socket buffer, 8 KB: with small tasks the transaction opens when the job
    is nearly done. Measured: a task done 5 s into a 22-s job was handed over at 21.7 s.)
+   By Py4J the records of one pass are produced from the driver's JVM instead
+   (:func:`kafka_eos.sinks.jvm_writer.atomic`): the job ends first, its tasks' rows handed to the
+   driver whole, and only then the transaction opens and takes them in the same order.
 4. Where one pass cannot be safe (``spark.driver.maxResultSize`` near the heap) or failed for a
    reason two passes do not meet (the transaction timed out while Spark computed, an output over
    maxResultSize), **two passes**: computed and cached first, then streamed to a new transaction.
@@ -33,7 +36,7 @@ from kafka_eos.kafka_admin import TP
 from kafka_eos.manifest import NOOP, run_key
 from kafka_eos.plan import Plan
 from kafka_eos.settings import KafkaSettings
-from kafka_eos.sinks import batches
+from kafka_eos.sinks import batches, jvm_writer
 from kafka_eos.sinks.base import Outcome, Output
 from kafka_eos.sinks.kafka import KafkaSink, checkpoint_records, committed_record, with_dead_letters
 from kafka_eos.sinks.limits import producer_batch_bytes
@@ -122,6 +125,7 @@ def write_atomic(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, setting
     :param tally: filled with per-source-partition counts (see :func:`kafka_eos.sinks.batches.records`).
     :param commit: a long-lived commit set to the plan's ranges (stream mode); else a new one.
     """
+    kept = commit is not None
     commit = commit or atomic_commit(spec, plan, settings)
     if commit.batch_bytes is None:  # read when its producer is built (a stream's: at its first batch)
         commit.batch_bytes = producer_batch_bytes(spec)
@@ -138,20 +142,23 @@ def write_atomic(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, setting
         print(f"kafka-eos: {plan.pipeline}: {why}; computing the output first, then committing it",
               file=sys.stderr, flush=True)
         return write_cached(df, commit, spec, tally, manifest)
-    rows = batches.computed(df)
-    try:
-        # One pass: the transaction is open while Spark computes; rows go to the producer as
-        # each task ends (the job starts once the commit has fenced and checked its checkpoint).
-        return commit.run(batches.records(rows, spec, tally), manifest)
-    except Exception as exc:  # noqa: BLE001 - only the two below fall back; the rest is raised
-        why = one_pass_limit(exc)
-        if why is None:
-            raise
-    finally:
-        # The one-pass job never outlives its transaction: cancelled here, whatever ended it,
-        # not when the garbage collector gets to the generators (an exception's traceback keeps
-        # them alive; meanwhile the job's unread results block Spark's scheduler).
-        rows.close()
+    done: CommitResult | str | None = None
+    if not kept and jvm_writer.atomic_applies(df):
+        try:
+            # One pass, the records produced from the driver's JVM (kafka_eos.sinks.jvm_writer); None:
+            # a Spark Connect server whose plugin does not run it (nothing ran).
+            done = jvm_writer.atomic(df, spec, plan, settings, summary, tally)
+        except Exception as exc:  # noqa: BLE001 - only Spark's limit on the results falls back; the rest is raised
+            # (Its transaction is open only while it produces, after the job: two passes would not
+            # shorten it, so a timeout is raised as it is.)
+            if not batches.result_too_large(exc):
+                raise
+            done = one_pass_limit(exc)
+    if done is None:
+        done = write_one_pass(df, commit, spec, tally, manifest)
+    if not isinstance(done, str):
+        return done
+    why = done
     # Nothing of the aborted transaction is visible. Two passes: computed and cached first, the
     # transaction open only while the cached rows stream to the producer.
     print(f"kafka-eos: {plan.pipeline}: {why}; computing the output first, then committing it",
@@ -160,6 +167,26 @@ def write_atomic(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, setting
         tally.clear()
     commit.close()
     return write_cached(df, commit, spec, tally, manifest)
+
+
+def write_one_pass(df: "DataFrame", commit: TransactionalCommit, spec: PipelineSpec, tally: Counter | None,
+                   manifest) -> CommitResult | str:
+    """One pass through the driver's Python producer: the transaction is open while Spark computes;
+    rows go to the producer as each task ends (the job starts once the commit has fenced and checked
+    its checkpoint). Its result, or why two passes must take the run (:func:`one_pass_limit`)."""
+    rows = batches.computed(df)
+    try:
+        return commit.run(batches.records(rows, spec, tally), manifest)
+    except Exception as exc:  # noqa: BLE001 - only the two below fall back; the rest is raised
+        why = one_pass_limit(exc)
+        if why is None:
+            raise
+        return why
+    finally:
+        # The one-pass job never outlives its transaction: cancelled here, whatever ended it,
+        # not when the garbage collector gets to the generators (an exception's traceback keeps
+        # them alive; meanwhile the job's unread results block Spark's scheduler).
+        rows.close()
 
 
 def one_pass_unsafe(df: "DataFrame") -> str | None:

@@ -1,16 +1,10 @@
 package io.kafkaeos.connect;
 
-import java.lang.reflect.Method;
-import java.util.ArrayList;
 import java.util.List;
 import java.util.Optional;
 
-import org.apache.spark.Dependency;
-import org.apache.spark.Partition;
 import org.apache.spark.connect.proto.Relation;
-import org.apache.spark.rdd.RDD;
 import org.apache.spark.sql.Row;
-import org.apache.spark.sql.RowFactory;
 import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan;
 import org.apache.spark.sql.classic.Dataset;
 import org.apache.spark.sql.classic.SparkSession;
@@ -20,6 +14,8 @@ import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructType;
 import org.sparkproject.connect.protobuf.Any;
 import org.sparkproject.connect.protobuf.InvalidProtocolBufferException;
+
+import io.kafkaeos.writer.ReadLayout;
 
 /**
  * What each Spark task of a DataFrame reads from Kafka, answered by the Spark Connect server: the
@@ -34,7 +30,8 @@ import org.sparkproject.connect.protobuf.InvalidProtocolBufferException;
  * analysed and planned, as for an {@code explain}.
  *
  * <p>The same plugin answers {@code kafka_eos.PartitionCommits}: per_partition scope's commit job run
- * on the server, its records produced from the server's executors ({@link PartitionCommitsRelation}).
+ * on the server, its records produced from the server's executors, and {@code kafka_eos.AtomicCommit}:
+ * the atomic scope's transaction in the server's driver JVM ({@link PartitionCommitsRelation}).
  *
  * <p>Loaded with {@code spark.connect.extensions.relation.classes=io.kafkaeos.connect.ReadLayoutPlugin}.
  */
@@ -42,9 +39,6 @@ public final class ReadLayoutPlugin implements RelationPlugin {
 
     /** The extension's type: what the Python client sends. */
     public static final String TYPE_URL = "type.googleapis.com/kafka_eos.ReadLayout";
-
-    private static final String ONE_TO_ONE = "org.apache.spark.OneToOneDependency";
-    private static final String KAFKA_READ = "org.apache.spark.sql.kafka010.KafkaSourceRDD";
 
     /** The answer's columns. */
     public static final StructType SCHEMA = new StructType()
@@ -59,8 +53,10 @@ public final class ReadLayoutPlugin implements RelationPlugin {
         Relation input;
         try {
             Any any = Any.parseFrom(extension);
-            if (PartitionCommitsRelation.TYPE_URL.equals(any.getTypeUrl())) {
-                return Optional.of(PartitionCommitsRelation.transform(any.getValue().toByteArray(), planner));
+            if (PartitionCommitsRelation.TYPE_URL.equals(any.getTypeUrl())
+                    || PartitionCommitsRelation.ATOMIC_TYPE_URL.equals(any.getTypeUrl())) {
+                return Optional.of(PartitionCommitsRelation.transform(any.getValue().toByteArray(), planner,
+                        PartitionCommitsRelation.ATOMIC_TYPE_URL.equals(any.getTypeUrl())));
             }
             if (!TYPE_URL.equals(any.getTypeUrl())) {
                 return Optional.empty(); // another plugin's
@@ -71,38 +67,7 @@ public final class ReadLayoutPlugin implements RelationPlugin {
         }
         SparkSession session = planner.session();
         LogicalPlan plan = planner.transformRelation(input);
-        List<Row> tasks = layout(Dataset.ofRows(session, plan).queryExecution().toRdd());
+        List<Row> tasks = ReadLayout.layout(Dataset.ofRows(session, plan).queryExecution().toRdd());
         return Optional.of(session.createDataFrame(tasks, SCHEMA).logicalPlan());
-    }
-
-    /** One row per task of the Kafka read under {@code rdd}, or none where it is not proven. */
-    static List<Row> layout(RDD<?> rdd) {
-        while (!rdd.getClass().getName().equals(KAFKA_READ)) {
-            scala.collection.immutable.Seq<Dependency<?>> dependencies = rdd.dependencies();
-            if (dependencies.size() != 1 || !dependencies.head().getClass().getName().equals(ONE_TO_ONE)) {
-                return List.of();
-            }
-            rdd = dependencies.head().rdd();
-        }
-        List<Row> tasks = new ArrayList<>();
-        try {
-            for (Partition task : rdd.partitions()) {
-                // The connector's classes are Scala-private (public in bytecode): read by reflection,
-                // as the Python side reads them through py4j.
-                Object range = call(task, "offsetRange");
-                Object tp = call(range, "topicPartition");
-                tasks.add(RowFactory.create(task.index(), call(tp, "topic"), call(tp, "partition"),
-                        call(range, "fromOffset"), call(range, "untilOffset")));
-            }
-        } catch (ReflectiveOperationException e) {
-            return List.of(); // another version of the connector: not proven
-        }
-        return tasks;
-    }
-
-    private static Object call(Object target, String method) throws ReflectiveOperationException {
-        Method m = target.getClass().getMethod(method);
-        m.setAccessible(true);
-        return m.invoke(target);
     }
 }

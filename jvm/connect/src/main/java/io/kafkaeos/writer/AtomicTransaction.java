@@ -1,0 +1,376 @@
+package io.kafkaeos.writer;
+
+import java.io.ByteArrayOutputStream;
+import java.io.DataOutputStream;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.Iterator;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Objects;
+import java.util.TreeMap;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ArrayNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+
+import org.apache.kafka.common.KafkaException;
+import org.apache.kafka.common.TopicPartition;
+import org.apache.spark.TaskContext;
+import org.apache.spark.api.java.function.FlatMapFunction;
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
+import org.apache.spark.sql.execution.QueryExecution;
+import org.apache.spark.sql.execution.SQLExecution;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.unsafe.Platform;
+import org.apache.spark.unsafe.types.UTF8String;
+
+import scala.Option;
+
+/**
+ * The atomic scope's transaction with the records produced from the driver's JVM: one Kafka
+ * transaction for the whole plan under the pipeline's transactional.id, the steps of
+ * {@code kafka_eos.txn} ({@link Transaction}), with the rows never reaching Python.
+ *
+ * <ol>
+ * <li>Init under the pipeline's id, then fence each planned partition's own id (the other scope's).</li>
+ * <li>The group's committed offsets, read stable: the plan's expected checkpoints go on, the ranges'
+ * ends mean an earlier attempt committed (no-op: the job never runs), anything else is a conflict.</li>
+ * <li>One Spark job of the output (one SQL execution of its query): each task hands its rows to the
+ * driver as Spark's own binary rows, whole (a task's result comes whole or its task fails). A job
+ * that fails (a read, a transform, Spark's limit on its results) fails the run before the
+ * transaction opens.</li>
+ * <li>Begin, and every task's rows produced in the order each source partition's rows keep (the job's
+ * tasks ordered from its lineage, {@link #order}): the transaction is open only while the driver
+ * produces. Each task's row count is checked as its rows are read back.</li>
+ * <li>Flush, the offsets of every range, the run's manifest record and each range's checkpoint record,
+ * commit.</li>
+ * </ol>
+ *
+ * The job's results wait on the driver's heap until it ends (the Python producer took each task's
+ * as it came, and spilled those out of turn to a file): the driver ({@code kafka_eos.sinks.atomic})
+ * takes this route only where {@code spark.driver.maxResultSize} is well below the heap, and Spark's
+ * own limit then stops a job whose output is larger; the run falls back to two passes.
+ *
+ * <p>Called through Py4J: {@code AtomicTransaction.commit(dataset, jobJson)}, which returns the result as
+ * JSON: {@code status}, {@code records_out}, {@code dead_letters} and {@code tally} (per source
+ * partition: topic, partition, results, dead letters).
+ */
+public final class AtomicTransaction extends Transaction {
+
+    /** The job's name in Spark's UI. */
+    static final String DESCRIPTION = "kafka-eos: one transaction for the whole plan";
+    /** A task's rows are handed over in chunks of about this many bytes (no single array near 2 GiB). */
+    static final int CHUNK_BYTES = 16 << 20;
+
+    private final String transactionalId;
+    private final JsonNode ranges;
+    /** Source (topic, partition) -> {results, dead letters}: the run's counts per source partition. */
+    private final Map<List<Object>, long[]> tally = new LinkedHashMap<>();
+
+    AtomicTransaction(JsonNode job, Columns at) {
+        super(job, at);
+        this.transactionalId = job.get("transactional_id").asText();
+        this.ranges = job.get("ranges");
+    }
+
+    /** Run the whole plan's transaction over {@code rows} (the sink's prepared columns); its result as JSON. */
+    public static String commit(Dataset<Row> rows, String job) throws Exception {
+        JsonNode spec = PartitionCommits.JSON.readTree(job);
+        return PartitionCommits.JSON.writeValueAsString(new AtomicTransaction(spec, new Columns(rows.schema())).run(rows));
+    }
+
+    @Override
+    String where(String what) {
+        return what + " (" + transactionalId + ", " + rangesText() + ")";
+    }
+
+    /** The plan's ranges, as kafka_eos.txn names them in its errors. */
+    private String rangesText() {
+        StringBuilder text = new StringBuilder();
+        for (int i = 0; i < ranges.size(); i++) {
+            JsonNode r = ranges.get(i);
+            text.append(i > 0 ? ", " : "").append(r.get("topic").asText()).append('-').append(r.get("partition").asInt())
+                    .append(" [").append(r.get("from").asLong()).append(", ").append(r.get("until").asLong()).append(')');
+        }
+        return text.toString();
+    }
+
+    private ObjectNode run(Dataset<Row> rows) throws Exception {
+        try {
+            openProducer(transactionalId);
+            fence(job.get("fences"), rangesText());
+            if (alreadyCommitted()) {
+                return result(NOOP, 0, 0);
+            }
+            long[] counts = produceJob(rows);
+            flush();
+            faults.point("before_offsets");
+            Map<TopicPartition, Long> until = new LinkedHashMap<>();
+            for (JsonNode r : ranges) {
+                until.put(new TopicPartition(r.get("topic").asText(), r.get("partition").asInt()), r.get("until").asLong());
+            }
+            sendOffsets(until);
+            String now = now();
+            sendManifest(job.get("run_key").asText(), runRecord(counts[0], counts[1], now));
+            for (JsonNode r : ranges) {
+                String topic = r.get("topic").asText();
+                int partition = r.get("partition").asInt();
+                sendManifest(checkpointKey(topic, partition), checkpointRecord(topic, partition, r.get("until").asLong(), now));
+            }
+            faults.point("before_commit");
+            commit();
+            faults.point("after_commit");
+            return result(COMMITTED, counts[0], counts[1]);
+        } catch (FaultPoints.TaskKilled e) {
+            leaveOpen();
+            throw e;
+        } catch (Input.Failed e) {
+            abort(); // not begun: nothing to abort; the job's own error, as it was raised
+            Throwable cause = e.getCause();
+            if (cause instanceof Error) {
+                throw (Error) cause;
+            }
+            throw (Exception) cause;
+        } catch (Refused refused) {
+            abort();
+            throw new CommitFailed(refused.refusal, refused.getMessage(), null);
+        } catch (CommitFailed e) {
+            throw e;
+        } catch (KafkaException e) {
+            throw failure("the transaction", e, true);
+        } catch (Exception | Error e) {
+            abort(); // the job failed (a read, a transform, Spark's limit on its results): nothing is visible
+            throw e;
+        } finally {
+            close();
+        }
+    }
+
+    /** Step 2, as kafka_eos.txn reads it: true when an earlier attempt committed the plan. */
+    private boolean alreadyCommitted() {
+        String group = job.get("group_id").asText();
+        List<TopicPartition> tps = new ArrayList<>();
+        for (JsonNode r : ranges) {
+            tps.add(new TopicPartition(r.get("topic").asText(), r.get("partition").asInt()));
+        }
+        Map<TopicPartition, org.apache.kafka.clients.consumer.OffsetAndMetadata> found =
+                tps.isEmpty() ? Map.of() : committed(tps, "kafka-eos-check-" + transactionalId);
+        // Refresh ranges (idle partitions, checkpoints committed again unchanged) cannot tell a landed
+        // commit from a pending one; the ranges that move decide, when there are any.
+        boolean deciding = false;
+        boolean allAtEnd = true;
+        for (int i = 0; i < tps.size(); i++) {
+            JsonNode r = ranges.get(i);
+            Long expected = r.get("expected").isNull() ? null : r.get("expected").asLong();
+            long until = r.get("until").asLong();
+            if (expected == null || expected != until) {
+                deciding = true;
+                Long committed = offsetOf(found, tps.get(i));
+                allAtEnd = allAtEnd && committed != null && committed == until;
+            }
+        }
+        if (deciding && allAtEnd) {
+            return true;
+        }
+        for (int i = 0; i < tps.size(); i++) {
+            JsonNode r = ranges.get(i);
+            Long expected = r.get("expected").isNull() ? null : r.get("expected").asLong();
+            Long committed = offsetOf(found, tps.get(i));
+            String name = tps.get(i).topic() + "-" + tps.get(i).partition();
+            if (committed == null && expected != null) {
+                throw new CommitFailed("CheckpointLost", name + ": group " + quoted(group) + " has no committed offset "
+                        + "any more, the plan expected " + expected + ": the broker expired it (offsets.retention.minutes) "
+                        + "or the group was deleted after the plan was made; nothing was written", null);
+            }
+            if (!Objects.equals(committed, expected)) {
+                throw new CommitFailed("CheckpointConflict", name + ": group " + quoted(group) + " is at "
+                        + (committed == null ? "None" : committed) + ", the plan expected "
+                        + (expected == null ? "None" : expected) + " (ends at " + r.get("until").asLong()
+                        + "): a concurrent or stale plan", null);
+            }
+        }
+        return false;
+    }
+
+    /** Step 3: the job, then every task's rows produced in their order; {results, dead letters}. */
+    private long[] produceJob(Dataset<Row> rows) throws Refused {
+        QueryExecution query = rows.queryExecution();
+        Pack pack = new Pack(rows.schema());
+        List<byte[][]> results;
+        try {
+            // One SQL execution of the rows' query, as a Dataset's action is: listeners (the SQL tab,
+            // OpenLineage) see it, and observations of the query are filled.
+            results = SQLExecution.withNewExecutionId(query, Option.apply(DESCRIPTION),
+                    () -> query.toRdd().toJavaRDD().mapPartitions(pack).collect());
+        } catch (Throwable t) {
+            throw new Input.Failed(t); // the job's own error (a read, a transform, Spark's limit), as it was raised
+        }
+        Map<Integer, byte[][]> byTask = new HashMap<>();
+        for (byte[][] p : results) {
+            if (byTask.put(taskOf(p), p) != null) {
+                throw new IllegalStateException("two results of Spark task " + taskOf(p) + " of one job");
+            }
+        }
+        if (byTask.size() != query.toRdd().getNumPartitions()) {
+            throw new IllegalStateException("the job gave " + byTask.size() + " tasks' results of "
+                    + query.toRdd().getNumPartitions());
+        }
+        // The transaction opens now, with the job done: it is open only while the driver produces, so a
+        // long Spark job cannot outlast the transaction timeout (the fencing and the check above still
+        // came first: an attempt that starts later fences this producer, whose commit then fails).
+        producer.beginTransaction();
+        begun = System.nanoTime();
+        long[] counts = {0, 0};
+        UnsafeRow row = new UnsafeRow(rows.schema().size());
+        UTF8String lastTopic = null;
+        String topic = null;
+        for (int task : order(query)) {
+            byte[][] p = byTask.remove(task);
+            long expected = rowsOf(p);
+            long seen = 0;
+            for (int c = 1; c < p.length; c++) {
+                byte[] chunk = p[c];
+                p[c] = null; // produced: no longer held
+                int pos = 0;
+                while (pos < chunk.length) {
+                    int size = ((chunk[pos] & 0xff) << 24) | ((chunk[pos + 1] & 0xff) << 16)
+                            | ((chunk[pos + 2] & 0xff) << 8) | (chunk[pos + 3] & 0xff);
+                    row.pointTo(chunk, Platform.BYTE_ARRAY_OFFSET + pos + 4, size);
+                    pos += 4 + size;
+                    seen++;
+                    if (row.isNullAt(at.topic)) {
+                        topic = null;
+                        lastTopic = null;
+                    } else if (lastTopic == null || !lastTopic.equals(row.getUTF8String(at.topic))) {
+                        lastTopic = row.getUTF8String(at.topic).clone();
+                        topic = lastTopic.toString();
+                    }
+                    Integer partition = row.isNullAt(at.partition) ? null : row.getInt(at.partition);
+                    boolean isDead = produceRow(row, topic, partition);
+                    if (topic != null && partition != null) {
+                        tally.computeIfAbsent(List.of(topic, partition), k -> new long[2])[isDead ? 1 : 0]++;
+                    }
+                    counted(isDead, counts);
+                }
+            }
+            if (seen != expected) { // a task's rows are handed over whole, or the run fails here
+                throw new IllegalStateException("Spark task " + task + " packed " + expected + " rows, " + seen
+                        + " were read back");
+            }
+        }
+        return counts;
+    }
+
+    /**
+     * The tasks in the order their rows are produced: where the lineage proves what each task reads
+     * ({@link ReadLayout}), in the order of their ranges (the tasks reading one source partition in the
+     * order of their offsets, as kafka-eos's {@code batches.turns} orders them); else in their own order
+     * (a shuffle: each key is in one task; a union or a coalesce: one group in the tasks' order).
+     */
+    private static List<Integer> order(QueryExecution query) {
+        int tasks = query.toRdd().getNumPartitions();
+        List<Integer> order = new ArrayList<>();
+        List<Row> layout = ReadLayout.layout(query.toRdd());
+        if (layout.size() == tasks) {
+            List<Row> sorted = new ArrayList<>(layout);
+            sorted.sort(java.util.Comparator.<Row, String>comparing(r -> r.getString(1))
+                    .thenComparingInt(r -> r.getInt(2)).thenComparingLong(r -> r.getLong(3)));
+            sorted.forEach(r -> order.add(r.getInt(0)));
+        } else {
+            for (int i = 0; i < tasks; i++) {
+                order.add(i);
+            }
+        }
+        return order;
+    }
+
+    /** A task's result: its index and row count first (a 12-byte header), then its rows' chunks. */
+    private static int taskOf(byte[][] result) {
+        return java.nio.ByteBuffer.wrap(result[0]).getInt(0);
+    }
+
+    private static long rowsOf(byte[][] result) {
+        return java.nio.ByteBuffer.wrap(result[0]).getLong(4);
+    }
+
+    /** The run's manifest record: the driver's summary of the run, and what this transaction committed. */
+    private Map<String, Object> runRecord(long out, long dead, String committedAt) {
+        @SuppressWarnings("unchecked")
+        Map<String, Object> record = PartitionCommits.JSON.convertValue(job.get("summary"), TreeMap.class);
+        return committedRecord(record, out, dead, committedAt);
+    }
+
+    private ObjectNode result(String status, long out, long dead) {
+        ObjectNode result = PartitionCommits.JSON.createObjectNode();
+        result.put("status", status);
+        result.put("records_out", out);
+        result.put("dead_letters", dead);
+        ArrayNode counts = result.putArray("tally");
+        tally.forEach((tp, n) -> counts.addArray().add((String) tp.get(0)).add((Integer) tp.get(1)).add(n[0]).add(n[1]));
+        return result;
+    }
+
+    /**
+     * A Spark task of the job: its rows packed for the driver, whole (one result per task): a header
+     * (the task's index, 4 bytes, and its row count, 8), then chunks of Spark's own binary rows, each a
+     * 4-byte length and the row. Plain byte arrays, which every serializer of task results takes (a
+     * Kryo that requires registration too).
+     */
+    static final class Pack implements FlatMapFunction<Iterator<InternalRow>, byte[][]> {
+        private static final long serialVersionUID = 1L;
+        private final StructType schema;
+
+        Pack(StructType schema) {
+            this.schema = schema;
+        }
+
+        /** What Spark's plan and UI show. */
+        @Override
+        public String toString() {
+            return DESCRIPTION;
+        }
+
+        @Override
+        public Iterator<byte[][]> call(Iterator<InternalRow> input) throws Exception {
+            UnsafeProjection unsafe = null;
+            List<byte[]> chunks = new ArrayList<>();
+            chunks.add(null); // the header, below
+            ByteArrayOutputStream bytes = new ByteArrayOutputStream(1 << 16);
+            DataOutputStream out = new DataOutputStream(bytes);
+            byte[] buffer = new byte[4096];
+            long rows = 0;
+            while (input.hasNext()) {
+                InternalRow next = input.next();
+                UnsafeRow row;
+                if (next instanceof UnsafeRow) {
+                    row = (UnsafeRow) next;
+                } else {
+                    if (unsafe == null) {
+                        unsafe = UnsafeProjection.create(schema);
+                    }
+                    row = unsafe.apply(next);
+                }
+                out.writeInt(row.getSizeInBytes());
+                row.writeToStream(out, buffer);
+                rows++;
+                if (bytes.size() >= CHUNK_BYTES) {
+                    out.flush();
+                    chunks.add(bytes.toByteArray());
+                    bytes.reset();
+                }
+            }
+            out.flush();
+            if (bytes.size() > 0) {
+                chunks.add(bytes.toByteArray());
+            }
+            chunks.set(0, java.nio.ByteBuffer.allocate(12).putInt(TaskContext.getPartitionId()).putLong(rows).array());
+            return List.<byte[][]>of(chunks.toArray(new byte[0][])).iterator();
+        }
+    }
+}

@@ -113,9 +113,10 @@ def test_spark_sink_with_kafka_eos_producer_settings_is_compared_with_the_baseli
     rows = _rated(
         ("baseline", [26.0, 26.0, 26.0]), ("floor", [20.0, 20.0, 20.0]), ("spark_sink_lz4", [21.0, 22.0, 20.0]),
         ("baseline_connect", [8.0, 8.0, 8.0]), ("floor_connect_fresh", [6.0, 6.0, 6.0]),
-        ("spark_sink_lz4_connect_fresh", [6.4, 6.4, 6.4]), ("per_partition_python", [24.0, 23.0, 25.0]))
-    assert [r["x_baseline"] for r in rows] == [1.0, 1.3, 1.24, 1.0, 1.33, 1.25, 1.08]
-    assert [v for v in verdicts(rows) if v.startswith(("spark_sink_lz4", "per_partition_python"))] == [
+        ("spark_sink_lz4_connect_fresh", [6.4, 6.4, 6.4]), ("per_partition_python", [24.0, 23.0, 25.0]),
+        ("atomic_python", [26.0, 26.0, 26.0]))
+    assert [r["x_baseline"] for r in rows] == [1.0, 1.3, 1.24, 1.0, 1.33, 1.25, 1.08, 1.0]
+    assert [v for v in verdicts(rows) if v.startswith(("spark_sink_lz4", "per_partition_python", "atomic_python"))] == [
         "spark_sink_lz4 at 1x: 1.24x the baseline — Spark's sink with kafka-eos's producer settings: its producer's "
         "work, transactions aside (no target); the floor (the same read and transform, written nowhere) is 1.3x, so "
         "the writing took 1.0 s beyond it against Spark's sink's 6.0 s",
@@ -124,5 +125,8 @@ def test_spark_sink_with_kafka_eos_producer_settings_is_compared_with_the_baseli
         "nowhere) is 1.33x, so the writing took 0.4 s beyond it against Spark's sink's 2.0 s",
         "per_partition_python at 1x: 1.08x the baseline — per_partition through its Python commit task (a stream's, "
         "KAFKA_EOS_WRITER=python; no target); the floor (the same read and transform, written nowhere) is 1.3x, so "
-        "the writing took 4.0 s beyond it against Spark's sink's 6.0 s"]
+        "the writing took 4.0 s beyond it against Spark's sink's 6.0 s",
+        "atomic_python at 1x: 1.0x the baseline — atomic through the driver's Python producer (a stream's, "
+        "KAFKA_EOS_WRITER=python; no target); the floor (the same read and transform, written nowhere) is 1.3x, so "
+        "the writing took 6.0 s beyond it against Spark's sink's 6.0 s"]
     assert not any("target >=" in v for v in verdicts(rows))  # no scope's row here: no target line

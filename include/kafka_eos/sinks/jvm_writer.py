@@ -165,15 +165,13 @@ def atomic(df: "DataFrame", spec: PipelineSpec, plan: Plan, settings: KafkaSetti
     :raises KafkaEosError: the writer's, as the Python writer raises it (``CheckpointConflict``,
         ``TransactionTimedOut``, ``DeadLetterWithoutTopic``, …); a failed job's own error as it is.
     """
-    log.info("%s: atomic, the records produced from the %s JVM", spec.name,
-             "Spark Connect server's" if is_connect(df) else "driver's")
+    job_id = uuid.uuid4().hex  # a new request each time: no cache of planned relations answers it
     text = json.dumps({
         **_common(df, spec, plan, settings), "transactional_id": spec.transactional_id(),
         "fences": [spec.transactional_id(r.topic, r.partition) for r in plan.active],
         "ranges": [{"topic": r.topic, "partition": r.partition, "from": r.from_offset, "until": r.until,
                     "expected": r.expected} for r in plan.active],
-        "run_key": run_key(plan.pipeline, plan.run_id), "summary": summary,
-        "job_id": uuid.uuid4().hex,  # a new request each time: no cache of planned relations answers it
+        "run_key": run_key(plan.pipeline, plan.run_id), "summary": summary, "job_id": job_id,
     })
     try:
         if is_connect(df):
@@ -182,18 +180,41 @@ def atomic(df: "DataFrame", spec: PipelineSpec, plan: Plan, settings: KafkaSetti
                 return None
             result = answer[0]
         else:
-            result = json.loads(_entry(df, ATOMIC_ENTRY).commit(df._jdf, text))
+            entry = _entry(df, ATOMIC_ENTRY)
+            try:
+                result = json.loads(entry.commit(df._jdf, text))
+            except BaseException as exc:
+                if not _answered(exc):  # interrupted here (a signal, a task's timeout) while the JVM goes on:
+                    _cancel(entry, job_id)  # its transaction must not commit after this process gave up on it
+                raise
     except Exception as exc:  # noqa: BLE001 - the writer's own errors as kafka-eos's; the rest as raised
         raised = commit_failed(exc)
         if raised is None:
             raise
         raise raised from None
+    log.info("%s: atomic, the records produced from the %s JVM", spec.name,
+             "Spark Connect server's" if is_connect(df) else "driver's")
     if tally is not None:
         for topic, partition, out, dead in result["tally"]:
             tally[((topic, partition), "out")] += out
             if dead:
                 tally[((topic, partition), "dead")] += dead
     return CommitResult(result["status"], result["records_out"], result["dead_letters"], "built")
+
+
+def _answered(exc: BaseException) -> bool:
+    """Whether ``exc`` is the JVM's own answer to a Py4J call (its call has ended), not this process's."""
+    from pyspark.errors.exceptions.captured import CapturedException
+
+    return getattr(exc, "java_exception", None) is not None or isinstance(exc, CapturedException)
+
+
+def _cancel(entry, job_id: str) -> None:
+    """Tell the driver's JVM writer to give up job ``job_id``: it aborts instead of beginning or committing."""
+    try:
+        entry.cancel(job_id)
+    except Exception:  # noqa: BLE001 - a gateway that is gone has no JVM left to commit
+        log.info("could not cancel the JVM writer's transaction (job %s)", job_id, exc_info=True)
 
 
 _COMMIT_FAILED_TEXT = re.compile(r"kafka_eos\.errors\.(\w+): (.*)", re.S)
@@ -248,14 +269,14 @@ def _through_connect(df: "DataFrame", text: str, kind: str) -> list[dict] | None
     ask.extension.value = struct.pack(">i", len(relation)) + relation + text.encode()
     tag = f"kafka-eos-commit-{uuid.uuid4().hex}"
     session.addTag(tag)
-    answered = False
+    settled = False
     try:
         rows = ConnectDataFrame(CachedRelation(ask), session).collect()
-        answered = True
+        settled = True
     except Exception as exc:  # noqa: BLE001 - only a server without the relation is not a failure of the job
-        answered = True  # the server answered, with an error
         if not any(m in str(exc) for m in ("NO_HANDLER_FOR_EXTENSION", "No handler found for extension")):
             raise
+        settled = True  # nothing ran
         _no_commit_plugin[kind].add(session.session_id)
         log.info("the Spark Connect server's kafka-eos plugin does not run %s (%s): the Python writer does",
                  "per_partition commit jobs" if kind == COMMIT_TYPE else "atomic transactions",
@@ -263,7 +284,10 @@ def _through_connect(df: "DataFrame", text: str, kind: str) -> list[dict] | None
         return None
     finally:
         session.removeTag(tag)
-        if not answered:  # left before the answer (interrupted): the server stops the job
+        if not settled:
+            # Left without the answer (an error, a timeout, an interrupt): the server's work is stopped,
+            # so that it cannot go on to commit after this process has failed (stopping a finished
+            # operation does nothing).
             session.interruptTag(tag)
     return [json.loads(row["result"]) for row in rows]
 

@@ -494,8 +494,9 @@ def run_kafka_eos(work: Path, settings: KafkaSettings, source: Input, kind: str,
     pipeline's runs share its session (:func:`kafka_eos.spark_io.connect_session`); each run is a new
     pipeline here (new outputs, new checkpoints), which would otherwise take a session of its own.
 
-    ``python_writer``: per_partition's commit job through the Python commit task (Arrow to Spark's
-    Python workers, confluent-kafka), not the JVM writer (:mod:`kafka_eos.sinks.jvm_writer`)."""
+    ``python_writer``: the Python writer (``KAFKA_EOS_WRITER=python``), not the JVM writer
+    (:mod:`kafka_eos.sinks.jvm_writer`): per_partition's commit job through the Python commit task (Arrow
+    to Spark's Python workers, confluent-kafka), atomic's transaction through the driver's Python producer."""
     from kafka_eos.pipeline import prepare_plan
     from kafka_eos.sinks.jvm_writer import WRITER_ENV
 
@@ -520,7 +521,9 @@ def run_kafka_eos(work: Path, settings: KafkaSettings, source: Input, kind: str,
         out, dead = count_committed(settings, spec.sink.topic), count_committed(settings, spec.sink.dlq_topic)
     else:
         out, dead = summary["records_out"], summary["dead_letters"]
-    what = (f"kafka-eos, Kafka sink ({commit}{', the Python commit task' if python_writer else ''})" if kind == "kafka"
+    python = (", the Python commit task" if commit == "per_partition" else ", the driver's Python producer") \
+        if python_writer else ""
+    what = (f"kafka-eos, Kafka sink ({commit}{python})" if kind == "kafka"
             else "kafka-eos, SQL sink into PostgreSQL, a row per order (x base: Spark's JDBC writer)"
             if kind == "sql_rows"
             else "kafka-eos, Iceberg sink (SQLite catalog, a row per order; x base: Spark's df.write.parquet)"
@@ -819,6 +822,9 @@ def verdicts(rows: list[dict]) -> list[str]:
     for r in (r for r in rows if r["name"] == "per_partition_python"):
         lines.append(f"per_partition_python at {r['size']}x: {r['x_baseline']}x the baseline — per_partition through "
                      f"its Python commit task (a stream's, KAFKA_EOS_WRITER=python; no target){_floor_note(r, rows)}")
+    for r in (r for r in rows if r["name"] == "atomic_python"):
+        lines.append(f"atomic_python at {r['size']}x: {r['x_baseline']}x the baseline — atomic through the driver's "
+                     f"Python producer (a stream's, KAFKA_EOS_WRITER=python; no target){_floor_note(r, rows)}")
     for r in (r for r in rows if r["name"] == "sql_rows"):
         ok = r["x_baseline"] is not None and r["x_baseline"] >= TARGETS["sql_rows"]
         lines.append(f"SQL sink at {r['size']}x: {r['x_baseline']}x Spark's JDBC writer (target >= "
@@ -983,7 +989,10 @@ def _sizes(args, skip: set, settings: KafkaSettings, work: Path, rows: list[dict
                                                        label="spark_sink_lz4")),
                 (f"kafka-eos per_partition {size}x, the Python commit task",
                  partial(run_kafka_eos, work, settings, source, "kafka", "per_partition",
-                         label="per_partition_python", python_writer=True))])
+                         label="per_partition_python", python_writer=True)),
+                (f"kafka-eos atomic {size}x, the driver's Python producer",
+                 partial(run_kafka_eos, work, settings, source, "kafka", "atomic",
+                         label="atomic_python", python_writer=True))])
         if remote:
             # Like with like: each side's runs of one row in one session of the server (as a
             # deployed pipeline's runs are), and each side in a session of its own every run (as

@@ -79,6 +79,17 @@ public final class AtomicTransaction extends Transaction {
         this.ranges = job.get("ranges");
     }
 
+    /** The jobs whose caller stopped waiting for them ({@link #cancel}): they abort instead of committing. */
+    private static final java.util.Set<String> CANCELLED = java.util.concurrent.ConcurrentHashMap.newKeySet();
+
+    /**
+     * Give up the job {@code jobId} (its JSON's {@code job_id}): the caller's process stopped waiting for
+     * it (interrupted, timed out). Its transaction then aborts where it would begin or commit next.
+     */
+    public static void cancel(String jobId) {
+        CANCELLED.add(jobId);
+    }
+
     /** Run the whole plan's transaction over {@code rows} (the sink's prepared columns); its result as JSON. */
     public static String commit(Dataset<Row> rows, String job) throws Exception {
         JsonNode spec = PartitionCommits.JSON.readTree(job);
@@ -124,6 +135,7 @@ public final class AtomicTransaction extends Transaction {
                 sendManifest(checkpointKey(topic, partition), checkpointRecord(topic, partition, r.get("until").asLong(), now));
             }
             faults.point("before_commit");
+            notCancelled("commit_transaction");
             commit();
             faults.point("after_commit");
             return result(COMMITTED, counts[0], counts[1]);
@@ -149,6 +161,16 @@ public final class AtomicTransaction extends Transaction {
             throw e;
         } finally {
             close();
+            CANCELLED.remove(job.path("job_id").asText());
+        }
+    }
+
+    /** Fails where the caller gave this job up ({@link #cancel}). */
+    private void notCancelled(String what) {
+        if (CANCELLED.contains(job.path("job_id").asText())) {
+            abort();
+            throw new CommitFailed("TransactionFailed", where(what) + ": cancelled, the run's process stopped "
+                    + "waiting for it; nothing of it is committed", null);
         }
     }
 
@@ -224,6 +246,7 @@ public final class AtomicTransaction extends Transaction {
         // The transaction opens now, with the job done: it is open only while the driver produces, so a
         // long Spark job cannot outlast the transaction timeout (the fencing and the check above still
         // came first: an attempt that starts later fences this producer, whose commit then fails).
+        notCancelled("begin_transaction");
         producer.beginTransaction();
         begun = System.nanoTime();
         long[] counts = {0, 0};
@@ -263,6 +286,9 @@ public final class AtomicTransaction extends Transaction {
                 throw new IllegalStateException("Spark task " + task + " packed " + expected + " rows, " + seen
                         + " were read back");
             }
+        }
+        if (!byTask.isEmpty()) { // every task's rows were produced, or nothing commits
+            throw new IllegalStateException("Spark tasks " + byTask.keySet() + " of the job were not produced");
         }
         return counts;
     }

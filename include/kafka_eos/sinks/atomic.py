@@ -12,12 +12,14 @@ under the pipeline's group-level transactional.id (docs/architecture.md, "Commit
    last bytes reach the driver's Python only when the next task's result, or the job's end, pushes
    them out of Spark's socket buffer, 8 KB: with small tasks the transaction opens when the job
    is nearly done. Measured: a task done 5 s into a 22-s job was handed over at 21.7 s.)
-   By Py4J the records of one pass are produced from the driver's JVM instead
-   (:func:`kafka_eos.sinks.jvm_writer.atomic`): the job ends first, its tasks' rows handed to the
-   driver whole, and only then the transaction opens and takes them in the same order.
+   A batch run's one pass is produced from the JVM instead (the driver's by Py4J, a Connect
+   server's through kafka-eos's plugin: :func:`kafka_eos.sinks.jvm_writer.atomic`): the job ends
+   first, its tasks' rows handed to the driver whole, and only then the transaction opens and takes
+   them in the same order. A stream's batches (its kept producer) take the Python producer.
 4. Where one pass cannot be safe (``spark.driver.maxResultSize`` near the heap) or failed for a
-   reason two passes do not meet (the transaction timed out while Spark computed, an output over
-   maxResultSize), **two passes**: computed and cached first, then streamed to a new transaction.
+   reason two passes do not meet (an output over maxResultSize; with the Python producer, the
+   transaction timed out while Spark computed), **two passes**: computed and cached first, then
+   streamed to a new transaction.
 5. The transaction commits the rows, the dead letters, the offsets, the run's manifest record
    and each partition's checkpoint record together.
 

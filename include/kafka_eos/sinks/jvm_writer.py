@@ -288,7 +288,10 @@ def _through_connect(df: "DataFrame", text: str, kind: str) -> list[dict] | None
             # Left without the answer (an error, a timeout, an interrupt): the server's work is stopped,
             # so that it cannot go on to commit after this process has failed (stopping a finished
             # operation does nothing).
-            session.interruptTag(tag)
+            try:
+                session.interruptTag(tag)
+            except Exception:  # noqa: BLE001 - a server out of reach: the error that brought us here is raised
+                log.info("could not interrupt the Spark Connect server's work (%s)", tag, exc_info=True)
     return [json.loads(row["result"]) for row in rows]
 
 

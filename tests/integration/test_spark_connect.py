@@ -155,6 +155,33 @@ def test_a_run_through_an_unreachable_server_fails_in_one_line_and_commits_nothi
     assert set(kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, list(ends)).values()) == {None}
 
 
+SHUFFLING = '''
+from pyspark.sql import functions as F
+
+def shuffled(df):
+    return df.repartition(2, "key").withColumn("dlq_reason", F.lit(None).cast("string"))
+'''
+
+
+def test_per_partition_refuses_a_shuffling_transform_through_the_connect_server(connect_server, kafka_settings,
+                                                                                make_spec, tmp_path):
+    """Through Connect the no-shuffle check and the lineage's proof are asked of the server at once:
+    the transform's Exchange still refuses the run before any job, in one line, with nothing committed."""
+    spec = make_spec("identity", "kafka", "per_partition")
+    module = f"shuffling_{spec.name.replace('-', '_')}"
+    (tmp_path / f"{module}.py").write_text(SHUFFLING)
+    produce_orders(kafka_settings, spec.source.topics[0], 20, abort_every=0, malformed_every=0)
+    spec_file = write_spec_file(dataclasses.replace(spec, transform=f"{module}:shuffled"), tmp_path / "spec.yaml")
+    run = kafka_eos_run(spec_file, kafka_settings, connect_server.url,
+                        env={"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])})
+    assert run.returncode == 1, run.stderr[-2000:]
+    last = run.stderr.strip().splitlines()[-1]
+    assert "shuffles (an Exchange in its plan)" in last and "use commit: atomic" in last, run.stderr[-2000:]
+    tps = [(spec.source.topics[0], p) for p in range(3)]
+    assert set(kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, tps).values()) == {None}
+    assert read_committed(kafka_settings, spec.sink.topic) == []
+
+
 def test_the_fault_matrix_crash_cells_through_the_connect_server(connect_server, kafka_settings, tmp_path):
     """The driver (the run's process) killed before its commit; a per_partition task's Python worker
     (on the server) killed after it produced; a SQL run killed before its database commit. Each cell's

@@ -14,8 +14,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import requests
-
 from kafka_eos.errors import RegistryError
 from kafka_eos.local.process_groups import stop_group
 from kafka_eos.paths import jars_dir, local_dir
@@ -70,6 +68,8 @@ class LocalRegistry:
         return pid
 
     def ready(self) -> bool:
+        import requests  # here: every CLI command asks only for the URL (cli._local_registry_url)
+
         try:
             return requests.get(f"http://{HOST}:{self.port}/health/ready", timeout=2).status_code == 200
         except requests.RequestException:
@@ -105,6 +105,8 @@ class LocalRegistry:
         self._wait_ready(proc)
         # What the Confluent-compatible API reports as the global rule (the rule itself is
         # Apicurio's global rule, set above).
+        import requests
+
         requests.put(f"{self.url}/config", json={"compatibility": DEFAULT_COMPATIBILITY}, timeout=10).raise_for_status()
         return self.url
 

@@ -45,6 +45,14 @@ REGISTRY_CONFIG_ENV = "KAFKA_EOS_SCHEMA_REGISTRY_CONFIG"
 REGISTRY_CONFIG_FILE_ENV = "KAFKA_EOS_SCHEMA_REGISTRY_CONFIG_FILE"
 #: librdkafka's own log lines go to this Python logger instead of stderr (see kafka_eos.logs).
 CLIENT_LOGGER = logging.getLogger("kafka_eos.librdkafka")
+#: librdkafka's ``reconnect.backoff.ms`` where the settings give none (its default is 100 ms).
+#: librdkafka (2.x) leaves its bootstrap connection once the metadata names the brokers, and waits
+#: half this backoff (at least 11 ms) before it connects to one of them: 50 ms of every new client's
+#: first request by default — of each command's admin clients, each checkpoint read, each producer's
+#: init. Reconnecting after a broker is lost still backs off exponentially, up to
+#: ``reconnect.backoff.max.ms`` (10 s). (The Java clients' writer has a wait of its own cut short the
+#: same way: ``retry.backoff.ms``, ``io.kafkaeos.writer.Transaction.COORDINATOR_BACKOFF_MS``.)
+RECONNECT_BACKOFF_MS = 10
 
 
 #: librdkafka settings whose values are callables, which kafka-eos's settings hold as dotted paths
@@ -163,7 +171,8 @@ class KafkaSettings:
 
         :raises KafkaEosError: a callback that cannot be imported, naming it.
         """
-        conf: dict = {"bootstrap.servers": self.bootstrap_servers, "logger": CLIENT_LOGGER, **self.extra}
+        conf: dict = {"bootstrap.servers": self.bootstrap_servers, "logger": CLIENT_LOGGER,
+                      "reconnect.backoff.ms": RECONNECT_BACKOFF_MS, **self.extra}
         if any(key in self.extra for key in CALLBACK_KEYS):
             # kafka_eos.oauth (and kafka-python's token provider base) only where a callback is named.
             from kafka_eos.oauth import checked_token_callback, resolve_callback

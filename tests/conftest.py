@@ -513,7 +513,7 @@ def _delete_topics_named(name: str) -> None:
     if not bootstrap:
         return
     try:
-        admin = AdminClient({"bootstrap.servers": bootstrap, "reconnect.backoff.ms": 10})  # settings.RECONNECT_BACKOFF_MS
+        admin = AdminClient({"bootstrap.servers": bootstrap, "reconnect.backoff.ms": 20})  # settings.RECONNECT_BACKOFF_MS
         doomed = [t for t in admin.list_topics(timeout=10).topics if name in t]
         for future in (admin.delete_topics(doomed, operation_timeout=10).values() if doomed else ()):
             future.result(30)

@@ -49,10 +49,11 @@ CLIENT_LOGGER = logging.getLogger("kafka_eos.librdkafka")
 #: librdkafka (2.x) leaves its bootstrap connection once the metadata names the brokers, and waits
 #: half this backoff (at least 11 ms) before it connects to one of them: 50 ms of every new client's
 #: first request by default — of each command's admin clients, each checkpoint read, each producer's
-#: init. Reconnecting after a broker is lost still backs off exponentially, up to
+#: init; 11 ms with 20. Reconnecting after a broker is lost still backs off exponentially (jittered,
+#: doubling from 20 ms, as the Java clients' from 50 ms), up to
 #: ``reconnect.backoff.max.ms`` (10 s). (The Java clients' writer has a wait of its own cut short the
 #: same way: ``retry.backoff.ms``, ``io.kafkaeos.writer.Transaction.COORDINATOR_BACKOFF_MS``.)
-RECONNECT_BACKOFF_MS = 10
+RECONNECT_BACKOFF_MS = 20
 
 
 #: librdkafka settings whose values are callables, which kafka-eos's settings hold as dotted paths

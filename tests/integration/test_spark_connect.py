@@ -165,8 +165,9 @@ def shuffled(df):
 
 def test_per_partition_refuses_a_shuffling_transform_through_the_connect_server(connect_server, kafka_settings,
                                                                                 make_spec, tmp_path):
-    """Through Connect the no-shuffle check and the lineage's proof are asked of the server at once:
-    the transform's Exchange still refuses the run before any job, in one line, with nothing committed."""
+    """Through Connect the server explains the plan: the transform's Exchange refuses the run in one line
+    before the lineage is asked for (with adaptive execution, planning the RDD of a plan with an Exchange
+    runs its stages), with nothing committed."""
     spec = make_spec("identity", "kafka", "per_partition")
     module = f"shuffling_{spec.name.replace('-', '_')}"
     (tmp_path / f"{module}.py").write_text(SHUFFLING)

@@ -341,24 +341,6 @@ def lineage_owner(df: "DataFrame", plan: Plan) -> dict[int, TP] | None:
     return {index: tp for index, (tp, _f, _u) in read.items()}
 
 
-def _checked_owner(df: "DataFrame", spec: PipelineSpec, plan: Plan) -> dict[int, TP] | None:
-    """Step 1: :func:`check_no_shuffle`, then :func:`lineage_owner`. Through Spark Connect each asks
-    the server to plan ``df`` (about 0.15 s each on two cores): asked at once, on two threads.
-
-    :raises SpecError: the transform shuffles (whatever the lineage says).
-    """
-    if not is_connect(df):
-        check_no_shuffle(df, spec)
-        return lineage_owner(df, plan)
-    with ThreadPoolExecutor(1, thread_name_prefix="kafka-eos-explain") as pool:
-        shuffles = pool.submit(check_no_shuffle, df, spec)
-        try:
-            owner = lineage_owner(df, plan)
-        finally:
-            shuffles.result()  # its SpecError first
-    return owner
-
-
 def proven_dataframe(df: "DataFrame") -> "DataFrame":
     """Step 1, one pass: ``df`` as a DataFrame of the very RDD whose lineage :func:`lineage_owner`
     proved, so that the commit job runs that RDD (the proof's own object) instead of planning the
@@ -575,7 +557,8 @@ def write(df: "DataFrame | None", spec: PipelineSpec, plan: Plan, settings: Kafk
     if df is not None:
         planned = plan.offsets
         df = batches.prepared(df, planned)
-        owner = _checked_owner(df, spec, plan)  # 1. no shuffle, and each task's source partition
+        check_no_shuffle(df, spec)  # 1. no shuffle (first: with an Exchange, planning the RDD runs stages),
+        owner = lineage_owner(df, plan)  # 1. and one source partition per task, proven: one pass
         one_pass = owner is not None
         if one_pass:
             df = proven_dataframe(df)

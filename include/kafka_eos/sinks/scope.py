@@ -8,10 +8,17 @@ switches on ``sink.kind`` or ``sink.commit`` to decide how to commit.
 from __future__ import annotations
 
 from importlib import import_module
+from typing import TYPE_CHECKING
 
 from kafka_eos.settings import KafkaSettings
 from kafka_eos.sinks.base import Sink
 from kafka_eos.spec import PipelineSpec
+
+if TYPE_CHECKING:  # the types SCOPES names (imported by sink_type), for readers and the import graph
+    from kafka_eos.sinks.atomic import AtomicSink  # noqa: F401
+    from kafka_eos.sinks.iceberg import IcebergSink  # noqa: F401
+    from kafka_eos.sinks.per_partition import PerPartitionSink  # noqa: F401
+    from kafka_eos.sinks.sql import SqlSink  # noqa: F401
 
 #: (sink.kind, sink.commit) -> the sink's type, as ``module:class``. The spec's validation allows
 #: only these pairs. Imported when asked for: a Kafka sink's run does not load SQLAlchemy or

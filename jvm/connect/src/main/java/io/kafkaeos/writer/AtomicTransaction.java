@@ -8,7 +8,6 @@ import java.util.Iterator;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
-import java.util.Objects;
 import java.util.TreeMap;
 
 import com.fasterxml.jackson.databind.JsonNode;
@@ -176,7 +175,6 @@ public final class AtomicTransaction extends Transaction {
 
     /** Step 2, as kafka_eos.txn reads it: true when an earlier attempt committed the plan. */
     private boolean alreadyCommitted() {
-        String group = job.get("group_id").asText();
         List<TopicPartition> tps = new ArrayList<>();
         for (JsonNode r : ranges) {
             tps.add(new TopicPartition(r.get("topic").asText(), r.get("partition").asInt()));
@@ -204,18 +202,7 @@ public final class AtomicTransaction extends Transaction {
             JsonNode r = ranges.get(i);
             Long expected = r.get("expected").isNull() ? null : r.get("expected").asLong();
             Long committed = offsetOf(found, tps.get(i));
-            String name = tps.get(i).topic() + "-" + tps.get(i).partition();
-            if (committed == null && expected != null) {
-                throw new CommitFailed("CheckpointLost", name + ": group " + quoted(group) + " has no committed offset "
-                        + "any more, the plan expected " + expected + ": the broker expired it (offsets.retention.minutes) "
-                        + "or the group was deleted after the plan was made; nothing was written", null);
-            }
-            if (!Objects.equals(committed, expected)) {
-                throw new CommitFailed("CheckpointConflict", name + ": group " + quoted(group) + " is at "
-                        + (committed == null ? "None" : committed) + ", the plan expected "
-                        + (expected == null ? "None" : expected) + " (ends at " + r.get("until").asLong()
-                        + "): a concurrent or stale plan", null);
-            }
+            checkUnmoved(tps.get(i).topic() + "-" + tps.get(i).partition(), committed, expected, r.get("until").asLong());
         }
         return false;
     }

@@ -133,24 +133,12 @@ final class PartitionTransaction extends Transaction {
 
     /** Step 2: true when an earlier attempt committed the range. */
     private boolean alreadyCommitted() {
-        String group = job.get("group_id").asText();
         TopicPartition tp = new TopicPartition(topic, partition);
         Long committed = offsetOf(committed(Set.of(tp), "kafka-eos-check-" + transactionalId), tp);
         if ((expected == null || expected != until) && committed != null && committed == until) {
             return true;
         }
-        if (committed == null && expected != null) {
-            throw new CommitFailed("CheckpointLost", topic + "-" + partition + ": group " + quoted(group) + " has no "
-                    + "committed offset any more, the plan expected " + expected + ": the broker expired it "
-                    + "(offsets.retention.minutes) or the group was deleted after the plan was made; nothing was written",
-                    null);
-        }
-        if (committed == null ? expected != null : !committed.equals(expected)) {
-            throw new CommitFailed("CheckpointConflict", topic + "-" + partition + ": group " + quoted(group) + " is at "
-                    + (committed == null ? "None" : committed) + ", the plan expected "
-                    + (expected == null ? "None" : expected) + " (ends at " + until + "): a concurrent or stale plan",
-                    null);
-        }
+        checkUnmoved(topic + "-" + partition, committed, expected, until);
         return false;
     }
 

@@ -10,6 +10,7 @@ import java.util.Base64;
 import java.util.Collection;
 import java.util.List;
 import java.util.Map;
+import java.util.Objects;
 import java.util.Properties;
 import java.util.TreeMap;
 import java.util.concurrent.atomic.AtomicReference;
@@ -206,6 +207,28 @@ abstract class Transaction {
     static Long offsetOf(Map<TopicPartition, OffsetAndMetadata> found, TopicPartition tp) {
         OffsetAndMetadata at = found.get(tp);
         return at == null ? null : at.offset();
+    }
+
+    /**
+     * Step 2: the group's committed offset of a range where it is not the plan's: its checkpoint gone
+     * ({@code CheckpointLost}), or moved by another plan ({@code CheckpointConflict}).
+     *
+     * @param name the range's {@code topic-partition}
+     * @param committed the group's offset now (null: none), {@code expected} the plan's, {@code until} the range's end
+     */
+    void checkUnmoved(String name, Long committed, Long expected, long until) {
+        String group = job.get("group_id").asText();
+        if (committed == null && expected != null) {
+            throw new CommitFailed("CheckpointLost", name + ": group " + quoted(group) + " has no committed offset "
+                    + "any more, the plan expected " + expected + ": the broker expired it (offsets.retention.minutes) "
+                    + "or the group was deleted after the plan was made; nothing was written", null);
+        }
+        if (!Objects.equals(committed, expected)) {
+            throw new CommitFailed("CheckpointConflict", name + ": group " + quoted(group) + " is at "
+                    + (committed == null ? "None" : committed) + ", the plan expected "
+                    + (expected == null ? "None" : expected) + " (ends at " + until + "): a concurrent or stale plan",
+                    null);
+        }
     }
 
     /** {@code text} as Python's repr quotes it (the messages of kafka_eos.txn). */

@@ -203,6 +203,76 @@ def test_a_task_failing_after_rows_were_produced_aborts_the_whole_transaction(sp
         r.tp: r.until for r in plan.ranges}
 
 
+class _Interrupted(Exception):
+    """What a signal's handler raises in the driver's Python (as Airflow's task timeout does)."""
+
+
+def test_a_py4j_call_interrupted_in_python_cancels_the_jvms_transaction(spark, kafka_settings, make_spec, tmp_path,
+                                                                        monkeypatch):
+    """The driver's Python gives up on the JVM writer's call (a signal's exception, while the JVM holds
+    its transaction open at ``before_commit``): ``jvm_writer.atomic`` tells the JVM, which aborts
+    instead of committing once it goes on. The same plan again commits every record once."""
+    import signal
+    import threading
+
+    from kafka_eos.kafka_admin import transaction_admin
+
+    assert threading.current_thread() is threading.main_thread()  # where Python runs signal handlers
+    spec = make_spec("identity", "kafka", "atomic")
+    produce_orders(kafka_settings, spec.source.topics[0], 60, abort_every=0, malformed_every=0)
+    plan = prepare_plan(spec, kafka_settings, "r1")
+    monkeypatch.setenv("KAFKA_EOS_PAUSE_AT", "before_commit")
+    monkeypatch.setenv("KAFKA_EOS_PAUSE_DIR", str(tmp_path))
+    reached = tmp_path / "before_commit.reached"
+
+    def interrupt_once_paused() -> None:
+        deadline = time.monotonic() + 120
+        while not reached.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+
+    def handler(signum, frame):
+        raise _Interrupted("the driver's Python gave up")
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    interrupter = threading.Thread(target=interrupt_once_paused, daemon=True)
+    try:
+        interrupter.start()
+        with pytest.raises(Exception) as raised:
+            run_batch(spark, spec, plan, kafka_settings)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    # Raised as it is, or as Py4J reports what broke its wait for the answer: a Py4JError of the call
+    # (Py4J logs the interruption itself and keeps it out of the error it raises) — not the JVM's answer.
+    assert isinstance(raised.value, _Interrupted) or (
+        type(raised.value).__name__ == "Py4JError" and "AtomicTransaction.commit" in str(raised.value)), \
+        repr(raised.value)
+    assert reached.exists()  # interrupted while the JVM held the transaction, its records produced
+    (tmp_path / "before_commit.go").touch()  # the JVM goes on: cancelled, it must abort
+
+    admin = transaction_admin(kafka_settings)
+    try:
+        def state() -> str:
+            found = admin.describe_transactions([spec.transactional_id()])[spec.transactional_id()].state
+            return getattr(found, "value", str(found))
+
+        deadline = time.monotonic() + 60
+        while state() not in ("PrepareAbort", "CompleteAbort", "PrepareCommit", "CompleteCommit") \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert state() in ("PrepareAbort", "CompleteAbort")
+    finally:
+        admin.close()
+    assert read_committed(kafka_settings, spec.sink.topic) == []
+    tps = [r.tp for r in plan.ranges]
+    assert set(kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, tps).values()) == {None}
+
+    monkeypatch.delenv("KAFKA_EOS_PAUSE_AT")
+    summary = run_batch(spark, spec, plan, kafka_settings)
+    assert (summary.status, summary.records_out) == ("committed", 60)
+    assert len(read_committed(kafka_settings, spec.sink.topic)) == 60
+
+
 def test_an_output_larger_than_one_job_may_return_is_committed_in_two_passes(spark, kafka_settings, make_spec,
                                                                              max_result_size, capfd):
     spec = make_spec("identity", "kafka", "atomic")

@@ -13,6 +13,10 @@ import java.util.Map;
 import java.util.Objects;
 import java.util.Properties;
 import java.util.TreeMap;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
 import java.util.concurrent.atomic.AtomicReference;
 
 import com.fasterxml.jackson.databind.JsonNode;
@@ -163,21 +167,76 @@ abstract class Transaction {
         }
     }
 
-    /** Step 1b: the other scope's ids for the same partitions, with throwaway producers. */
+    /** The most fencing producers started at once (an atomic run fences each planned partition's id). */
+    static final int FENCING_THREADS = 8;
+
+    /**
+     * Step 1b: the other scope's ids for the same partitions, with throwaway producers. Several ids are
+     * fenced at once (each init is a round trip to its coordinator, and in a cold JVM the client's
+     * start): every one has ended, fenced or failed, before this returns; the first failure in the
+     * ids' order is raised.
+     */
     void fence(Iterable<JsonNode> ids, String committing) {
+        List<String> names = new ArrayList<>();
         for (JsonNode id : ids) {
-            Properties fence = clientProps();
-            fence.put(ProducerConfig.TRANSACTIONAL_ID_CONFIG, id.asText());
-            fence.put(ProducerConfig.TRANSACTION_TIMEOUT_CONFIG, job.get("timeout_ms").asText());
-            fence.put(ProducerConfig.MAX_BLOCK_MS_CONFIG, Long.toString(CALL_TIMEOUT_MS));
-            fence.putIfAbsent(ProducerConfig.RETRY_BACKOFF_MS_CONFIG, COORDINATOR_BACKOFF_MS);
-            try (KafkaProducer<byte[], byte[]> fencer = new KafkaProducer<>(fence, new ByteArraySerializer(),
-                    new ByteArraySerializer())) {
-                fencer.initTransactions();
-            } catch (KafkaException e) {
-                throw new CommitFailed("TransactionFailed", "fencing " + id.asText() + " before committing " + committing
-                        + ": " + e.getClass().getSimpleName() + ": " + e.getMessage(), null);
+            names.add(id.asText());
+        }
+        if (names.size() <= 1) {
+            for (String name : names) {
+                fenceOne(name, committing);
             }
+            return;
+        }
+        ExecutorService pool = Executors.newFixedThreadPool(Math.min(names.size(), FENCING_THREADS), task -> {
+            Thread thread = new Thread(task, "kafka-eos-fencing");
+            thread.setDaemon(true);
+            return thread;
+        });
+        try {
+            List<Future<?>> fencing = new ArrayList<>();
+            for (String name : names) {
+                fencing.add(pool.submit(() -> fenceOne(name, committing)));
+            }
+            CommitFailed first = null;
+            for (Future<?> one : fencing) {
+                try {
+                    one.get();
+                } catch (ExecutionException e) {
+                    if (e.getCause() instanceof CommitFailed failed) {
+                        first = first == null ? failed : first;
+                    } else if (e.getCause() instanceof RuntimeException other) {
+                        throw other;
+                    } else if (e.getCause() instanceof Error error) {
+                        throw error;
+                    } else {
+                        throw new IllegalStateException(e.getCause());
+                    }
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt(); // a killed task: its kill stands
+                    throw new CommitFailed("TransactionFailed", "fencing before committing " + committing
+                            + ": interrupted", null);
+                }
+            }
+            if (first != null) {
+                throw first;
+            }
+        } finally {
+            pool.shutdownNow();
+        }
+    }
+
+    private void fenceOne(String id, String committing) {
+        Properties fence = clientProps();
+        fence.put(ProducerConfig.TRANSACTIONAL_ID_CONFIG, id);
+        fence.put(ProducerConfig.TRANSACTION_TIMEOUT_CONFIG, job.get("timeout_ms").asText());
+        fence.put(ProducerConfig.MAX_BLOCK_MS_CONFIG, Long.toString(CALL_TIMEOUT_MS));
+        fence.putIfAbsent(ProducerConfig.RETRY_BACKOFF_MS_CONFIG, COORDINATOR_BACKOFF_MS);
+        try (KafkaProducer<byte[], byte[]> fencer = new KafkaProducer<>(fence, new ByteArraySerializer(),
+                new ByteArraySerializer())) {
+            fencer.initTransactions();
+        } catch (KafkaException e) {
+            throw new CommitFailed("TransactionFailed", "fencing " + id + " before committing " + committing
+                    + ": " + e.getClass().getSimpleName() + ": " + e.getMessage(), null);
         }
     }
 

@@ -216,7 +216,7 @@ soak: setup
 	SOAK_MINUTES=$(SOAK_MINUTES) SOAK_SEED=$(SOAK_SEED) $(PY) -m kafka_eos_lab.soak
 
 # Throughput beside plain at-least-once Spark and Kafka's own perf tools, fixed costs, the planner
-# and memory (a table on stdout; .local/bench/throughput.json and throughput.png; about 30 minutes on 2 cores).
+# and memory (a table on stdout; .local/bench/throughput.json and throughput.png; about 50 minutes on 2 cores).
 # BENCH_ARGS: e.g. --records 100000 --sizes 1 --skip airflow,postgres.
 # Then the big estate (make bench-scale) and a stream in each scope at 1,000 and 10,000 records/s on
 # 3 partitions (its p95 against the targets; about 8 minutes: make bench-stream has the event-driven form). Every part runs; the

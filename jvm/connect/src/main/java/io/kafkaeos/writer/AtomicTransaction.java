@@ -104,9 +104,6 @@ public final class AtomicTransaction extends Transaction {
 
     private static final Logger LOG = LoggerFactory.getLogger(AtomicTransaction.class);
 
-    private static long ms(long from, long to) {
-        return (to - from) / 1_000_000L;
-    }
 
     /** The plan's ranges, as kafka_eos.txn names them in its errors. */
     private String rangesText() {
@@ -150,7 +147,7 @@ public final class AtomicTransaction extends Transaction {
             faults.point("after_commit");
             // Where the run's time went: the job (Spark's read and transform, the rows handed to the
             // driver), then the producing of every row, after it, in the transaction.
-            LOG.info("kafka-eos {}: {} records, {} dead letters committed; init, fencing and checkpoint {} ms, "
+            timing(LOG, "kafka-eos {}: {} records, {} dead letters committed; init, fencing and checkpoint {} ms, "
                     + "the Spark job {} ms, producing {} ms, flush and commit {} ms", transactionalId, counts[0],
                     counts[1], ms(started, checked), ms(checked, begun), ms(begun, produced),
                     ms(produced, System.nanoTime()));

@@ -119,7 +119,7 @@ final class PartitionTransaction extends Transaction {
             faults.point("after_commit");
             // Where a task's time went (a line per task, as Spark's own task lines): the set-up is paid
             // per task, the rows' part is Spark's read and transform with the producing.
-            LOG.info("kafka-eos {}-{} [{}, {}): {} records, {} dead letters committed; init {} ms, fencing {} ms, "
+            timing(LOG, "kafka-eos {}-{} [{}, {}): {} records, {} dead letters committed; init {} ms, fencing {} ms, "
                     + "checkpoint {} ms, rows {} ms, flush and commit {} ms", topic, partition, from, until, counts[0],
                     counts[1], ms(started, opened), ms(opened, fenced), ms(fenced, checked), ms(checked, produced),
                     ms(produced, System.nanoTime()));
@@ -146,9 +146,6 @@ final class PartitionTransaction extends Transaction {
         }
     }
 
-    private static long ms(long from, long to) {
-        return (to - from) / 1_000_000L;
-    }
 
     /** Step 2: true when an earlier attempt committed the range. */
     private boolean alreadyCommitted() {

@@ -14,9 +14,11 @@ import java.util.Objects;
 import java.util.Properties;
 import java.util.TreeMap;
 import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ExecutorCompletionService;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
+import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicReference;
 
 import com.fasterxml.jackson.databind.JsonNode;
@@ -41,6 +43,7 @@ import org.apache.kafka.common.serialization.ByteArrayDeserializer;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.util.ArrayData;
+import org.slf4j.Logger;
 
 /**
  * What both commit scopes' transactions share, the steps of {@code kafka_eos.txn} (docs/architecture.md,
@@ -167,14 +170,29 @@ abstract class Transaction {
         }
     }
 
+    /** Milliseconds from one {@code System.nanoTime()} to another. */
+    static long ms(long from, long to) {
+        return (to - from) / 1_000_000L;
+    }
+
+    /** A transaction's timing line, after its commit: a logger that fails must not make a committed transaction a failed task. */
+    static void timing(Logger log, String format, Object... values) {
+        try {
+            log.info(format, values);
+        } catch (Throwable ignored) {
+            // the commit stands
+        }
+    }
+
     /** The most fencing producers started at once (an atomic run fences each planned partition's id). */
     static final int FENCING_THREADS = 8;
 
     /**
      * Step 1b: the other scope's ids for the same partitions, with throwaway producers. Several ids are
      * fenced at once (each init is a round trip to its coordinator, and in a cold JVM the client's
-     * start): every one has ended, fenced or failed, before this returns; the first failure in the
-     * ids' order is raised.
+     * start). It returns only once every id's init has returned; at the first failure the ids not yet
+     * begun are left (the commit fails: nothing is produced), the ones at work are interrupted, and that
+     * failure is raised.
      */
     void fence(Iterable<JsonNode> ids, String committing) {
         List<String> names = new ArrayList<>();
@@ -187,41 +205,49 @@ abstract class Transaction {
             }
             return;
         }
+        AtomicInteger threads = new AtomicInteger();
         ExecutorService pool = Executors.newFixedThreadPool(Math.min(names.size(), FENCING_THREADS), task -> {
-            Thread thread = new Thread(task, "kafka-eos-fencing");
+            Thread thread = new Thread(task, "kafka-eos-fencing-" + threads.incrementAndGet());
             thread.setDaemon(true);
             return thread;
         });
+        ExecutorCompletionService<String> done = new ExecutorCompletionService<>(pool);
+        for (String name : names) {
+            done.submit(() -> {
+                fenceOne(name, committing);
+                return name;
+            });
+        }
+        int pending = names.size();
+        Throwable first = null;
         try {
-            List<Future<?>> fencing = new ArrayList<>();
-            for (String name : names) {
-                fencing.add(pool.submit(() -> fenceOne(name, committing)));
-            }
-            CommitFailed first = null;
-            for (Future<?> one : fencing) {
+            while (pending > 0) {
+                Future<String> one = done.take();
+                pending--;
                 try {
                     one.get();
                 } catch (ExecutionException e) {
-                    if (e.getCause() instanceof CommitFailed failed) {
-                        first = first == null ? failed : first;
-                    } else if (e.getCause() instanceof RuntimeException other) {
-                        throw other;
-                    } else if (e.getCause() instanceof Error error) {
-                        throw error;
-                    } else {
-                        throw new IllegalStateException(e.getCause());
+                    if (first == null) {
+                        first = e.getCause();
+                        pending -= pool.shutdownNow().size(); // never begun: nothing of theirs to wait for
                     }
-                } catch (InterruptedException e) {
-                    Thread.currentThread().interrupt(); // a killed task: its kill stands
-                    throw new CommitFailed("TransactionFailed", "fencing before committing " + committing
-                            + ": interrupted", null);
                 }
             }
-            if (first != null) {
-                throw first;
-            }
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt(); // a killed task: its kill stands
+            throw new CommitFailed("TransactionFailed", "fencing before committing " + committing + ": interrupted",
+                    null);
         } finally {
             pool.shutdownNow();
+        }
+        if (first instanceof RuntimeException failed) {
+            throw failed; // CommitFailed, as fenceOne raises it
+        }
+        if (first instanceof Error error) {
+            throw error;
+        }
+        if (first != null) {
+            throw new IllegalStateException(first);
         }
     }
 

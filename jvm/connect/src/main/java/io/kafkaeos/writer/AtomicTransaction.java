@@ -69,6 +69,8 @@ public final class AtomicTransaction extends Transaction {
     /** A task's rows are handed over in chunks of about this many bytes (no single array near 2 GiB). */
     static final int CHUNK_BYTES = 16 << 20;
 
+    private static final Logger LOG = LoggerFactory.getLogger(AtomicTransaction.class);
+
     private final String transactionalId;
     private final JsonNode ranges;
     /** Source (topic, partition) -> {results, dead letters}: the run's counts per source partition. */
@@ -101,9 +103,6 @@ public final class AtomicTransaction extends Transaction {
     String where(String what) {
         return what + " (" + transactionalId + ", " + rangesText() + ")";
     }
-
-    private static final Logger LOG = LoggerFactory.getLogger(AtomicTransaction.class);
-
 
     /** The plan's ranges, as kafka_eos.txn names them in its errors. */
     private String rangesText() {

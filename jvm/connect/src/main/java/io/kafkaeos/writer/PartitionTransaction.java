@@ -93,7 +93,6 @@ final class PartitionTransaction extends Transaction {
             }
             producer.beginTransaction();
             begun = System.nanoTime();
-            long checked = begun;
             long[] counts;
             try {
                 counts = produceRows(rows);
@@ -121,7 +120,7 @@ final class PartitionTransaction extends Transaction {
             // per task, the rows' part is Spark's read and transform with the producing.
             timing(LOG, "kafka-eos {}-{} [{}, {}): {} records, {} dead letters committed; init {} ms, fencing {} ms, "
                     + "checkpoint {} ms, rows {} ms, flush and commit {} ms", topic, partition, from, until, counts[0],
-                    counts[1], ms(started, opened), ms(opened, fenced), ms(fenced, checked), ms(checked, produced),
+                    counts[1], ms(started, opened), ms(opened, fenced), ms(fenced, begun), ms(begun, produced),
                     ms(produced, System.nanoTime()));
             return result(COMMITTED, counts[0], counts[1], null, null, false);
         } catch (FaultPoints.TaskKilled e) {
@@ -145,7 +144,6 @@ final class PartitionTransaction extends Transaction {
             close();
         }
     }
-
 
     /** Step 2: true when an earlier attempt committed the range. */
     private boolean alreadyCommitted() {

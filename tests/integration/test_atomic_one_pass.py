@@ -90,6 +90,61 @@ def slow_start(df):
 '''
 
 
+#: Every row takes a second to transform: the job of 60 rows on 3 partitions, 2 cores, takes 40 s.
+SLOW_ROWS = '''
+import time
+from pyspark.sql import functions as F
+
+@F.udf("binary")
+def _slowly(value):
+    time.sleep(1)
+    return value
+
+def slow_rows(df):
+    return df.select("key", _slowly("value").alias("value"), "headers", "topic", "partition", "offset",
+                     F.lit(None).cast("string").alias("dlq_reason"))
+'''
+
+
+@pytest.mark.parametrize("found", ["committed", "moved"])
+def test_the_jvm_writers_set_up_beside_its_job_cancels_a_job_of_no_use(spark, kafka_settings, make_spec,
+                                                                     transforms_from, monkeypatch, found):
+    """The JVM writer's init, fencing and checkpoint check run beside the Spark job
+    (``AtomicTransaction.SetUp``), and their outcome is the run's: where the group is already at the
+    ranges' ends (an earlier attempt committed the plan) the run is a no-op; where another plan moved
+    it, a CheckpointConflict. Either way nothing is produced and the job (40 s of work) is cancelled,
+    not waited for."""
+    from kafka_eos.errors import CheckpointConflict
+    from kafka_eos.sinks import atomic
+
+    def not_here(*args, **kwargs):
+        raise AssertionError("the driver's Python producer took the run, not the JVM writer")
+
+    monkeypatch.setattr(atomic, "write_one_pass", not_here)
+    monkeypatch.setattr(atomic, "write_cached", not_here)
+    spec = make_spec(transforms_from("slow_rows", SLOW_ROWS) + ":slow_rows", "kafka", "atomic")
+    produce_orders(kafka_settings, spec.source.topics[0], 60, abort_every=0, malformed_every=0)
+    plan = prepare_plan(spec, kafka_settings, "r1")
+    tps = [r.tp for r in plan.active]
+    kafka_admin.alter_group_offsets(kafka_settings, spec.source.group_id,
+                                    {r.tp: r.until if found == "committed" else 1 for r in plan.active})
+    started = time.monotonic()
+    if found == "committed":
+        assert run_batch(spark, spec, plan, kafka_settings).status == "noop"
+    else:
+        with pytest.raises(CheckpointConflict, match=r"is at 1, the plan expected None"):
+            run_batch(spark, spec, plan, kafka_settings)
+    assert time.monotonic() - started < 25, "the run waited for the job of no use"
+    deadline = time.monotonic() + 15
+    while spark.sparkContext.statusTracker().getActiveJobsIds() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert spark.sparkContext.statusTracker().getActiveJobsIds() == [], "the job of no use went on"
+    out = kafka_admin.partition_offsets(kafka_settings, [(spec.sink.topic, p) for p in range(3)])
+    assert sum(o.high_watermark for o in out.values()) == 0  # nothing was produced, not even aborted
+    assert set(kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, tps).values()) == (
+        {r.until for r in plan.active} if found == "committed" else {1})
+
+
 def test_rows_come_in_partition_order_when_the_tasks_end_out_of_order(spark, transforms_from):
     module = __import__(transforms_from("slow_udfs", SLOW))
     from pyspark.sql import functions as F

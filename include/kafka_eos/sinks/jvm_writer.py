@@ -156,8 +156,8 @@ def atomic(df: "DataFrame", spec: PipelineSpec, plan: Plan, settings: KafkaSetti
            tally: Counter | None = None) -> CommitResult | None:
     """The whole plan's transaction over ``df`` (:func:`kafka_eos.sinks.batches.prepared` columns)
     in the driver's JVM, as :func:`kafka_eos.sinks.atomic.write_atomic` commits one pass: the
-    fencing, the checkpoint check (a no-op runs no job), the job, every row, the offsets, the run's
-    manifest record (``summary`` and the counts) and the checkpoint records.
+    fencing and the checkpoint check beside the job (a no-op or a conflict cancels it), every row,
+    the offsets, the run's manifest record (``summary`` and the counts) and the checkpoint records.
 
     :param tally: filled with per-source-partition counts (as :func:`kafka_eos.sinks.batches.records`).
     :returns: None where a Spark Connect server's plugin does not run it (nothing ran: the

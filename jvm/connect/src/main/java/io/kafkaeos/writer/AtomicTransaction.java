@@ -9,6 +9,8 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.TreeMap;
+import java.util.concurrent.CancellationException;
+import java.util.concurrent.ExecutionException;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ArrayNode;
@@ -17,6 +19,7 @@ import com.fasterxml.jackson.databind.node.ObjectNode;
 import org.apache.kafka.common.KafkaException;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.spark.TaskContext;
+import org.apache.spark.api.java.JavaFutureAction;
 import org.apache.spark.api.java.function.FlatMapFunction;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Row;
@@ -41,10 +44,12 @@ import scala.Option;
  * <ol>
  * <li>Init under the pipeline's id, then fence each planned partition's own id (the other scope's).</li>
  * <li>The group's committed offsets, read stable: the plan's expected checkpoints go on, the ranges'
- * ends mean an earlier attempt committed (no-op: the job never runs), anything else is a conflict.</li>
- * <li>One Spark job of the output (one SQL execution of its query): each task hands its rows to the
- * driver as Spark's own binary rows, whole (a task's result comes whole or its task fails). A job
- * that fails (a read, a transform, Spark's limit on its results) fails the run before the
+ * ends mean an earlier attempt committed (a no-op: nothing is produced), anything else is a conflict.</li>
+ * <li>One Spark job of the output (one SQL execution of its query), started beside steps 1 and 2
+ * ({@link SetUp}: their round trips to the brokers need not hold up the read; where they end in an
+ * error or a no-op, the job is cancelled, and their outcome is the run's): each task hands its rows
+ * to the driver as Spark's own binary rows, whole (a task's result comes whole or its task fails). A
+ * job that fails (a read, a transform, Spark's limit on its results) fails the run before the
  * transaction opens.</li>
  * <li>Begin, and every task's rows produced in the order each source partition's rows keep (the job's
  * tasks ordered from its lineage, {@link #order}): the transaction is open only while the driver
@@ -117,14 +122,31 @@ public final class AtomicTransaction extends Transaction {
 
     private ObjectNode run(Dataset<Row> rows) throws Exception {
         long started = System.nanoTime();
+        SetUp setUp = new SetUp(rows.sparkSession().sparkContext());
         try {
-            openProducer(transactionalId);
-            fence(job.get("fences"), rangesText());
-            if (alreadyCommitted()) {
+            setUp.start();
+            QueryExecution query = rows.queryExecution();
+            List<byte[][]> results = null;
+            Throwable jobFailed = null;
+            try {
+                results = runJob(rows, query, setUp);
+            } catch (Throwable t) {
+                jobFailed = t;
+            }
+            long jobEnded = System.nanoTime();
+            // The set-up's own outcome first, as when it came before the job: its error (a fencing, a
+            // checkpoint conflict), or a no-op (an earlier attempt committed the plan: the job, cancelled
+            // or done, is not produced), before the job's own error.
+            if (setUp.await()) {
                 return result(NOOP, 0, 0);
             }
-            long checked = System.nanoTime();
-            long[] counts = produceJob(rows);
+            if (jobFailed != null) {
+                throw new Input.Failed(jobFailed); // the job's own error (a read, a transform, Spark's limit), as it was raised
+            }
+            if (results == null) {
+                throw new IllegalStateException("the Spark job of " + rangesText() + " did not run");
+            }
+            long[] counts = produceJob(results, query, rows.schema());
             long produced = System.nanoTime();
             flush();
             faults.point("before_offsets");
@@ -145,10 +167,10 @@ public final class AtomicTransaction extends Transaction {
             commit();
             faults.point("after_commit");
             // Where the run's time went: the job (Spark's read and transform, the rows handed to the
-            // driver), then the producing of every row, after it, in the transaction.
-            timing(LOG, "kafka-eos {}: {} records, {} dead letters committed; init, fencing and checkpoint {} ms, "
-                    + "the Spark job {} ms, producing {} ms, flush and commit {} ms", transactionalId, counts[0],
-                    counts[1], ms(started, checked), ms(checked, begun), ms(begun, produced),
+            // driver) with the set-up beside it, then the producing of every row, after it, in the transaction.
+            timing(LOG, "kafka-eos {}: {} records, {} dead letters committed; the Spark job {} ms, and beside it "
+                    + "init, fencing and checkpoint {} ms; producing {} ms, flush and commit {} ms", transactionalId,
+                    counts[0], counts[1], ms(started, jobEnded), ms(started, setUp.ended), ms(begun, produced),
                     ms(produced, System.nanoTime()));
             return result(COMMITTED, counts[0], counts[1]);
         } catch (FaultPoints.TaskKilled e) {
@@ -172,9 +194,165 @@ public final class AtomicTransaction extends Transaction {
             abort(); // the job failed (a read, a transform, Spark's limit on its results): nothing is visible
             throw e;
         } finally {
+            setUp.stop(); // its producer, if it made one, is the one closed here
             close();
             CANCELLED.remove(job.path("job_id").asText());
         }
+    }
+
+    /**
+     * Steps 1 and 2 beside the Spark job, in a thread of their own: init under the pipeline's id, the
+     * fencing of the planned partitions' ids, the checkpoint check. Each is a round trip to the
+     * brokers (and, in a cold driver, the Kafka client's classes loading) that the job's read need
+     * not wait for: the transaction still begins only after both have ended, and only where the
+     * set-up found the plan neither committed nor moved. Where it ends otherwise (an error, a no-op),
+     * it cancels the job, which is then of no use.
+     */
+    private final class SetUp {
+        private final org.apache.spark.SparkContext spark;
+        /** The job's tag ({@code SparkContext.addJobTag}): what {@link #stopJob} cancels. */
+        final String tag = "kafka-eos-atomic-" + java.util.UUID.randomUUID();
+        private final java.util.concurrent.FutureTask<Boolean> task = new java.util.concurrent.FutureTask<>(() -> {
+            try {
+                openProducer(transactionalId);
+                fence(job.get("fences"), rangesText());
+                return alreadyCommitted();
+            } finally {
+                ended = System.nanoTime();
+            }
+        });
+        private final Thread thread = new Thread(this::runAndStopJob, "kafka-eos-atomic-setup");
+        volatile long ended = System.nanoTime();
+
+        SetUp(org.apache.spark.SparkContext spark) {
+            this.spark = spark;
+            thread.setDaemon(true);
+        }
+
+        void start() {
+            thread.start();
+        }
+
+        private void runAndStopJob() {
+            task.run();
+            if (!ready()) {
+                stopJob();
+            }
+        }
+
+        /** Whether the set-up ended, and found the transaction ready to begin (not a no-op, no error). */
+        boolean ready() {
+            try {
+                return task.isDone() && !task.isCancelled() && !task.get();
+            } catch (InterruptedException | java.util.concurrent.ExecutionException e) {
+                return false;
+            }
+        }
+
+        /** Whether the set-up ended otherwise: the job would be of no use. */
+        boolean stopped() {
+            return task.isDone() && !ready();
+        }
+
+        private void stopJob() {
+            try {
+                spark.cancelJobsWithTag(tag, "kafka-eos: the transaction of " + rangesText()
+                        + " will not begin (a no-op, or its set-up failed)");
+            } catch (RuntimeException ignored) {
+                // a stopped SparkContext: no job to cancel
+            }
+        }
+
+        /**
+         * The set-up's outcome, once it has ended: true where an earlier attempt committed the plan (a
+         * no-op); its own error (CommitFailed: the fencing, the checkpoint) as it raised it.
+         */
+        boolean await() {
+            try {
+                return task.get();
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt(); // a killed task or operation: its kill stands
+                throw new CommitFailed("TransactionFailed", where("the set-up") + ": interrupted", null);
+            } catch (java.util.concurrent.ExecutionException e) {
+                Throwable cause = e.getCause();
+                if (cause instanceof RuntimeException failed) {
+                    throw failed;
+                }
+                if (cause instanceof Error error) {
+                    throw error;
+                }
+                throw new IllegalStateException(cause);
+            }
+        }
+
+        /**
+         * Waits until the set-up's thread has ended (interrupting it where the run was given up before it
+         * ended), so that the producer it made is the one {@link #close} then closes. Its calls are
+         * each bounded (max.block.ms, the offsets' timeout).
+         */
+        void stop() {
+            if (!task.isDone()) {
+                task.cancel(true);
+            }
+            boolean interrupted = false;
+            while (thread.isAlive()) {
+                try {
+                    thread.join();
+                } catch (InterruptedException e) {
+                    interrupted = true;
+                }
+            }
+            if (interrupted) {
+                Thread.currentThread().interrupt();
+            }
+        }
+    }
+
+    /**
+     * Step 3's job, beside the set-up: one SQL execution of the rows' query, as a Dataset's action is
+     * (listeners, the SQL tab and OpenLineage, see it, and observations of the query are filled), each
+     * task's rows handed to the driver whole; null where the set-up had already ended otherwise
+     * (nothing ran).
+     */
+    private List<byte[][]> runJob(Dataset<Row> rows, QueryExecution query, SetUp setUp) {
+        Pack pack = new Pack(rows.schema());
+        org.apache.spark.SparkContext spark = rows.sparkSession().sparkContext();
+        spark.addJobTag(setUp.tag);
+        try {
+            return SQLExecution.withNewExecutionId(query, Option.apply(DESCRIPTION), () -> {
+                if (setUp.stopped()) {
+                    return null;
+                }
+                JavaFutureAction<List<byte[][]>> running = query.toRdd().toJavaRDD().mapPartitions(pack).collectAsync();
+                if (setUp.stopped()) {
+                    running.cancel(true); // it ended while the job was planned and submitted: its cancel may have come first
+                }
+                return awaited(running);
+            });
+        } finally {
+            spark.removeJobTag(setUp.tag);
+        }
+    }
+
+    /** The job's result, or its own error as {@code collect()} raises it (not wrapped in an ExecutionException). */
+    private static <T> T awaited(JavaFutureAction<T> running) {
+        try {
+            return running.get();
+        } catch (ExecutionException e) {
+            throw AtomicTransaction.<RuntimeException>asIs(e.getCause());
+        } catch (CancellationException e) {
+            throw AtomicTransaction.<RuntimeException>asIs(e.getCause() != null ? e.getCause() : e);
+        } catch (InterruptedException e) {
+            running.cancel(true);
+            Thread.currentThread().interrupt();
+            throw AtomicTransaction.<RuntimeException>asIs(e);
+        }
+    }
+
+    /** {@code t} thrown as it is, checked or not (a lambda that Scala calls cannot declare it). */
+    @SuppressWarnings("unchecked")
+    private static <E extends Throwable> E asIs(Throwable t) throws E {
+        throw (E) t;
     }
 
     /** Fails where the caller gave this job up ({@link #cancel}). */
@@ -220,19 +398,8 @@ public final class AtomicTransaction extends Transaction {
         return false;
     }
 
-    /** Step 3: the job, then every task's rows produced in their order; {results, dead letters}. */
-    private long[] produceJob(Dataset<Row> rows) throws Refused {
-        QueryExecution query = rows.queryExecution();
-        Pack pack = new Pack(rows.schema());
-        List<byte[][]> results;
-        try {
-            // One SQL execution of the rows' query, as a Dataset's action is: listeners (the SQL tab,
-            // OpenLineage) see it, and observations of the query are filled.
-            results = SQLExecution.withNewExecutionId(query, Option.apply(DESCRIPTION),
-                    () -> query.toRdd().toJavaRDD().mapPartitions(pack).collect());
-        } catch (Throwable t) {
-            throw new Input.Failed(t); // the job's own error (a read, a transform, Spark's limit), as it was raised
-        }
+    /** Step 3, after the job: every task's rows produced in their order; {results, dead letters}. */
+    private long[] produceJob(List<byte[][]> results, QueryExecution query, StructType schema) throws Refused {
         Map<Integer, byte[][]> byTask = new HashMap<>();
         for (byte[][] p : results) {
             if (byTask.put(taskOf(p), p) != null) {
@@ -250,7 +417,7 @@ public final class AtomicTransaction extends Transaction {
         producer.beginTransaction();
         begun = System.nanoTime();
         long[] counts = {0, 0};
-        UnsafeRow row = new UnsafeRow(rows.schema().size());
+        UnsafeRow row = new UnsafeRow(schema.size());
         UTF8String lastTopic = null;
         String topic = null;
         for (int task : order(query)) {

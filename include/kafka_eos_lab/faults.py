@@ -9,6 +9,8 @@ name it in ``KAFKA_EOS_PROBES`` so that every process they start installs it too
   ``before_offsets`` (every record acknowledged, before ``send_offsets_to_transaction``),
   ``before_commit`` (offsets and manifest in the transaction, before ``commit_transaction``),
   ``after_commit`` (committed, before the run reports it: a task killed before its success is recorded);
+  an atomic run's JVM writer also ``before_check`` (its producer initialised and the ids fenced, before
+  the checkpoint check, beside the Spark job);
 - SQL sink: ``before_sql_commit`` (rows and offsets written, before the database commit),
   ``after_sql_commit`` (committed, before the Kafka mirror);
 - Iceberg sink: ``before_iceberg_commit`` (dead letters committed, the results not yet written),

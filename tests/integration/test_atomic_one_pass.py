@@ -103,18 +103,29 @@ def _slowly(value):
 def slow_rows(df):
     return df.select("key", _slowly("value").alias("value"), "headers", "topic", "partition", "offset",
                      F.lit(None).cast("string").alias("dlq_reason"))
+
+def slow_rows_shuffled(df):
+    return slow_rows(df).repartition(2)
 '''
 
 
-@pytest.mark.parametrize("found", ["committed", "moved"])
+@pytest.mark.parametrize("found", ["committed", "moved", "committed-shuffled", "given-up"])
 def test_the_jvm_writers_set_up_beside_its_job_cancels_a_job_of_no_use(spark, kafka_settings, make_spec,
-                                                                     transforms_from, monkeypatch, found):
+                                                                     transforms_from, monkeypatch, tmp_path, found):
     """The JVM writer's init, fencing and checkpoint check run beside the Spark job
     (``AtomicTransaction.SetUp``), and their outcome is the run's: where the group is already at the
     ranges' ends (an earlier attempt committed the plan) the run is a no-op; where another plan moved
-    it, a CheckpointConflict. Either way nothing is produced and the job (40 s of work) is cancelled,
-    not waited for."""
-    from kafka_eos.errors import CheckpointConflict
+    it, a CheckpointConflict. The set-up is held before its check (``before_check``) until a job (40 s
+    of work) is under way beside it; then nothing is produced, and the job is cancelled, not waited
+    for. ``committed-shuffled``: the job under way is the map stage's that adaptive execution runs while
+    the final job is planned; the run's tag reaches it, and it is cancelled too. ``given-up``: a plan
+    ready to commit whose caller gives up while the job runs (``AtomicTransaction.cancel``, as
+    ``jvm_writer`` calls it when its Py4J call is interrupted): the job is cancelled at once, nothing is
+    produced, and the run fails as given up."""
+    import threading
+    import uuid
+
+    from kafka_eos.errors import CheckpointConflict, TransactionFailed
     from kafka_eos.sinks import atomic
 
     def not_here(*args, **kwargs):
@@ -122,27 +133,66 @@ def test_the_jvm_writers_set_up_beside_its_job_cancels_a_job_of_no_use(spark, ka
 
     monkeypatch.setattr(atomic, "write_one_pass", not_here)
     monkeypatch.setattr(atomic, "write_cached", not_here)
-    spec = make_spec(transforms_from("slow_rows", SLOW_ROWS) + ":slow_rows", "kafka", "atomic")
+    job_id = uuid.uuid4().hex
+    monkeypatch.setattr(jvm_writer, "_job_id", lambda: job_id)  # the JVM's name of the run
+    transform = "slow_rows_shuffled" if found == "committed-shuffled" else "slow_rows"
+    spec = make_spec(transforms_from("slow_rows", SLOW_ROWS) + f":{transform}", "kafka", "atomic")
     produce_orders(kafka_settings, spec.source.topics[0], 60, abort_every=0, malformed_every=0)
     plan = prepare_plan(spec, kafka_settings, "r1")
     tps = [r.tp for r in plan.active]
-    kafka_admin.alter_group_offsets(kafka_settings, spec.source.group_id,
-                                    {r.tp: r.until if found == "committed" else 1 for r in plan.active})
-    started = time.monotonic()
-    if found == "committed":
-        assert run_batch(spark, spec, plan, kafka_settings).status == "noop"
+    group_at = {r.tp: 1 if found == "moved" else r.until for r in plan.active}
+    if found != "given-up":
+        kafka_admin.alter_group_offsets(kafka_settings, spec.source.group_id, group_at)
+    monkeypatch.setenv("KAFKA_EOS_PAUSE_AT", "before_check")
+    monkeypatch.setenv("KAFKA_EOS_PAUSE_DIR", str(tmp_path))
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["summary"] = run_batch(spark, spec, plan, kafka_settings)
+        except Exception as exc:  # noqa: BLE001 - handed to the test's thread
+            outcome["error"] = exc
+
+    tracker = spark.sparkContext.statusTracker()
+    before = set(tracker.getActiveJobsIds())
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not ((tmp_path / "before_check.reached").exists() and set(tracker.getActiveJobsIds()) - before) \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (tmp_path / "before_check.reached").exists() and set(tracker.getActiveJobsIds()) - before, \
+            "no job under way beside the set-up"
+        released = time.monotonic()
+        if found == "given-up":
+            spark.sparkContext._jvm.io.kafkaeos.writer.AtomicTransaction.cancel(job_id)
+            deadline = time.monotonic() + 20
+            while set(tracker.getActiveJobsIds()) - before and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not set(tracker.getActiveJobsIds()) - before, "the job went on after its caller gave up"
+    finally:
+        (tmp_path / "before_check.go").touch()
+    runner.join(60)
+    assert not runner.is_alive()
+    assert time.monotonic() - released < 20, "the run waited for the job of no use"
+    if found == "moved":
+        assert isinstance(outcome.get("error"), CheckpointConflict), outcome
+        assert "is at 1, the plan expected None" in str(outcome["error"])
+    elif found == "given-up":
+        assert isinstance(outcome.get("error"), TransactionFailed), outcome
+        assert "cancelled, the run's process stopped waiting for it" in str(outcome["error"])
     else:
-        with pytest.raises(CheckpointConflict, match=r"is at 1, the plan expected None"):
-            run_batch(spark, spec, plan, kafka_settings)
-    assert time.monotonic() - started < 25, "the run waited for the job of no use"
+        assert "error" not in outcome, outcome
+        assert outcome["summary"].status == "noop"
     deadline = time.monotonic() + 15
-    while spark.sparkContext.statusTracker().getActiveJobsIds() and time.monotonic() < deadline:
+    while tracker.getActiveJobsIds() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert spark.sparkContext.statusTracker().getActiveJobsIds() == [], "the job of no use went on"
+    assert tracker.getActiveJobsIds() == [], "the job of no use went on"
     out = kafka_admin.partition_offsets(kafka_settings, [(spec.sink.topic, p) for p in range(3)])
     assert sum(o.high_watermark for o in out.values()) == 0  # nothing was produced, not even aborted
-    assert set(kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, tps).values()) == (
-        {r.until for r in plan.active} if found == "committed" else {1})
+    committed = kafka_admin.committed_offsets(kafka_settings, spec.source.group_id, tps)
+    assert committed == ({tp: None for tp in tps} if found == "given-up" else group_at)
 
 
 def test_rows_come_in_partition_order_when_the_tasks_end_out_of_order(spark, transforms_from):

@@ -138,7 +138,7 @@ def job(df: "DataFrame", spec: PipelineSpec, plan: Plan, settings: KafkaSettings
              for index, tp in owner.items()}
     return json.dumps({
         **_common(df, spec, plan, settings), "fences": [spec.transactional_id()], "tasks": tasks,
-        "job_id": uuid.uuid4().hex,  # a new request each time: no cache of planned relations answers it
+        "job_id": _job_id(),  # a new request each time: no cache of planned relations answers it
     })
 
 
@@ -165,7 +165,7 @@ def atomic(df: "DataFrame", spec: PipelineSpec, plan: Plan, settings: KafkaSetti
     :raises KafkaEosError: the writer's, as the Python writer raises it (``CheckpointConflict``,
         ``TransactionTimedOut``, ``DeadLetterWithoutTopic``, …); a failed job's own error as it is.
     """
-    job_id = uuid.uuid4().hex  # a new request each time: no cache of planned relations answers it
+    job_id = _job_id()  # a new request each time: no cache of planned relations answers it
     text = json.dumps({
         **_common(df, spec, plan, settings), "transactional_id": spec.transactional_id(),
         "fences": [spec.transactional_id(r.topic, r.partition) for r in plan.active],
@@ -200,6 +200,11 @@ def atomic(df: "DataFrame", spec: PipelineSpec, plan: Plan, settings: KafkaSetti
             if dead:
                 tally[((topic, partition), "dead")] += dead
     return CommitResult(result["status"], result["records_out"], result["dead_letters"], "built")
+
+
+def _job_id() -> str:
+    """A new job's id: the JVM writer's name of it (``AtomicTransaction.cancel`` takes it)."""
+    return uuid.uuid4().hex
 
 
 def _answered(exc: BaseException) -> bool:

@@ -69,6 +69,8 @@ import scala.Option;
  */
 public final class AtomicTransaction extends Transaction {
 
+    /** The local property of a job's tags ({@code SparkContext.SPARK_JOB_TAGS}), comma-separated. */
+    static final String JOB_TAGS = "spark.job.tags";
     /** The job's name in Spark's UI. */
     static final String DESCRIPTION = "kafka-eos: one transaction for the whole plan";
     /** A task's rows are handed over in chunks of about this many bytes (no single array near 2 GiB). */
@@ -96,7 +98,14 @@ public final class AtomicTransaction extends Transaction {
      */
     public static void cancel(String jobId) {
         CANCELLED.add(jobId);
+        SetUp running = RUNNING.get(jobId);
+        if (running != null) {
+            running.stopJob("the run's process stopped waiting for it"); // its rows would not be produced
+        }
     }
+
+    /** The jobs under way ({@code job_id} to their set-up): what {@link #cancel} stops. */
+    private static final Map<String, SetUp> RUNNING = new java.util.concurrent.ConcurrentHashMap<>();
 
     /** Run the whole plan's transaction over {@code rows} (the sink's prepared columns); its result as JSON. */
     public static String commit(Dataset<Row> rows, String job) throws Exception {
@@ -122,8 +131,9 @@ public final class AtomicTransaction extends Transaction {
 
     private ObjectNode run(Dataset<Row> rows) throws Exception {
         long started = System.nanoTime();
-        SetUp setUp = new SetUp(rows.sparkSession().sparkContext());
+        SetUp setUp = null;
         try {
+            setUp = new SetUp(rows.sparkSession().sparkContext());
             setUp.start();
             QueryExecution query = rows.queryExecution();
             List<byte[][]> results = null;
@@ -140,10 +150,11 @@ public final class AtomicTransaction extends Transaction {
             if (setUp.await()) {
                 return result(NOOP, 0, 0);
             }
-            if (jobFailed != null) {
-                throw new Input.Failed(jobFailed); // the job's own error (a read, a transform, Spark's limit), as it was raised
-            }
-            if (results == null) {
+            if (jobFailed != null || results == null) {
+                notCancelled("begin_transaction"); // given up by the caller: that, not the job's cancel, is the run's end
+                if (jobFailed != null) {
+                    throw new Input.Failed(jobFailed); // the job's own error (a read, a transform, Spark's limit), as raised
+                }
                 throw new IllegalStateException("the Spark job of " + rangesText() + " did not run");
             }
             long[] counts = produceJob(results, query, rows.schema());
@@ -194,7 +205,9 @@ public final class AtomicTransaction extends Transaction {
             abort(); // the job failed (a read, a transform, Spark's limit on its results): nothing is visible
             throw e;
         } finally {
-            setUp.stop(); // its producer, if it made one, is the one closed here
+            if (setUp != null) {
+                setUp.stop(); // its producer, if it made one, is the one closed here
+            }
             close();
             CANCELLED.remove(job.path("job_id").asText());
         }
@@ -216,12 +229,30 @@ public final class AtomicTransaction extends Transaction {
             try {
                 openProducer(transactionalId);
                 fence(job.get("fences"), rangesText());
+                faults.point("before_check");
                 return alreadyCommitted();
             } finally {
                 ended = System.nanoTime();
             }
         });
-        private final Thread thread = new Thread(this::runAndStopJob, "kafka-eos-atomic-setup");
+        private final Thread thread = new Thread(this::runAndStopJob, "kafka-eos-atomic-setup " + transactionalId);
+        /**
+         * Cancels the jobs of the tag that start once the set-up has ended otherwise: those an adaptive
+         * plan runs while it is planned (a shuffle's, a broadcast's stages), which the tag's cancel,
+         * which meets only the jobs already started, would miss.
+         */
+        private final org.apache.spark.scheduler.SparkListener late = new org.apache.spark.scheduler.SparkListener() {
+            @Override
+            public void onJobStart(org.apache.spark.scheduler.SparkListenerJobStart start) {
+                String tags = start.properties() == null ? null : start.properties().getProperty(JOB_TAGS);
+                if (tags != null && java.util.Arrays.asList(tags.split(",")).contains(tag) && stopped()) {
+                    spark.cancelJob(start.jobId(), reason);
+                }
+            }
+        };
+        private volatile String reason = "the transaction will not begin (a no-op, or its set-up failed)";
+        /** The job was told to stop ({@link #stopJob}): the set-up ended otherwise, or the caller gave the run up. */
+        private volatile boolean jobStopped;
         volatile long ended = System.nanoTime();
 
         SetUp(org.apache.spark.SparkContext spark) {
@@ -230,13 +261,18 @@ public final class AtomicTransaction extends Transaction {
         }
 
         void start() {
+            RUNNING.put(job.path("job_id").asText(), this);
+            if (CANCELLED.contains(job.path("job_id").asText())) {
+                stopJob("the run's process stopped waiting for it"); // given up before it was under way
+            }
+            spark.addSparkListener(late);
             thread.start();
         }
 
         private void runAndStopJob() {
             task.run();
             if (!ready()) {
-                stopJob();
+                stopJob("the transaction will not begin (a no-op, or its set-up failed)");
             }
         }
 
@@ -249,15 +285,16 @@ public final class AtomicTransaction extends Transaction {
             }
         }
 
-        /** Whether the set-up ended otherwise: the job would be of no use. */
+        /** Whether the set-up ended otherwise, or the caller gave the run up: the job would be of no use. */
         boolean stopped() {
-            return task.isDone() && !ready();
+            return jobStopped || task.isDone() && !ready();
         }
 
-        private void stopJob() {
+        void stopJob(String why) {
+            reason = "kafka-eos: " + rangesText() + ": " + why;
+            jobStopped = true;
             try {
-                spark.cancelJobsWithTag(tag, "kafka-eos: the transaction of " + rangesText()
-                        + " will not begin (a no-op, or its set-up failed)");
+                spark.cancelJobsWithTag(tag, reason);
             } catch (RuntimeException ignored) {
                 // a stopped SparkContext: no job to cancel
             }
@@ -291,6 +328,12 @@ public final class AtomicTransaction extends Transaction {
          * each bounded (max.block.ms, the offsets' timeout).
          */
         void stop() {
+            RUNNING.remove(job.path("job_id").asText(), this);
+            try {
+                spark.removeSparkListener(late);
+            } catch (RuntimeException ignored) {
+                // a stopped SparkContext: its bus is gone with the listener
+            }
             if (!task.isDone()) {
                 task.cancel(true);
             }
@@ -311,8 +354,8 @@ public final class AtomicTransaction extends Transaction {
     /**
      * Step 3's job, beside the set-up: one SQL execution of the rows' query, as a Dataset's action is
      * (listeners, the SQL tab and OpenLineage, see it, and observations of the query are filled), each
-     * task's rows handed to the driver whole; null where the set-up had already ended otherwise
-     * (nothing ran).
+     * task's rows handed to the driver whole; null where the job was already of no use (the set-up
+     * had ended otherwise, or the caller had given the run up: nothing ran).
      */
     private List<byte[][]> runJob(Dataset<Row> rows, QueryExecution query, SetUp setUp) {
         Pack pack = new Pack(rows.schema());

@@ -3,14 +3,18 @@ package io.kafkaeos.writer;
 import java.io.ByteArrayOutputStream;
 import java.io.DataOutputStream;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.HashMap;
 import java.util.Iterator;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.TreeMap;
+import java.util.UUID;
 import java.util.concurrent.CancellationException;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutionException;
+import java.util.concurrent.FutureTask;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ArrayNode;
@@ -18,9 +22,12 @@ import com.fasterxml.jackson.databind.node.ObjectNode;
 
 import org.apache.kafka.common.KafkaException;
 import org.apache.kafka.common.TopicPartition;
+import org.apache.spark.SparkContext;
 import org.apache.spark.TaskContext;
 import org.apache.spark.api.java.JavaFutureAction;
 import org.apache.spark.api.java.function.FlatMapFunction;
+import org.apache.spark.scheduler.SparkListener;
+import org.apache.spark.scheduler.SparkListenerJobStart;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.catalyst.InternalRow;
@@ -90,7 +97,7 @@ public final class AtomicTransaction extends Transaction {
     }
 
     /** The jobs whose caller stopped waiting for them ({@link #cancel}): they abort instead of committing. */
-    private static final java.util.Set<String> CANCELLED = java.util.concurrent.ConcurrentHashMap.newKeySet();
+    private static final java.util.Set<String> CANCELLED = ConcurrentHashMap.newKeySet();
 
     /**
      * Give up the job {@code jobId} (its JSON's {@code job_id}): the caller's process stopped waiting for
@@ -105,7 +112,7 @@ public final class AtomicTransaction extends Transaction {
     }
 
     /** The jobs under way ({@code job_id} to their set-up): what {@link #cancel} stops. */
-    private static final Map<String, SetUp> RUNNING = new java.util.concurrent.ConcurrentHashMap<>();
+    private static final Map<String, SetUp> RUNNING = new ConcurrentHashMap<>();
 
     /** Run the whole plan's transaction over {@code rows} (the sink's prepared columns); its result as JSON. */
     public static String commit(Dataset<Row> rows, String job) throws Exception {
@@ -222,10 +229,10 @@ public final class AtomicTransaction extends Transaction {
      * it cancels the job, which is then of no use.
      */
     private final class SetUp {
-        private final org.apache.spark.SparkContext spark;
+        private final SparkContext spark;
         /** The job's tag ({@code SparkContext.addJobTag}): what {@link #stopJob} cancels. */
-        final String tag = "kafka-eos-atomic-" + java.util.UUID.randomUUID();
-        private final java.util.concurrent.FutureTask<Boolean> task = new java.util.concurrent.FutureTask<>(() -> {
+        final String tag = "kafka-eos-atomic-" + UUID.randomUUID();
+        private final FutureTask<Boolean> task = new FutureTask<>(() -> {
             try {
                 openProducer(transactionalId);
                 fence(job.get("fences"), rangesText());
@@ -241,11 +248,11 @@ public final class AtomicTransaction extends Transaction {
          * plan runs while it is planned (a shuffle's, a broadcast's stages), which the tag's cancel,
          * which meets only the jobs already started, would miss.
          */
-        private final org.apache.spark.scheduler.SparkListener late = new org.apache.spark.scheduler.SparkListener() {
+        private final SparkListener late = new SparkListener() {
             @Override
-            public void onJobStart(org.apache.spark.scheduler.SparkListenerJobStart start) {
+            public void onJobStart(SparkListenerJobStart start) {
                 String tags = start.properties() == null ? null : start.properties().getProperty(JOB_TAGS);
-                if (tags != null && java.util.Arrays.asList(tags.split(",")).contains(tag) && stopped()) {
+                if (tags != null && Arrays.asList(tags.split(",")).contains(tag) && stopped()) {
                     spark.cancelJob(start.jobId(), reason);
                 }
             }
@@ -255,7 +262,7 @@ public final class AtomicTransaction extends Transaction {
         private volatile boolean jobStopped;
         volatile long ended = System.nanoTime();
 
-        SetUp(org.apache.spark.SparkContext spark) {
+        SetUp(SparkContext spark) {
             this.spark = spark;
             thread.setDaemon(true);
         }
@@ -280,7 +287,7 @@ public final class AtomicTransaction extends Transaction {
         boolean ready() {
             try {
                 return task.isDone() && !task.isCancelled() && !task.get();
-            } catch (InterruptedException | java.util.concurrent.ExecutionException e) {
+            } catch (InterruptedException | ExecutionException e) {
                 return false;
             }
         }
@@ -310,7 +317,7 @@ public final class AtomicTransaction extends Transaction {
             } catch (InterruptedException e) {
                 Thread.currentThread().interrupt(); // a killed task or operation: its kill stands
                 throw new CommitFailed("TransactionFailed", where("the set-up") + ": interrupted", null);
-            } catch (java.util.concurrent.ExecutionException e) {
+            } catch (ExecutionException e) {
                 Throwable cause = e.getCause();
                 if (cause instanceof RuntimeException failed) {
                     throw failed;
@@ -359,7 +366,7 @@ public final class AtomicTransaction extends Transaction {
      */
     private List<byte[][]> runJob(Dataset<Row> rows, QueryExecution query, SetUp setUp) {
         Pack pack = new Pack(rows.schema());
-        org.apache.spark.SparkContext spark = rows.sparkSession().sparkContext();
+        SparkContext spark = rows.sparkSession().sparkContext();
         spark.addJobTag(setUp.tag);
         try {
             return SQLExecution.withNewExecutionId(query, Option.apply(DESCRIPTION), () -> {

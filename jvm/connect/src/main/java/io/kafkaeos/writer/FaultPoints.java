@@ -13,9 +13,10 @@ import java.util.Map;
 /**
  * The commit path's named points ({@code after_produce}, {@code before_offsets}, {@code before_commit},
  * {@code after_commit}; the atomic set-up's {@code before_check}, beside its Spark job) where the
- * repository's fault tests act, as {@code kafka_eos_lab.faults} does in Python: the settings come with the job (the run's {@code KAFKA_EOS_CRASH_AT}, {@code KAFKA_EOS_CRASH_ONCE},
- * {@code KAFKA_EOS_PAUSE_AT}, {@code KAFKA_EOS_PAUSE_DIR}); a deployment's job carries none, and every
- * point is then one test of an empty map.
+ * repository's fault tests act, as {@code kafka_eos_lab.faults} does in Python: the settings come with
+ * the job (the run's {@code KAFKA_EOS_CRASH_AT}, {@code KAFKA_EOS_CRASH_ONCE}, {@code KAFKA_EOS_PAUSE_AT},
+ * {@code KAFKA_EOS_PAUSE_DIR}); a deployment's job carries none, and every point is then one test of an
+ * empty map.
  *
  * <p>A crash SIGKILLs this JVM: the executor (in local mode, the driver with it), as a lost host would.
  * In a Spark Connect server's own JVM (local mode: the server is the executor) it kills the task

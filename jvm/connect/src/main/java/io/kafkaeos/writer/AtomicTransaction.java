@@ -78,6 +78,9 @@ public final class AtomicTransaction extends Transaction {
 
     /** The local property of a job's tags ({@code SparkContext.SPARK_JOB_TAGS}), comma-separated. */
     static final String JOB_TAGS = "spark.job.tags";
+    /** Why a job is cancelled: its set-up ended otherwise, or its caller gave it up. */
+    static final String NO_USE = "the transaction will not begin (a no-op, or its set-up failed)";
+    static final String GIVEN_UP = "the run's process stopped waiting for it";
     /** The job's name in Spark's UI. */
     static final String DESCRIPTION = "kafka-eos: one transaction for the whole plan";
     /** A task's rows are handed over in chunks of about this many bytes (no single array near 2 GiB). */
@@ -107,7 +110,7 @@ public final class AtomicTransaction extends Transaction {
         CANCELLED.add(jobId);
         SetUp running = RUNNING.get(jobId);
         if (running != null) {
-            running.stopJob("the run's process stopped waiting for it"); // its rows would not be produced
+            running.stopJob(GIVEN_UP); // its rows would not be produced
         }
     }
 
@@ -257,7 +260,7 @@ public final class AtomicTransaction extends Transaction {
                 }
             }
         };
-        private volatile String reason = "the transaction will not begin (a no-op, or its set-up failed)";
+        private volatile String reason = NO_USE;
         /** The job was told to stop ({@link #stopJob}): the set-up ended otherwise, or the caller gave the run up. */
         private volatile boolean jobStopped;
         volatile long ended = System.nanoTime();
@@ -270,7 +273,7 @@ public final class AtomicTransaction extends Transaction {
         void start() {
             RUNNING.put(job.path("job_id").asText(), this);
             if (CANCELLED.contains(job.path("job_id").asText())) {
-                stopJob("the run's process stopped waiting for it"); // given up before it was under way
+                stopJob(GIVEN_UP); // given up before it was under way
             }
             spark.addSparkListener(late);
             thread.start();
@@ -279,7 +282,7 @@ public final class AtomicTransaction extends Transaction {
         private void runAndStopJob() {
             task.run();
             if (!ready()) {
-                stopJob("the transaction will not begin (a no-op, or its set-up failed)");
+                stopJob(NO_USE);
             }
         }
 
